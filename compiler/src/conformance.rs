@@ -1,0 +1,268 @@
+//! Runs the ONNX backend node test cases (`CASE/model.onnx` plus
+//! `CASE/test_data_set_0/{input,output}_K.pb`) and compares outputs the way ONNX's own
+//! runner does: |a-b| <= atol + rtol*|b|, NaN equals NaN, integers and strings exact.
+
+use crate::error::Error;
+use crate::ir::{DType, Tensor, Value};
+use crate::{eval, onnx};
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+
+pub const RTOL: f64 = 1e-3;
+pub const ATOL: f64 = 1e-7;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Status {
+    Passed,
+    Failed(String),
+    Unsupported(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct CaseResult {
+    pub name: String,
+    pub op: String,
+    pub status: Status,
+}
+
+/// Every case folder under `dir` (folders holding a `model.onnx`), sorted by name.
+pub fn list_cases(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("model.onnx").is_file())
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+/// The op each case tests, from `ops.tsv` (written by the case generator) if present.
+pub fn case_ops(dir: &Path) -> BTreeMap<String, String> {
+    let mut m = BTreeMap::new();
+    if let Ok(s) = std::fs::read_to_string(dir.join("ops.tsv")) {
+        for line in s.lines() {
+            if let Some((c, o)) = line.split_once('\t') {
+                m.insert(c.to_string(), o.to_string());
+            }
+        }
+    }
+    m
+}
+
+/// Runs one case through the reference evaluator.
+pub fn run_case(case: &Path) -> Status {
+    let result = std::panic::catch_unwind(|| run_case_inner(case));
+    match result {
+        Ok(s) => s,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Status::Failed(format!("panic: {msg}"))
+        }
+    }
+}
+
+fn run_case_inner(case: &Path) -> Status {
+    let model = match onnx::load(&case.join("model.onnx")) {
+        Ok(m) => m,
+        Err(Error::Unsupported(v)) => return Status::Unsupported(v.join("; ")),
+        Err(e) => return Status::Failed(format!("import: {e}")),
+    };
+    let g = &model.graph;
+    let data = case.join("test_data_set_0");
+    let mut inputs = Vec::new();
+    for (k, &id) in g.inputs.iter().enumerate() {
+        let p = data.join(format!("input_{k}.pb"));
+        match crate::io::read_value(&p, &g.value(id).ty) {
+            Ok(v) => inputs.push(v),
+            Err(e) => return Status::Failed(format!("reading {}: {e}", p.display())),
+        }
+    }
+    let outputs = match eval::run(g, inputs) {
+        Ok(o) => o,
+        Err(e) => return Status::Failed(e.to_string()),
+    };
+    for (k, &id) in g.outputs.iter().enumerate() {
+        let p = data.join(format!("output_{k}.pb"));
+        let expected = match crate::io::read_value(&p, &g.value(id).ty) {
+            Ok(v) => v,
+            Err(e) => return Status::Failed(format!("reading {}: {e}", p.display())),
+        };
+        if let Err(e) = compare_values(&outputs[k], &expected) {
+            return Status::Failed(format!("output {k} `{}`: {e}", g.value(id).name));
+        }
+    }
+    Status::Passed
+}
+
+/// Compares an actual value with an expected one.
+pub fn compare_values(got: &Value, want: &Value) -> Result<(), String> {
+    match (got, want) {
+        (Value::Tensor(a), Value::Tensor(b)) => compare_tensors(a, b, RTOL, ATOL),
+        (Value::Sequence { items: a, .. }, Value::Sequence { items: b, .. }) => {
+            if a.len() != b.len() {
+                return Err(format!(
+                    "sequence of {} items, expected {}",
+                    a.len(),
+                    b.len()
+                ));
+            }
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                compare_values(x, y).map_err(|e| format!("item {i}: {e}"))?;
+            }
+            Ok(())
+        }
+        (Value::Optional { value: a, .. }, Value::Optional { value: b, .. }) => match (a, b) {
+            (None, None) => Ok(()),
+            (Some(x), Some(y)) => compare_values(x, y),
+            _ => Err("optional presence differs".into()),
+        },
+        (Value::Optional { value: Some(x), .. }, y) => compare_values(x, y),
+        (x, Value::Optional { value: Some(y), .. }) => compare_values(x, y),
+        _ => Err(format!(
+            "got {}, expected {}",
+            got.value_type(),
+            want.value_type()
+        )),
+    }
+}
+
+/// Compares tensors: same dtype and shape; floats within `atol + rtol*|want|`.
+pub fn compare_tensors(got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Result<(), String> {
+    if got.dtype() != want.dtype() {
+        return Err(format!("dtype {} expected {}", got.dtype(), want.dtype()));
+    }
+    if got.shape() != want.shape() {
+        return Err(format!(
+            "shape {:?} expected {:?}",
+            got.shape(),
+            want.shape()
+        ));
+    }
+    let dt = got.dtype();
+    if dt == DType::Str {
+        return if got.standard() == want.standard() {
+            Ok(())
+        } else {
+            Err(format!("strings differ: {got:?} expected {want:?}"))
+        };
+    }
+    if dt.is_float() {
+        let a = got.to_f64().expect("float");
+        let b = want.to_f64().expect("float");
+        let mut worst: Option<(usize, f64, f64)> = None;
+        let mut bad = 0usize;
+        for (i, (&x, &y)) in a.iter().zip(b.iter()).enumerate() {
+            let ok = (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= atol + rtol * y.abs();
+            if !ok {
+                bad += 1;
+                if worst.is_none() {
+                    worst = Some((i, x, y));
+                }
+            }
+        }
+        return match worst {
+            None => Ok(()),
+            Some((i, x, y)) => Err(format!(
+                "{bad} of {} values differ; first at flat index {i}: {x} expected {y}",
+                a.len()
+            )),
+        };
+    }
+    let a = got.to_i128().expect("int");
+    let b = want.to_i128().expect("int");
+    match a.iter().zip(b.iter()).position(|(x, y)| x != y) {
+        None => Ok(()),
+        Some(i) => Err(format!(
+            "values differ at flat index {i}: {} expected {}",
+            a.iter().nth(i).expect("idx"),
+            b.iter().nth(i).expect("idx")
+        )),
+    }
+}
+
+/// Runs every case whose name matches `filter`.
+pub fn run_suite(dir: &Path, filter: Option<&regex::Regex>) -> std::io::Result<Vec<CaseResult>> {
+    let ops = case_ops(dir);
+    let mut out = Vec::new();
+    for case in list_cases(dir)? {
+        let name = case
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string();
+        if filter.is_some_and(|f| !f.is_match(&name)) {
+            continue;
+        }
+        let status = run_case(&case);
+        let op = ops.get(&name).cloned().unwrap_or_else(|| "?".into());
+        out.push(CaseResult { name, op, status });
+    }
+    Ok(out)
+}
+
+/// Counts (passed, failed, unsupported).
+pub fn counts(results: &[CaseResult]) -> (usize, usize, usize) {
+    let mut c = (0, 0, 0);
+    for r in results {
+        match r.status {
+            Status::Passed => c.0 += 1,
+            Status::Failed(_) => c.1 += 1,
+            Status::Unsupported(_) => c.2 += 1,
+        }
+    }
+    c
+}
+
+/// The Markdown of `docs/conformance.md`: a summary line, then a table per op.
+pub fn markdown(results: &[CaseResult], onnx_version: &str) -> String {
+    let (p, f, u) = counts(results);
+    let n = results.len();
+    let mut s = String::new();
+    let _ = writeln!(s, "# ONNX node test conformance\n");
+    let _ = writeln!(
+        s,
+        "Reference evaluator: **{p} of {n} passed ({:.1}%)**, {f} failed, {u} unsupported \
+         (ONNX {onnx_version} backend node tests).\n",
+        100.0 * p as f64 / n.max(1) as f64
+    );
+    let _ = writeln!(
+        s,
+        "Regenerate with `bash tests/conformance.sh --write-doc`. The list of passing cases \
+         (`tests/conformance/reference-pass.txt`) is enforced by `cargo test`.\n"
+    );
+    let mut by_op: BTreeMap<&str, Vec<&CaseResult>> = BTreeMap::new();
+    for r in results {
+        by_op.entry(r.op.as_str()).or_default().push(r);
+    }
+    let _ = writeln!(s, "| op | passed | failed | unsupported |");
+    let _ = writeln!(s, "|---|---:|---:|---:|");
+    for (op, rs) in &by_op {
+        let (p, f, u) = counts(&rs.iter().map(|r| (*r).clone()).collect::<Vec<_>>());
+        let _ = writeln!(s, "| {op} | {p} | {f} | {u} |");
+    }
+    let _ = writeln!(s, "\n## Cases that do not pass\n");
+    let _ = writeln!(s, "| case | status | reason |");
+    let _ = writeln!(s, "|---|---|---|");
+    for r in results {
+        let (st, why) = match &r.status {
+            Status::Passed => continue,
+            Status::Failed(w) => ("failed", w),
+            Status::Unsupported(w) => ("unsupported", w),
+        };
+        let mut why: String = why.replace('|', "\\|").replace('\n', " ");
+        if why.len() > 160 {
+            let mut cut = 160;
+            while !why.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            why.truncate(cut);
+            why.push('…');
+        }
+        let _ = writeln!(s, "| {} | {st} | {why} |", r.name);
+    }
+    s
+}

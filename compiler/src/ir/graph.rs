@@ -1,0 +1,195 @@
+//! The graph IR: op nodes in a petgraph graph, connected by tensor-valued edges.
+//!
+//! Values (edges in ONNX's sense) live in a table; each node lists the value ids it reads
+//! and writes, and the petgraph edges mirror those data dependencies (producer ->
+//! consumer, weighted by the value id) so that ordering and cycle checks are graph
+//! algorithms.
+
+use super::{Attrs, Op, Tensor, ValueType};
+use petgraph::stable_graph::{NodeIndex, StableDiGraph};
+use petgraph::visit::{EdgeRef, IntoEdgeReferences};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+pub type ValueId = usize;
+pub type NodeId = NodeIndex;
+
+/// Where a value comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// A formal input of the graph.
+    Input,
+    /// A constant (initializer or folded value) held in [`Graph::consts`].
+    Const,
+    /// Named by a subgraph but defined in an enclosing graph.
+    Outer,
+    /// The output of a node.
+    Node(NodeId),
+    /// Declared but not yet wired (only while building).
+    Undefined,
+}
+
+#[derive(Clone, Debug)]
+pub struct ValueInfo {
+    pub name: String,
+    pub ty: ValueType,
+    pub source: Source,
+}
+
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub name: String,
+    pub op_type: String,
+    pub domain: String,
+    pub attrs: Attrs,
+    pub op: Arc<dyn Op>,
+    /// Inputs in order; None for an omitted optional input.
+    pub inputs: Vec<Option<ValueId>>,
+    pub outputs: Vec<ValueId>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Graph {
+    pub name: String,
+    pub nodes: StableDiGraph<Node, ValueId>,
+    pub values: Vec<ValueInfo>,
+    pub inputs: Vec<ValueId>,
+    pub outputs: Vec<ValueId>,
+    pub consts: HashMap<ValueId, Tensor>,
+    by_name: HashMap<String, ValueId>,
+}
+
+impl Graph {
+    pub fn new(name: impl Into<String>) -> Graph {
+        Graph {
+            name: name.into(),
+            ..Default::default()
+        }
+    }
+
+    pub fn value(&self, id: ValueId) -> &ValueInfo {
+        &self.values[id]
+    }
+
+    pub fn value_mut(&mut self, id: ValueId) -> &mut ValueInfo {
+        &mut self.values[id]
+    }
+
+    pub fn find(&self, name: &str) -> Option<ValueId> {
+        self.by_name.get(name).copied()
+    }
+
+    /// Adds a value; names must be unique within a graph (the caller checks).
+    pub fn add_value(&mut self, name: impl Into<String>, ty: ValueType, source: Source) -> ValueId {
+        let name = name.into();
+        let id = self.values.len();
+        self.by_name.insert(name.clone(), id);
+        self.values.push(ValueInfo { name, ty, source });
+        id
+    }
+
+    pub fn add_input(&mut self, name: impl Into<String>, ty: ValueType) -> ValueId {
+        let id = self.add_value(name, ty, Source::Input);
+        self.inputs.push(id);
+        id
+    }
+
+    pub fn add_const(&mut self, name: impl Into<String>, t: Tensor) -> ValueId {
+        let ty = ValueType::tensor(t.dtype(), t.shape());
+        let id = self.add_value(name, ty, Source::Const);
+        self.consts.insert(id, t);
+        id
+    }
+
+    /// Adds a node whose output values already exist (as `Undefined`); marks them as
+    /// produced by it. Edges are wired by [`Graph::rewire`].
+    pub fn add_node(&mut self, node: Node) -> NodeId {
+        let outs = node.outputs.clone();
+        let id = self.nodes.add_node(node);
+        for o in outs {
+            self.values[o].source = Source::Node(id);
+        }
+        id
+    }
+
+    /// Rebuilds every data-dependency edge from the nodes' input lists.
+    pub fn rewire(&mut self) {
+        self.nodes.clear_edges();
+        let ids: Vec<NodeId> = self.nodes.node_indices().collect();
+        for n in ids {
+            let inputs: Vec<ValueId> = self.nodes[n].inputs.iter().flatten().copied().collect();
+            for v in inputs {
+                if let Source::Node(p) = self.values[v].source {
+                    self.nodes.add_edge(p, n, v);
+                }
+            }
+        }
+    }
+
+    /// Nodes in an order where producers come before consumers (stable with respect to
+    /// insertion order), or the names of nodes on a cycle.
+    pub fn topo_order(&self) -> Result<Vec<NodeId>, Vec<String>> {
+        // Kahn's algorithm, always taking the earliest-inserted ready node, so the
+        // schedule follows the model's own order when it is already topological.
+        let mut indeg: HashMap<NodeId, usize> = self.nodes.node_indices().map(|n| (n, 0)).collect();
+        for e in self.nodes.edge_references() {
+            *indeg.get_mut(&e.target()).expect("edge target exists") += 1;
+        }
+        let mut ready: std::collections::BTreeSet<NodeId> = indeg
+            .iter()
+            .filter(|(_, d)| **d == 0)
+            .map(|(n, _)| *n)
+            .collect();
+        let mut order = Vec::with_capacity(indeg.len());
+        while let Some(n) = ready.pop_first() {
+            order.push(n);
+            for e in self.nodes.edges(n) {
+                let d = indeg.get_mut(&e.target()).expect("edge target exists");
+                *d -= 1;
+                if *d == 0 {
+                    ready.insert(e.target());
+                }
+            }
+        }
+        if order.len() == self.nodes.node_count() {
+            Ok(order)
+        } else {
+            let mut stuck: Vec<NodeId> = indeg
+                .iter()
+                .filter(|(_, d)| **d > 0)
+                .map(|(n, _)| *n)
+                .collect();
+            stuck.sort();
+            Err(stuck.into_iter().map(|n| self.node_label(n)).collect())
+        }
+    }
+
+    /// `name (OpType)` for messages.
+    pub fn node_label(&self, n: NodeId) -> String {
+        let node = &self.nodes[n];
+        if node.name.is_empty() {
+            format!("#{} ({})", n.index(), node.op_type)
+        } else {
+            format!("`{}` ({})", node.name, node.op_type)
+        }
+    }
+
+    /// Nodes that read value `v`.
+    pub fn consumers(&self, v: ValueId) -> Vec<NodeId> {
+        self.nodes
+            .node_indices()
+            .filter(|&n| self.nodes[n].inputs.contains(&Some(v)))
+            .collect()
+    }
+
+    /// Values named from enclosing scopes.
+    pub fn outer_refs(&self) -> Vec<ValueId> {
+        (0..self.values.len())
+            .filter(|&v| self.values[v].source == Source::Outer)
+            .collect()
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.nodes.node_count()
+    }
+}

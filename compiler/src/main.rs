@@ -1,0 +1,322 @@
+//! The `onnxc` command line.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use onnxc::error::{Error, Result};
+use onnxc::ir::{print_graph, Value};
+use onnxc::{conformance, eval, inspect, io, onnx, passes};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// onnxc: an ahead-of-time compiler for ONNX models.
+///
+/// Compile a model into an object file and a C header, or inspect and run it with the
+/// reference evaluator:
+///
+///   onnxc model.onnx --emit ir                          # the graph IR after shape inference
+///   onnxc inspect model.onnx                            # opsets, signature, ops, FLOPs
+///   onnxc run model.onnx --input x=x.npy --output-dir out/
+///
+/// Symbolic dims (batch, sequence) are fixed with --shape NAME=1x3x224x224.
+#[derive(Parser, Debug)]
+#[command(
+    name = "onnxc",
+    version,
+    args_conflicts_with_subcommands = true,
+    verbatim_doc_comment
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    #[command(flatten)]
+    compile: CompileArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Show a model's opsets, inputs and outputs, op histogram, parameters, FLOPs and
+    /// every unsupported op.
+    Inspect {
+        model: PathBuf,
+        #[command(flatten)]
+        shapes: ShapeArgs,
+    },
+    /// Run a model and write each output as DIR/<output name>.npy.
+    Run {
+        model: PathBuf,
+        /// An input value: NAME=FILE, FILE being .npy or an ONNX TensorProto .pb.
+        /// Inputs not given are an error.
+        #[arg(long = "input", short = 'i', value_name = "NAME=FILE")]
+        inputs: Vec<String>,
+        /// Folder for the outputs (created if missing).
+        #[arg(long, value_name = "DIR")]
+        output_dir: PathBuf,
+        /// Which engine runs the model.
+        #[arg(long, value_enum, default_value_t = Engine::Reference)]
+        engine: Engine,
+    },
+    /// Run ONNX backend node test cases (folders of model.onnx + test_data_set_0)
+    /// through the reference evaluator and report passed/failed/unsupported.
+    Conformance {
+        /// The folder holding one sub-folder per case.
+        dir: PathBuf,
+        /// Only cases whose name matches this regular expression.
+        #[arg(long)]
+        filter: Option<String>,
+        /// Print every case, not only the summary and failures.
+        #[arg(long, short)]
+        verbose: bool,
+        /// Write the Markdown report to this file.
+        #[arg(long, value_name = "FILE")]
+        write_doc: Option<PathBuf>,
+        /// Write the names of the passing cases, one per line, to this file.
+        #[arg(long, value_name = "FILE")]
+        write_pass_list: Option<PathBuf>,
+        /// The ONNX version the cases come from (for the report).
+        #[arg(long, default_value = "1.23.2")]
+        onnx_version: String,
+    },
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Engine {
+    /// The ndarray reference evaluator (every supported op).
+    Reference,
+}
+
+#[derive(Args, Debug, Default)]
+struct ShapeArgs {
+    /// Fix an input's shape: NAME=1x3x224x224 (binds its symbolic dims everywhere).
+    #[arg(long = "shape", value_name = "NAME=DIMS")]
+    shapes: Vec<String>,
+}
+
+#[derive(Args, Debug, Default)]
+struct CompileArgs {
+    /// The .onnx model to compile.
+    model: Option<PathBuf>,
+    /// What to produce.
+    #[arg(long, value_enum, default_value_t = Emit::Obj)]
+    emit: Emit,
+    /// Output file (default: standard output for text).
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    #[command(flatten)]
+    shapes: ShapeArgs,
+}
+
+#[derive(Clone, Copy, Debug, Default, ValueEnum, PartialEq)]
+enum Emit {
+    /// A native object file and C header (the native back end is not built yet).
+    #[default]
+    Obj,
+    /// The graph IR as readable text, after shape inference.
+    Ir,
+}
+
+fn parse_shape(s: &str) -> Result<(String, Vec<usize>)> {
+    let (name, dims) = s.rsplit_once('=').ok_or_else(|| {
+        Error::Usage(format!(
+            "--shape `{s}` should be NAME=DIMS, e.g. input=1x3x224x224"
+        ))
+    })?;
+    let dims = if dims.is_empty() || dims == "scalar" {
+        Vec::new()
+    } else {
+        dims.split(['x', ','])
+            .map(|d| d.trim().parse::<usize>())
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|_| {
+                Error::Usage(format!(
+                    "--shape `{s}`: dims must be numbers separated by x"
+                ))
+            })?
+    };
+    Ok((name.to_string(), dims))
+}
+
+fn load_bound(model: &Path, shapes: &ShapeArgs) -> Result<onnx::Model> {
+    let mut m = onnx::load(model)?;
+    let binds = shapes
+        .shapes
+        .iter()
+        .map(|s| parse_shape(s))
+        .collect::<Result<Vec<_>>>()?;
+    passes::bind_input_shapes(&mut m.graph, &binds)?;
+    Ok(m)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match real_main(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn real_main(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Some(Cmd::Inspect { model, shapes }) => {
+            let (mut m, unsupported) = onnx::load_lenient(&model)?;
+            let binds = shapes
+                .shapes
+                .iter()
+                .map(|s| parse_shape(s))
+                .collect::<Result<Vec<_>>>()?;
+            passes::bind_input_shapes(&mut m.graph, &binds)?;
+            let rep = passes::infer_shapes(&mut m.graph)?;
+            print!(
+                "{}",
+                inspect::report(
+                    &model.display().to_string(),
+                    &m.graph,
+                    &m.opsets,
+                    &m.producer,
+                    &unsupported,
+                    &rep.unresolved
+                )
+            );
+            Ok(())
+        }
+        Some(Cmd::Run {
+            model,
+            inputs,
+            output_dir,
+            engine: Engine::Reference,
+        }) => {
+            let m = onnx::load(&model)?;
+            let g = &m.graph;
+            let mut given = std::collections::HashMap::new();
+            for s in &inputs {
+                let (name, file) = s
+                    .split_once('=')
+                    .ok_or_else(|| Error::Usage(format!("--input `{s}` should be NAME=FILE")))?;
+                given.insert(name.to_string(), PathBuf::from(file));
+            }
+            let mut vals: Vec<Value> = Vec::new();
+            let mut missing = Vec::new();
+            for &id in &g.inputs {
+                let info = g.value(id);
+                match given.remove(&info.name) {
+                    Some(p) => vals.push(io::read_value(&p, &info.ty)?),
+                    None => missing.push(format!("{} ({})", info.name, info.ty)),
+                }
+            }
+            if !missing.is_empty() {
+                return Err(Error::Usage(format!(
+                    "missing --input for: {}",
+                    missing.join(", ")
+                )));
+            }
+            if let Some(extra) = given.keys().next() {
+                return Err(Error::Usage(format!(
+                    "--input `{extra}` is not an input of the model"
+                )));
+            }
+            let outs = eval::run(g, vals)?;
+            std::fs::create_dir_all(&output_dir).map_err(|e| Error::Io {
+                path: output_dir.clone(),
+                source: e,
+            })?;
+            for (&id, v) in g.outputs.iter().zip(&outs) {
+                let name = sanitize(&g.value(id).name);
+                let path = output_dir.join(format!("{name}.npy"));
+                io::write_npy(&path, v)?;
+                println!("{} -> {}", g.value(id).name, path.display());
+            }
+            Ok(())
+        }
+        Some(Cmd::Conformance {
+            dir,
+            filter,
+            verbose,
+            write_doc,
+            write_pass_list,
+            onnx_version,
+        }) => {
+            let re = filter
+                .map(|f| regex::Regex::new(&f).map_err(|e| Error::Usage(format!("--filter: {e}"))))
+                .transpose()?;
+            let results = conformance::run_suite(&dir, re.as_ref()).map_err(|e| Error::Io {
+                path: dir.clone(),
+                source: e,
+            })?;
+            for r in &results {
+                match &r.status {
+                    conformance::Status::Passed if verbose => println!("PASS {}", r.name),
+                    conformance::Status::Failed(w) => println!("FAIL {}: {w}", r.name),
+                    conformance::Status::Unsupported(w) if verbose => {
+                        println!("UNSUPPORTED {}: {w}", r.name)
+                    }
+                    _ => {}
+                }
+            }
+            let (p, f, u) = conformance::counts(&results);
+            println!(
+                "{} cases: {p} passed, {f} failed, {u} unsupported",
+                results.len()
+            );
+            if let Some(path) = write_doc {
+                std::fs::write(&path, conformance::markdown(&results, &onnx_version)).map_err(
+                    |e| Error::Io {
+                        path: path.clone(),
+                        source: e,
+                    },
+                )?;
+            }
+            if let Some(path) = write_pass_list {
+                let mut s: String = results
+                    .iter()
+                    .filter(|r| r.status == conformance::Status::Passed)
+                    .map(|r| format!("{}\n", r.name))
+                    .collect();
+                if s.is_empty() {
+                    s.push('\n');
+                }
+                std::fs::write(&path, s).map_err(|e| Error::Io {
+                    path: path.clone(),
+                    source: e,
+                })?;
+            }
+            Ok(())
+        }
+        None => {
+            let args = cli.compile;
+            let model = args
+                .model
+                .ok_or_else(|| Error::Usage("no model given; see `onnxc --help`".into()))?;
+            let mut m = load_bound(&model, &args.shapes)?;
+            let rep = passes::infer_shapes(&mut m.graph)?;
+            match args.emit {
+                Emit::Ir => {
+                    let mut text = print_graph(&m.graph);
+                    if !rep.unresolved.is_empty() {
+                        text.push_str(&format!("# shapes not inferred:\n#   {}\n", rep.unresolved.join("\n#   ")));
+                    }
+                    match args.output {
+                        Some(p) => std::fs::write(&p, text).map_err(|e| Error::Io { path: p, source: e })?,
+                        None => print!("{text}"),
+                    }
+                    Ok(())
+                }
+                Emit::Obj => Err(Error::Usage(
+                    "the native back end (object + header) is not implemented yet; use --emit ir, `onnxc inspect` or `onnxc run`".into(),
+                )),
+            }
+        }
+    }
+}
+
+fn sanitize(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_alphanumeric() || c == '_' || c == '-' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}

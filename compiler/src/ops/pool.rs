@@ -1,0 +1,5 @@
+//! pool ops.
+
+use super::Registry;
+
+pub fn register(_r: &mut Registry) {}

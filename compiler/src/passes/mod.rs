@@ -1,0 +1,5 @@
+//! Graph -> graph passes, one per file, in the order [`pipeline`] lists them.
+
+pub mod infer_shapes;
+
+pub use infer_shapes::{bind_input_shapes, infer_shapes, InferReport};
