@@ -92,7 +92,12 @@ fn run_scoped(g: &Graph, inputs: Vec<Value>, outer: Option<&Scope>) -> Result<Ve
     // Free each intermediate after its last use.
     let mut last_use: HashMap<usize, usize> = HashMap::new();
     for (step, &n) in order.iter().enumerate() {
-        for v in g.nodes[n].inputs.iter().flatten() {
+        for v in g.nodes[n]
+            .inputs
+            .iter()
+            .flatten()
+            .chain(&g.nodes[n].implicit)
+        {
             last_use.insert(*v, step);
         }
     }
@@ -154,7 +159,7 @@ fn run_scoped(g: &Graph, inputs: Vec<Value>, outer: Option<&Scope>) -> Result<Ve
         for (&o, v) in node.outputs.iter().zip(outs) {
             env[o] = Some(v);
         }
-        for v in node.inputs.iter().flatten() {
+        for v in node.inputs.iter().flatten().chain(&node.implicit) {
             if last_use.get(v) == Some(&step) && g.value(*v).source != Source::Const {
                 env[*v] = None;
             }

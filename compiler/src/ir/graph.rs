@@ -46,6 +46,9 @@ pub struct Node {
     /// Inputs in order; None for an omitted optional input.
     pub inputs: Vec<Option<ValueId>>,
     pub outputs: Vec<ValueId>,
+    /// Values of this graph that the node's subgraphs read by name (If/Loop/Scan bodies
+    /// naming enclosing values): dependencies for scheduling and liveness.
+    pub implicit: Vec<ValueId>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -117,7 +120,14 @@ impl Graph {
         self.nodes.clear_edges();
         let ids: Vec<NodeId> = self.nodes.node_indices().collect();
         for n in ids {
-            let inputs: Vec<ValueId> = self.nodes[n].inputs.iter().flatten().copied().collect();
+            let node = &self.nodes[n];
+            let inputs: Vec<ValueId> = node
+                .inputs
+                .iter()
+                .flatten()
+                .chain(&node.implicit)
+                .copied()
+                .collect();
             for v in inputs {
                 if let Source::Node(p) = self.values[v].source {
                     self.nodes.add_edge(p, n, v);
@@ -180,6 +190,28 @@ impl Graph {
             .node_indices()
             .filter(|&n| self.nodes[n].inputs.contains(&Some(v)))
             .collect()
+    }
+
+    /// Names this graph (or any subgraph inside it) reads from enclosing scopes.
+    pub fn free_names(&self) -> std::collections::BTreeSet<String> {
+        let mut out: std::collections::BTreeSet<String> = self
+            .outer_refs()
+            .into_iter()
+            .map(|v| self.values[v].name.clone())
+            .collect();
+        for n in self.nodes.node_indices() {
+            for sg in self.nodes[n].op.subgraphs() {
+                for name in sg.free_names() {
+                    match self.find(&name) {
+                        Some(id) if self.values[id].source != Source::Outer => {}
+                        _ => {
+                            out.insert(name);
+                        }
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// Values named from enclosing scopes.

@@ -74,7 +74,7 @@ impl<'a> Importer<'a> {
             )));
         }
         let mut g = Graph::new(gp.name().to_string());
-        let mut dup = |name: &str, g: &Graph| -> Result<()> {
+        let dup = |name: &str, g: &Graph| -> Result<()> {
             if g.find(name).is_some() {
                 Err(Error::model(format!(
                     "graph `{}`: the name `{name}` is defined twice",
@@ -216,7 +216,25 @@ impl<'a> Importer<'a> {
                     continue;
                 }
             };
+            let mut implicit = Vec::new();
+            for sg in op.subgraphs() {
+                for name in sg.free_names() {
+                    let id = match g.find(&name) {
+                        Some(id) => id,
+                        None if outer.contains(&name) => g.add_value(name.clone(), ValueType::Unknown, Source::Outer),
+                        None => {
+                            return Err(Error::model(format!(
+                                "node {label}: a subgraph reads `{name}`, which no enclosing graph defines"
+                            )))
+                        }
+                    };
+                    if !implicit.contains(&id) {
+                        implicit.push(id);
+                    }
+                }
+            }
             g.add_node(Node {
+                implicit,
                 name: np.name().to_string(),
                 op_type: np.op_type().to_string(),
                 domain,

@@ -50,10 +50,12 @@ pub fn bind_input_shapes(g: &mut Graph, bindings: &[(String, Vec<usize>)]) -> Re
             }
             for (d, &n) in old.iter().zip(dims) {
                 match d {
-                    Dim::Fixed(f) if *f != n => return Err(Error::Usage(format!(
+                    Dim::Fixed(f) if *f != n => {
+                        return Err(Error::Usage(format!(
                         "--shape {name}: dim {f} of {} is fixed by the model and cannot become {n}",
                         info.ty
-                    ))),
+                    )))
+                    }
                     Dim::Sym(s) if s != "?" => {
                         if let Some(prev) = syms.insert(s.clone(), n) {
                             if prev != n {
