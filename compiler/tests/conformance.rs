@@ -1,0 +1,47 @@
+//! The ONNX backend node tests through the reference evaluator. The cases are generated
+//! by `tests/conformance/gen_node_cases.py` (the test command does this) into
+//! `tests/onnx-node/` (or `$ONNXC_NODE_CASES`). This test fails if the folder is missing
+//! or incomplete, if any case in the checked-in pass list stops passing, or if
+//! `docs/conformance.md` does not state the current count.
+
+mod common;
+
+use onnxc::conformance::{counts, run_suite, Status};
+use std::collections::BTreeSet;
+
+const EXPECTED_CASES: usize = 1884;
+
+#[test]
+fn node_tests_reference() {
+    let root = common::repo_root();
+    let dir = std::env::var_os("ONNXC_NODE_CASES")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root.join("tests/onnx-node"));
+    assert!(
+        dir.join("COUNT").is_file(),
+        "node test cases not found in {}; generate them with `python3 tests/conformance/gen_node_cases.py {}` (onnx==1.23.2)",
+        dir.display(),
+        dir.display()
+    );
+    let results = run_suite(&dir, None).expect("read cases");
+    assert_eq!(results.len(), EXPECTED_CASES, "expected all {EXPECTED_CASES} ONNX 1.23.2 node test cases in {}", dir.display());
+
+    let pass_list = std::fs::read_to_string(root.join("tests/conformance/reference-pass.txt")).expect("pass list");
+    let must_pass: BTreeSet<&str> = pass_list.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let mut regressions = Vec::new();
+    for r in &results {
+        if must_pass.contains(r.name.as_str()) && r.status != Status::Passed {
+            regressions.push(format!("{}: {:?}", r.name, r.status));
+        }
+    }
+    let (p, f, u) = counts(&results);
+    println!("node tests (reference): {p} passed, {f} failed, {u} unsupported of {}", results.len());
+    assert!(regressions.is_empty(), "{} cases of the pass list no longer pass:\n{}", regressions.len(), regressions.join("\n"));
+
+    let doc = std::fs::read_to_string(root.join("docs/conformance.md")).expect("docs/conformance.md");
+    let stated = format!("**{p} of {} passed", results.len());
+    assert!(
+        doc.contains(&stated),
+        "docs/conformance.md does not state the current count ({stated}); regenerate it with `bash tests/conformance.sh --write`"
+    );
+}
