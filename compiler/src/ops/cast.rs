@@ -1,5 +1,243 @@
-//! cast ops.
+//! Type conversion ops: Cast, CastLike (value conversion with ONNX's saturation and
+//! rounding rules) and BitCast (reinterpretation of the bits).
 
-use super::Registry;
+use super::util::*;
+use super::{OpCtx, Registry};
+use crate::ir::{DType, Data, OpError, OpResult, Tensor, Value};
+use crate::{bail, ensure};
+use half::{bf16, f16};
+use ndarray::ArrayD;
 
-pub fn register(_r: &mut Registry) {}
+type Ins<'a, 'b> = &'a [Option<&'b Value>];
+
+pub fn register(r: &mut Registry) {
+    r.add("Cast", cast);
+    r.add("CastLike", cast_like);
+    r.add("BitCast", bitcast);
+}
+
+/// The dtype named by an integer attribute holding a `TensorProto.DataType` code.
+fn dtype_attr(c: &OpCtx, name: &str) -> OpResult<DType> {
+    let code = c.attrs.req_int(name)?;
+    let dt = i32::try_from(code)
+        .ok()
+        .and_then(DType::from_onnx)
+        .ok_or_else(|| OpError::new(format!("attribute `{name}` = {code} is not a known dtype")))?;
+    ensure!(dt.storage().is_some(), "{dt} tensors are not supported");
+    Ok(dt)
+}
+
+/// `saturate` (opset 19+, default 1; earlier versions always saturate) and `round_mode`
+/// (from `round_mode_since`, default "up").
+fn cast_options(c: &OpCtx, round_mode_since: i64) -> OpResult<(bool, String)> {
+    let saturate = if c.opset >= 19 {
+        c.attrs.int("saturate", 1)? != 0
+    } else {
+        true
+    };
+    let mode = if c.opset >= round_mode_since {
+        c.attrs.string("round_mode", "up".into())?
+    } else {
+        "up".into()
+    };
+    ensure!(
+        matches!(mode.as_str(), "up" | "down" | "nearest"),
+        "round_mode must be up, down or nearest, got {mode:?}"
+    );
+    Ok((saturate, mode))
+}
+
+fn cast(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    let to = dtype_attr(c, "to")?;
+    let (saturate, mode) = cast_options(c, 24)?;
+    out(cast_tensor(input(ins, 0)?, to, saturate, &mode)?)
+}
+
+fn cast_like(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    let to = input(ins, 1)?.dtype();
+    let (saturate, mode) = cast_options(c, 25)?;
+    out(cast_tensor(input(ins, 0)?, to, saturate, &mode)?)
+}
+
+/// Converts with ONNX `Cast` semantics.
+pub(crate) fn cast_tensor(x: &Tensor, to: DType, saturate: bool, mode: &str) -> OpResult<Tensor> {
+    let from = x.dtype();
+    ensure!(
+        from.storage().is_some() && to.storage().is_some(),
+        "cannot cast {from} to {to}"
+    );
+    if to == DType::F8E8M0 && from != to {
+        // Rounded from the float32 bit pattern, as ONNX's reference does.
+        let v = if from == DType::Str {
+            x.cast(DType::F32, saturate)
+                .and_then(|t| t.to_f64())
+                .ok_or_else(|| OpError::new(format!("cannot cast {from} to {to}")))?
+        } else {
+            f64s(x)?
+        };
+        let mut codes = Vec::with_capacity(v.len());
+        for &e in v.iter() {
+            codes.push(encode_e8m0(e, saturate, mode)?);
+        }
+        let a = ArrayD::from_shape_vec(v.raw_dim(), codes)
+            .map_err(|e| OpError::new(format!("internal shape error: {e}")))?;
+        return Ok(Tensor::from_array_as(to, a));
+    }
+    if from != to && from != DType::Str && from != DType::Bool && !from.is_int() {
+        match to {
+            // Truncate toward zero, then wrap to the width (as ml_dtypes does); NaN and
+            // infinities give 0.
+            DType::I4 | DType::U4 | DType::I2 | DType::U2 => {
+                let v = f64s(x)?.mapv(|e| if e.is_finite() { e.trunc() as i128 } else { 0 });
+                return Ok(Tensor::from_i128(to, v));
+            }
+            // Saturation clips to the largest finite value first (infinities included, in
+            // every format), as `onnx.numpy_helper.saturate_cast` does.
+            DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ
+                if saturate =>
+            {
+                let max = match to {
+                    DType::F8E4M3FN => 448.0,
+                    DType::F8E4M3FNUZ => 240.0,
+                    _ => 57344.0,
+                };
+                let v = f64s(x)?.mapv(|e| if e.is_nan() { e } else { e.clamp(-max, max) });
+                return Ok(Tensor::from_f64(to, v, true));
+            }
+            // float4e2m1 has no NaN: ml_dtypes turns NaN into a zero of the opposite sign.
+            DType::F4E2M1 => {
+                let v = f64s(x)?;
+                let nan_code = |e: f64| if e.is_sign_negative() { 0u8 } else { 0x8 };
+                let t = Tensor::from_f64(to, v.clone(), saturate);
+                let codes = arr::<u8>(&t)?;
+                let fixed = ndarray::Zip::from(codes)
+                    .and(&v)
+                    .map_collect(|&c, &e| if e.is_nan() { nan_code(e) } else { c });
+                return Ok(Tensor::from_array_as(to, fixed));
+            }
+            _ => {}
+        }
+    }
+    x.cast(to, saturate)
+        .ok_or_else(|| OpError::new(format!("cannot cast {from} to {to}")))
+}
+
+/// float8e8m0 code of `x` (a power-of-two exponent), from its float32 bits like
+/// `onnx.numpy_helper.to_float8e8m0`: the sign is ignored, NaN and infinities give 0xFF.
+fn encode_e8m0(x: f64, saturate: bool, mode: &str) -> OpResult<u8> {
+    let bits = (x as f32).to_bits();
+    let exp = (bits >> 23) & 0xFF;
+    if exp == 0xFF {
+        return Ok(0xFF);
+    }
+    let round_up = match mode {
+        "up" => bits & 0x7F_FFFF != 0,
+        "down" => false,
+        "nearest" => {
+            let g = bits & 0x40_0000 != 0;
+            let r = bits & 0x20_0000 != 0;
+            let s = bits & 0x1F_FFFF != 0;
+            let lsb = exp > 0;
+            g && (r || s || lsb)
+        }
+        _ => bail!("round_mode must be up, down or nearest, got {mode:?}"),
+    };
+    let e = if round_up && !(saturate && exp == 0xFE) {
+        exp + 1
+    } else {
+        exp
+    };
+    Ok(e.min(0xFF) as u8)
+}
+
+/// Each element's bit pattern (the low `dtype.bits()` bits).
+fn to_bits(t: &Tensor) -> OpResult<ArrayD<u64>> {
+    let a = match t.data() {
+        Data::F32(a) => a.mapv(|x| x.to_bits() as u64),
+        Data::F64(a) => a.mapv(f64::to_bits),
+        Data::F16(a) => a.mapv(|x| x.to_bits() as u64),
+        Data::BF16(a) => a.mapv(|x| x.to_bits() as u64),
+        Data::I8(a) => a.mapv(|x| x as u8 as u64),
+        Data::I16(a) => a.mapv(|x| x as u16 as u64),
+        Data::I32(a) => a.mapv(|x| x as u32 as u64),
+        Data::I64(a) => a.mapv(|x| x as u64),
+        Data::U8(a) => a.mapv(|x| x as u64),
+        Data::U16(a) => a.mapv(|x| x as u64),
+        Data::U32(a) => a.mapv(|x| x as u64),
+        Data::U64(a) => a.clone(),
+        Data::Bool(a) => a.mapv(|x| x as u64),
+        Data::Str(_) => bail!("BitCast from string is not supported"),
+    };
+    let bits = t.dtype().bits();
+    let mask = if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 };
+    Ok(a.mapv(|b| b & mask))
+}
+
+/// A tensor of dtype `dt` whose elements have the given bit patterns.
+fn from_bits(dt: DType, a: ArrayD<u64>) -> OpResult<Tensor> {
+    Ok(match dt {
+        DType::F32 => Tensor::from_array(a.mapv(|b| f32::from_bits(b as u32))),
+        DType::F64 => Tensor::from_array(a.mapv(f64::from_bits)),
+        DType::F16 => Tensor::from_array(a.mapv(|b| f16::from_bits(b as u16))),
+        DType::BF16 => Tensor::from_array(a.mapv(|b| bf16::from_bits(b as u16))),
+        DType::I8 => Tensor::from_array(a.mapv(|b| b as u8 as i8)),
+        DType::I16 => Tensor::from_array(a.mapv(|b| b as u16 as i16)),
+        DType::I32 => Tensor::from_array(a.mapv(|b| b as u32 as i32)),
+        DType::I64 => Tensor::from_array(a.mapv(|b| b as i64)),
+        DType::U8 => Tensor::from_array(a.mapv(|b| b as u8)),
+        DType::U16 => Tensor::from_array(a.mapv(|b| b as u16)),
+        DType::U32 => Tensor::from_array(a.mapv(|b| b as u32)),
+        DType::U64 => Tensor::from_array(a),
+        DType::I4 => Tensor::from_array_as(dt, a.mapv(|b| ((b as u8 as i8) << 4) >> 4)),
+        DType::I2 => Tensor::from_array_as(dt, a.mapv(|b| ((b as u8 as i8) << 6) >> 6)),
+        DType::U4
+        | DType::U2
+        | DType::F8E4M3FN
+        | DType::F8E4M3FNUZ
+        | DType::F8E5M2
+        | DType::F8E5M2FNUZ
+        | DType::F4E2M1
+        | DType::F8E8M0 => Tensor::from_array_as(dt, a.mapv(|b| b as u8)),
+        DType::Bool => Tensor::from_array(a.mapv(|b| b != 0)),
+        DType::Str | DType::C64 | DType::C128 => bail!("BitCast to {dt} is not supported"),
+    })
+}
+
+fn bitcast(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    let to = dtype_attr(c, "to")?;
+    let from = x.dtype();
+    ensure!(
+        from != DType::Str && to != DType::Str,
+        "BitCast does not support strings ({from} to {to})"
+    );
+    ensure!(
+        from.bits() == to.bits(),
+        "BitCast needs dtypes of the same bit width, got {from} ({} bits) and {to} ({} bits)",
+        from.bits(),
+        to.bits()
+    );
+    out(from_bits(to, to_bits(x)?)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e8m0_rounding() {
+        assert_eq!(encode_e8m0(1.0, true, "up").unwrap(), 127);
+        assert_eq!(encode_e8m0(1.1, true, "up").unwrap(), 128);
+        assert_eq!(encode_e8m0(1.1, true, "down").unwrap(), 127);
+        assert_eq!(encode_e8m0(1.6, true, "nearest").unwrap(), 128);
+        assert_eq!(encode_e8m0(0.0, true, "up").unwrap(), 0);
+        assert_eq!(encode_e8m0(f64::NAN, true, "up").unwrap(), 0xFF);
+    }
+
+    #[test]
+    fn bitcast_roundtrip() {
+        let t = Tensor::from_vec(&[2], vec![1.0f32, -2.5]);
+        let b = from_bits(DType::I32, to_bits(&t).unwrap()).unwrap();
+        assert_eq!(b.to_i64_vec().unwrap(), vec![0x3F80_0000, 0xC020_0000u32 as i32 as i64]);
+    }
+}

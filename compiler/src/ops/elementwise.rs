@@ -1,5 +1,829 @@
-//! elementwise ops.
+//! Elementwise ops: unary math, binary arithmetic with broadcasting, logic and bitwise
+//! ops, comparisons, variadic Max/Min/Sum/Mean, Where, Clip, activations and Identity.
+//!
+//! Floats are computed in f64 and rounded back to the input dtype; integers in i128,
+//! wrapping back to the dtype's width like NumPy does.
 
-use super::Registry;
+use super::util::*;
+use super::{OpCtx, Registry};
+use crate::ir::{DType, OpError, OpResult, Tensor, Value};
+use crate::{bail, ensure};
+use ndarray::ArrayD;
 
-pub fn register(_r: &mut Registry) {}
+type Ins<'a, 'b> = &'a [Option<&'b Value>];
+
+pub fn register(r: &mut Registry) {
+    // Unary math.
+    r.add("Abs", abs);
+    r.add("Neg", neg);
+    r.add("Sign", sign);
+    r.add("Ceil", ceil);
+    r.add("Floor", floor);
+    r.add("Round", round);
+    r.add("Reciprocal", reciprocal);
+    r.add("Sqrt", sqrt);
+    r.add("Exp", exp);
+    r.add("Log", log);
+    r.add("Sin", sin);
+    r.add("Cos", cos);
+    r.add("Tan", tan);
+    r.add("Asin", asin);
+    r.add("Acos", acos);
+    r.add("Atan", atan);
+    r.add("Sinh", sinh);
+    r.add("Cosh", cosh);
+    r.add("Tanh", tanh);
+    r.add("Asinh", asinh);
+    r.add("Acosh", acosh);
+    r.add("Atanh", atanh);
+    r.add("Erf", erf_op);
+    r.add("IsNaN", isnan);
+    r.add("IsInf", isinf);
+    r.add("Not", not);
+    // Binary arithmetic.
+    r.add("Add", add);
+    r.add("Sub", sub);
+    r.add("Mul", mul);
+    r.add("Div", div);
+    r.add("Pow", pow);
+    r.add("Mod", modulo);
+    // Bitwise and logic.
+    r.add("BitShift", bitshift);
+    r.add("BitwiseAnd", bitwise_and);
+    r.add("BitwiseOr", bitwise_or);
+    r.add("BitwiseXor", bitwise_xor);
+    r.add("BitwiseNot", bitwise_not);
+    r.add("And", and);
+    r.add("Or", or);
+    r.add("Xor", xor);
+    // Comparisons.
+    r.add("Equal", equal);
+    r.add("Less", less);
+    r.add("Greater", greater);
+    r.add("LessOrEqual", less_or_equal);
+    r.add("GreaterOrEqual", greater_or_equal);
+    // Variadic.
+    r.add("Max", max);
+    r.add("Min", min);
+    r.add("Sum", sum);
+    r.add("Mean", mean);
+    r.add("Where", where_op);
+    r.add("Clip", clip);
+    // Activations.
+    r.add("Relu", relu);
+    r.add("LeakyRelu", leaky_relu);
+    r.add("Elu", elu);
+    r.add("Selu", selu);
+    r.add("Celu", celu);
+    r.add("Sigmoid", sigmoid_op);
+    r.add("HardSigmoid", hard_sigmoid);
+    r.add("HardSwish", hard_swish);
+    r.add("Softplus", softplus_op);
+    r.add("Softsign", softsign);
+    r.add("Gelu", gelu);
+    r.add("ThresholdedRelu", thresholded_relu);
+    r.add("PRelu", prelu);
+    r.add("Shrink", shrink);
+    r.add("Mish", mish);
+    r.add("Swish", swish);
+    r.add("SwiGLU", swiglu);
+    r.add("Identity", identity);
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+
+/// A float attribute as f64 (attributes are stored as f32, as ONNX holds them).
+fn fattr(c: &OpCtx, name: &str, default: f32) -> OpResult<f64> {
+    Ok(c.attrs.float(name, default)? as f64)
+}
+
+fn sigmoid(x: f64) -> f64 {
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (1.0 + e)
+    }
+}
+
+/// log(1 + exp(x)) without overflow (NumPy's `logaddexp(0, x)`).
+fn softplus(x: f64) -> f64 {
+    if x.is_nan() {
+        x
+    } else if x > 0.0 {
+        x + (-x).exp().ln_1p()
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+/// The error function, accurate to about 1e-15 relative.
+pub(crate) fn erf(x: f64) -> f64 {
+    if x.is_nan() {
+        return x;
+    }
+    let a = x.abs();
+    let r = if a < 3.0 {
+        // Maclaurin series: 2/sqrt(pi) * sum (-1)^n x^(2n+1) / (n! (2n+1)).
+        let x2 = a * a;
+        let mut term = a; // x^(2n+1) (-1)^n / n!
+        let mut s = a;
+        let mut n = 0.0f64;
+        loop {
+            n += 1.0;
+            term *= -x2 / n;
+            let add = term / (2.0 * n + 1.0);
+            s += add;
+            if add.abs() < 1e-17 * s.abs() || n > 200.0 {
+                break;
+            }
+        }
+        s * std::f64::consts::FRAC_2_SQRT_PI
+    } else {
+        1.0 - erfc_large(a)
+    };
+    if x < 0.0 {
+        -r
+    } else {
+        r
+    }
+}
+
+/// erfc(x) for x >= 3 by its continued fraction (Lentz's method).
+fn erfc_large(x: f64) -> f64 {
+    if x > 27.0 {
+        return 0.0;
+    }
+    // erfc(x) = exp(-x^2)/sqrt(pi) * 1/(x + 1/2/(x + 1/(x + 3/2/(x + 2/(x + ...)))))
+    let tiny = 1e-300;
+    let mut f = x;
+    let mut c = x;
+    let mut d = 0.0f64;
+    for k in 1..300 {
+        let a = k as f64 / 2.0;
+        d = x + a * d;
+        if d.abs() < tiny {
+            d = tiny;
+        }
+        c = x + a / c;
+        if c.abs() < tiny {
+            c = tiny;
+        }
+        d = 1.0 / d;
+        let delta = c * d;
+        f *= delta;
+        if (delta - 1.0).abs() < 1e-16 {
+            break;
+        }
+    }
+    (-x * x).exp() / std::f64::consts::PI.sqrt() / f
+}
+
+/// NumPy's float `mod` (Python semantics: the result takes the divisor's sign).
+fn py_fmod(a: f64, b: f64) -> f64 {
+    let m = a % b;
+    if b == 0.0 {
+        return m;
+    }
+    if m != 0.0 {
+        if (b < 0.0) != (m < 0.0) {
+            m + b
+        } else {
+            m
+        }
+    } else {
+        0.0f64.copysign(b)
+    }
+}
+
+fn int_pow(base: i128, exp: i128) -> i128 {
+    if exp < 0 {
+        return match base {
+            1 => 1,
+            -1 => {
+                if exp % 2 == 0 {
+                    1
+                } else {
+                    -1
+                }
+            }
+            _ => 0,
+        };
+    }
+    let mut result: i128 = 1;
+    let mut b = base;
+    let mut e = exp;
+    while e > 0 {
+        if e & 1 == 1 {
+            result = result.wrapping_mul(b);
+        }
+        b = b.wrapping_mul(b);
+        e >>= 1;
+    }
+    result
+}
+
+fn nan_max(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+fn nan_min(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.min(b)
+    }
+}
+
+fn bools(t: &Tensor) -> OpResult<&ArrayD<bool>> {
+    arr::<bool>(t)
+}
+
+fn int_only(t: &Tensor) -> OpResult<DType> {
+    let dt = t.dtype();
+    ensure!(dt.is_int(), "expected an integer tensor, got {dt}");
+    Ok(dt)
+}
+
+// ---------------------------------------------------------------------------------------
+// Unary math
+
+macro_rules! unary_f {
+    ($($fname:ident($x:ident) = $e:expr;)*) => {$(
+        fn $fname(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+            out(unary_float(input(ins, 0)?, |$x: f64| $e)?)
+        }
+    )*};
+}
+
+unary_f! {
+    ceil(x) = x.ceil();
+    floor(x) = x.floor();
+    round(x) = x.round_ties_even();
+    reciprocal(x) = 1.0 / x;
+    sqrt(x) = x.sqrt();
+    exp(x) = x.exp();
+    log(x) = x.ln();
+    sin(x) = x.sin();
+    cos(x) = x.cos();
+    tan(x) = x.tan();
+    asin(x) = x.asin();
+    acos(x) = x.acos();
+    atan(x) = x.atan();
+    sinh(x) = x.sinh();
+    cosh(x) = x.cosh();
+    tanh(x) = x.tanh();
+    asinh(x) = x.asinh();
+    acosh(x) = x.acosh();
+    atanh(x) = x.atanh();
+    erf_op(x) = erf(x);
+    sigmoid_op(x) = sigmoid(x);
+    softplus_op(x) = softplus(x);
+    softsign(x) = x / (1.0 + x.abs());
+    mish(x) = x * softplus(x).tanh();
+    hard_swish(x) = x * (x / 6.0 + 0.5).clamp(0.0, 1.0);
+}
+
+fn abs(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    out(unary_num(input(ins, 0)?, f64::abs, |x| x.abs())?)
+}
+
+fn neg(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    out(unary_num(input(ins, 0)?, |x| -x, |x| x.wrapping_neg())?)
+}
+
+fn sign(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    out(unary_num(
+        input(ins, 0)?,
+        |x| {
+            if x > 0.0 {
+                1.0
+            } else if x < 0.0 {
+                -1.0
+            } else {
+                x // 0, -0 and NaN as they are
+            }
+        },
+        |x| x.signum(),
+    )?)
+}
+
+fn isnan(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    let t = input(ins, 0)?;
+    ensure!(t.dtype().is_float(), "IsNaN expects a float tensor, got {}", t.dtype());
+    out(Tensor::from_array(f64s(t)?.mapv(|x| x.is_nan())))
+}
+
+fn isinf(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    let t = input(ins, 0)?;
+    ensure!(t.dtype().is_float(), "IsInf expects a float tensor, got {}", t.dtype());
+    let neg = c.attrs.int("detect_negative", 1)? != 0;
+    let pos = c.attrs.int("detect_positive", 1)? != 0;
+    out(Tensor::from_array(f64s(t)?.mapv(|x| {
+        (x == f64::INFINITY && pos) || (x == f64::NEG_INFINITY && neg)
+    })))
+}
+
+fn not(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    out(Tensor::from_array(bools(input(ins, 0)?)?.mapv(|x| !x)))
+}
+
+// ---------------------------------------------------------------------------------------
+// Binary arithmetic
+
+fn add(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    out(binary_num(input(ins, 0)?, input(ins, 1)?, |a, b| a + b, |a, b| {
+        Ok(a.wrapping_add(b))
+    })?)
+}
+
+fn sub(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    out(binary_num(input(ins, 0)?, input(ins, 1)?, |a, b| a - b, |a, b| {
+        Ok(a.wrapping_sub(b))
+    })?)
+}
+
+fn mul(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    out(binary_num(input(ins, 0)?, input(ins, 1)?, |a, b| a * b, |a, b| {
+        Ok(a.wrapping_mul(b))
+    })?)
+}
+
+fn div(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    // Integer division truncates toward zero (C-style); division by zero gives 0 as in
+    // NumPy.
+    out(binary_num(input(ins, 0)?, input(ins, 1)?, |a, b| a / b, |a, b| {
+        Ok(if b == 0 { 0 } else { a.wrapping_div(b) })
+    })?)
+}
+
+fn pow(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    let a = input(ins, 0)?;
+    let b = input(ins, 1)?;
+    let dt = a.dtype();
+    ensure!(
+        dt.is_numeric() && b.dtype().is_numeric(),
+        "Pow expects numeric tensors, got {} and {}",
+        dt,
+        b.dtype()
+    );
+    if dt.is_int() && b.dtype().is_int() {
+        let r = zip_broadcast(&i128s(a)?, &i128s(b)?, int_pow)?;
+        out(Tensor::from_i128(dt, r))
+    } else {
+        let r = zip_broadcast(&f64s(a)?, &f64s(b)?, f64::powf)?;
+        out(Tensor::from_f64(dt, r, false))
+    }
+}
+
+fn modulo(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    let fmod = c.attrs.int("fmod", 0)? != 0;
+    let a = input(ins, 0)?;
+    let b = input(ins, 1)?;
+    if fmod {
+        out(binary_num(a, b, |x, y| x % y, |x, y| Ok(if y == 0 { 0 } else { x % y }))?)
+    } else {
+        out(binary_num(a, b, py_fmod, |x, y| {
+            Ok(if y == 0 {
+                0
+            } else {
+                let r = x % y;
+                if r != 0 && ((r < 0) != (y < 0)) {
+                    r + y
+                } else {
+                    r
+                }
+            })
+        })?)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Bitwise and logic
+
+fn bitshift(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    let dir = c.attrs.string("direction", String::new())?;
+    let left = match dir.as_str() {
+        "LEFT" => true,
+        "RIGHT" => false,
+        _ => bail!("BitShift direction must be LEFT or RIGHT, got {dir:?}"),
+    };
+    let a = input(ins, 0)?;
+    let b = input(ins, 1)?;
+    let dt = same_dtype(&[a, b])?;
+    int_only(a)?;
+    let width = dt.bits() as i128;
+    let r = zip_broadcast(&i128s(a)?, &i128s(b)?, |x, s| {
+        if s < 0 || s >= width {
+            if left || x >= 0 {
+                0
+            } else {
+                -1
+            }
+        } else if left {
+            x << s
+        } else {
+            x >> s
+        }
+    })?;
+    out(Tensor::from_i128(dt, r))
+}
+
+fn bitwise(ins: Ins, f: fn(i128, i128) -> i128) -> OpResult<Vec<Value>> {
+    let a = input(ins, 0)?;
+    let b = input(ins, 1)?;
+    let dt = same_dtype(&[a, b])?;
+    int_only(a)?;
+    out(Tensor::from_i128(dt, zip_broadcast(&i128s(a)?, &i128s(b)?, f)?))
+}
+
+fn bitwise_and(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    bitwise(ins, |a, b| a & b)
+}
+
+fn bitwise_or(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    bitwise(ins, |a, b| a | b)
+}
+
+fn bitwise_xor(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    bitwise(ins, |a, b| a ^ b)
+}
+
+fn bitwise_not(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    let a = input(ins, 0)?;
+    let dt = int_only(a)?;
+    out(Tensor::from_i128(dt, i128s(a)?.mapv(|x| !x)))
+}
+
+fn logic(ins: Ins, f: fn(bool, bool) -> bool) -> OpResult<Vec<Value>> {
+    let a = bools(input(ins, 0)?)?;
+    let b = bools(input(ins, 1)?)?;
+    out(Tensor::from_array(zip_broadcast(a, b, f)?))
+}
+
+fn and(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    logic(ins, |a, b| a && b)
+}
+
+fn or(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    logic(ins, |a, b| a || b)
+}
+
+fn xor(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    logic(ins, |a, b| a != b)
+}
+
+// ---------------------------------------------------------------------------------------
+// Comparisons
+
+fn equal(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    out(compare(input(ins, 0)?, input(ins, 1)?, |a, b| a == b, |a, b| a == b)?)
+}
+
+fn less(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    out(compare(input(ins, 0)?, input(ins, 1)?, |a, b| a < b, |a, b| a < b)?)
+}
+
+fn greater(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    out(compare(input(ins, 0)?, input(ins, 1)?, |a, b| a > b, |a, b| a > b)?)
+}
+
+fn less_or_equal(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    out(compare(input(ins, 0)?, input(ins, 1)?, |a, b| a <= b, |a, b| a <= b)?)
+}
+
+fn greater_or_equal(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    out(compare(input(ins, 0)?, input(ins, 1)?, |a, b| a >= b, |a, b| a >= b)?)
+}
+
+// ---------------------------------------------------------------------------------------
+// Variadic ops
+
+/// The present tensor inputs of a variadic op (at least one), all of one dtype.
+fn variadic_inputs<'a>(ins: Ins<'_, 'a>) -> OpResult<(DType, Vec<&'a Tensor>)> {
+    let mut ts = Vec::new();
+    for i in 0..ins.len() {
+        if let Some(t) = opt_input(ins, i)? {
+            ts.push(t);
+        }
+    }
+    ensure!(!ts.is_empty(), "expected at least one input");
+    let dt = same_dtype(&ts)?;
+    ensure!(dt.is_numeric(), "expected numeric tensors, got {dt}");
+    Ok((dt, ts))
+}
+
+/// Folds the inputs with broadcasting: floats in f64 (rounded back after each step, as
+/// NumPy computes in the dtype), integers in i128.
+fn fold_variadic(
+    ins: Ins,
+    ff: fn(f64, f64) -> f64,
+    fi: fn(i128, i128) -> i128,
+) -> OpResult<(DType, Tensor)> {
+    let (dt, ts) = variadic_inputs(ins)?;
+    if dt.is_float() {
+        let mut acc = f64s(ts[0])?;
+        for t in &ts[1..] {
+            acc = zip_broadcast(&acc, &f64s(t)?, ff)?;
+            if dt != DType::F64 {
+                acc = f64s(&Tensor::from_f64(dt, acc, false))?;
+            }
+        }
+        Ok((dt, Tensor::from_f64(dt, acc, false)))
+    } else {
+        let mut acc = i128s(ts[0])?;
+        for t in &ts[1..] {
+            acc = zip_broadcast(&acc, &i128s(t)?, fi)?;
+        }
+        Ok((dt, Tensor::from_i128(dt, acc)))
+    }
+}
+
+fn max(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    out(fold_variadic(ins, nan_max, |a, b| a.max(b))?.1)
+}
+
+fn min(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    out(fold_variadic(ins, nan_min, |a, b| a.min(b))?.1)
+}
+
+fn sum(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    out(fold_variadic(ins, |a, b| a + b, |a, b| a.wrapping_add(b))?.1)
+}
+
+fn mean(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    let n = ins.iter().filter(|v| v.is_some()).count().max(1) as f64;
+    let (dt, s) = fold_variadic(ins, |a, b| a + b, |a, b| a.wrapping_add(b))?;
+    ensure!(dt.is_float(), "Mean expects float tensors, got {dt}");
+    out(Tensor::from_f64(dt, f64s(&s)?.mapv(|x| x / n), false))
+}
+
+fn where_op(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    let cond = bools(input(ins, 0)?)?;
+    let x = input(ins, 1)?;
+    let y = input(ins, 2)?;
+    let dt = same_dtype(&[x, y])?;
+    let st = dt
+        .storage()
+        .ok_or_else(|| OpError::new(format!("Where does not support {dt}")))?;
+    let t = crate::with_storage_type!(st, T => {
+        let xa = arr::<T>(x)?;
+        let ya = arr::<T>(y)?;
+        Tensor::from_array_as(dt, zip3_broadcast(cond, xa, ya, |c, a, b| if c { a } else { b })?)
+    });
+    out(t)
+}
+
+fn clip(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    let dt = x.dtype();
+    ensure!(dt.is_numeric(), "Clip expects a numeric tensor, got {dt}");
+    if c.opset < 11 {
+        let lo = fattr(c, "min", f32::MIN)?;
+        let hi = fattr(c, "max", f32::MAX)?;
+        return out(unary_float(x, |v| {
+            if v.is_nan() {
+                v
+            } else {
+                v.max(lo).min(hi)
+            }
+        })?);
+    }
+    let lo = opt_input(ins, 1)?;
+    let hi = opt_input(ins, 2)?;
+    for b in [lo, hi].into_iter().flatten() {
+        ensure!(
+            b.dtype() == dt,
+            "Clip bounds must have the input's dtype {dt}, got {}",
+            b.dtype()
+        );
+        ensure!(b.len() == 1, "Clip bounds must be scalars, got shape {:?}", b.shape());
+    }
+    if dt.is_float() {
+        let lo = lo.map(scalar_f64).transpose()?;
+        let hi = hi.map(scalar_f64).transpose()?;
+        out(unary_float(x, |v| {
+            let mut v = v;
+            if let Some(l) = lo {
+                v = nan_max(v, l);
+            }
+            if let Some(h) = hi {
+                v = nan_min(v, h);
+            }
+            v
+        })?)
+    } else {
+        let one = |t: &Tensor| -> OpResult<i128> {
+            Ok(i128s(t)?.iter().copied().next().unwrap_or_default())
+        };
+        let lo = lo.map(one).transpose()?;
+        let hi = hi.map(one).transpose()?;
+        out(Tensor::from_i128(
+            dt,
+            i128s(x)?.mapv(|v| {
+                let mut v = v;
+                if let Some(l) = lo {
+                    v = v.max(l);
+                }
+                if let Some(h) = hi {
+                    v = v.min(h);
+                }
+                v
+            }),
+        ))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Activations
+
+fn relu(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    out(unary_num(
+        input(ins, 0)?,
+        |x| if x.is_nan() || x > 0.0 { x } else { 0.0 },
+        |x| x.max(0),
+    )?)
+}
+
+fn leaky_relu(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    let alpha = fattr(c, "alpha", 0.01)?;
+    out(unary_float(input(ins, 0)?, |x| if x > 0.0 { x } else { x * alpha })?)
+}
+
+fn elu(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    let alpha = fattr(c, "alpha", 1.0)?;
+    out(unary_float(input(ins, 0)?, |x| {
+        if x < 0.0 {
+            alpha * x.exp_m1()
+        } else {
+            x
+        }
+    })?)
+}
+
+fn selu(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    let alpha = fattr(c, "alpha", 1.673_263_2)?;
+    let gamma = fattr(c, "gamma", 1.050_701)?;
+    out(unary_float(input(ins, 0)?, |x| {
+        if x > 0.0 {
+            gamma * x
+        } else {
+            gamma * (alpha * x.exp() - alpha)
+        }
+    })?)
+}
+
+fn celu(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    let alpha = fattr(c, "alpha", 1.0)?;
+    out(unary_float(input(ins, 0)?, |x| {
+        x.max(0.0) + (alpha * (x / alpha).exp_m1()).min(0.0)
+    })?)
+}
+
+fn hard_sigmoid(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    let alpha = fattr(c, "alpha", 0.2)?;
+    let beta = fattr(c, "beta", 0.5)?;
+    out(unary_float(input(ins, 0)?, |x| (alpha * x + beta).clamp(0.0, 1.0))?)
+}
+
+fn gelu(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    let approx = c.attrs.string("approximate", "none".into())?;
+    match approx.as_str() {
+        "none" => out(unary_float(input(ins, 0)?, |x| {
+            0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2))
+        })?),
+        "tanh" => {
+            let k = (2.0 / std::f64::consts::PI).sqrt();
+            out(unary_float(input(ins, 0)?, |x| {
+                0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())
+            })?)
+        }
+        _ => bail!("Gelu approximate must be none or tanh, got {approx:?}"),
+    }
+}
+
+fn thresholded_relu(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    let alpha = fattr(c, "alpha", 1.0)?;
+    out(unary_float(input(ins, 0)?, |x| if x > alpha { x } else { 0.0 })?)
+}
+
+fn prelu(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    let slope = input(ins, 1)?;
+    let dt = same_dtype(&[x, slope])?;
+    ensure!(dt.is_numeric(), "PRelu expects numeric tensors, got {dt}");
+    // The slope broadcasts to X (unidirectionally). As ONNX's reference does, a 1-D slope
+    // whose length matches exactly one dim of X applies along that dim.
+    let xs = x.shape().to_vec();
+    let slope_shape: Vec<usize> = match crate::ir::broadcast_shapes(&xs, slope.shape()) {
+        Some(s) if s == xs => slope.shape().to_vec(),
+        _ => {
+            let ok = slope.rank() == 1 && xs.iter().filter(|&&d| d == slope.len()).count() == 1;
+            ensure!(
+                ok,
+                "PRelu slope of shape {:?} does not broadcast to X of shape {:?}",
+                slope.shape(),
+                xs
+            );
+            xs.iter()
+                .map(|&d| if d == slope.len() { d } else { 1 })
+                .collect()
+        }
+    };
+    let slope = slope
+        .reshape(&slope_shape)
+        .ok_or_else(|| OpError::new("PRelu slope reshape failed"))?;
+    if dt.is_float() {
+        let r = zip_broadcast(&f64s(x)?, &f64s(&slope)?, |v, s| if v > 0.0 { v } else { v * s })?;
+        out(Tensor::from_f64(dt, r, false))
+    } else {
+        let r = zip_broadcast(&i128s(x)?, &i128s(&slope)?, |v, s| {
+            if v > 0 {
+                v
+            } else {
+                v.wrapping_mul(s)
+            }
+        })?;
+        out(Tensor::from_i128(dt, r))
+    }
+}
+
+fn shrink(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    let bias = fattr(c, "bias", 0.0)?;
+    let lambd = fattr(c, "lambd", 0.5)?;
+    let x = input(ins, 0)?;
+    ensure!(x.dtype().is_numeric(), "Shrink expects a numeric tensor, got {}", x.dtype());
+    let r = f64s(x)?.mapv(|v| {
+        if v < -lambd {
+            v + bias
+        } else if v > lambd {
+            v - bias
+        } else {
+            0.0
+        }
+    });
+    out(Tensor::from_f64(x.dtype(), r, false))
+}
+
+fn swish(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    let alpha = fattr(c, "alpha", 1.0)?;
+    out(unary_float(input(ins, 0)?, |x| x * sigmoid(alpha * x))?)
+}
+
+fn swiglu(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    let alpha = fattr(c, "alpha", 1.0)?;
+    let a = input(ins, 0)?;
+    let b = input(ins, 1)?;
+    let dt = same_dtype(&[a, b])?;
+    ensure!(dt.is_float(), "SwiGLU expects float tensors, got {dt}");
+    ensure!(
+        a.shape() == b.shape(),
+        "SwiGLU inputs must have the same shape, got {:?} and {:?}",
+        a.shape(),
+        b.shape()
+    );
+    let r = zip_broadcast(&f64s(a)?, &f64s(b)?, |x, y| x * sigmoid(alpha * x) * y)?;
+    out(Tensor::from_f64(dt, r, false))
+}
+
+fn identity(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
+    match ins.first().copied().flatten() {
+        Some(v) => Ok(vec![v.clone()]),
+        None => bail!("Identity: required input 0 is missing"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn erf_values() {
+        let cases = [
+            (0.0, 0.0),
+            (0.5, 0.520_499_877_813_046_5),
+            (1.0, 0.842_700_792_949_714_9),
+            (2.0, 0.995_322_265_018_952_7),
+            (3.0, 0.999_977_909_503_001_4),
+            (4.0, 0.999_999_984_582_742_1),
+            (-1.5, -0.966_105_146_475_310_7),
+        ];
+        for (x, want) in cases {
+            let got = erf(x);
+            assert!((got - want).abs() < 1e-14, "erf({x}) = {got}, want {want}");
+        }
+    }
+
+    #[test]
+    fn python_mod() {
+        assert_eq!(py_fmod(-1.0, 3.0), 2.0);
+        assert_eq!(py_fmod(1.0, -3.0), -2.0);
+        assert_eq!(py_fmod(-1.0, f64::INFINITY), f64::INFINITY);
+        assert!(py_fmod(1.0, 0.0).is_nan());
+    }
+}
