@@ -16,6 +16,7 @@ pub fn register(r: &mut Registry) {
     r.add_shaped("AffineGrid", affine_grid, &[1]);
     r.add("RoiAlign", roi_align);
     r.add_dynamic("NonMaxSuppression", nms);
+    r.add_dynamic("ImageDecoder", image_decoder);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1010,4 +1011,244 @@ fn nms(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     }
     let n = sel.len() / 3;
     out(Tensor::from_vec(&[n, 3], sel))
+}
+
+// ---------------------------------------------------------------------------------------
+// ImageDecoder (BMP and PNM only; other formats need codecs onnxc does not carry)
+// ---------------------------------------------------------------------------------------
+
+/// Decoded image: height, width, channels (1 or 3), row-major HWC bytes.
+struct Image {
+    h: usize,
+    w: usize,
+    c: usize,
+    data: Vec<u8>,
+}
+
+fn le_u32(b: &[u8], at: usize) -> OpResult<u32> {
+    match b.get(at..at + 4) {
+        Some(s) => Ok(u32::from_le_bytes([s[0], s[1], s[2], s[3]])),
+        None => bail!("truncated BMP header"),
+    }
+}
+
+fn le_u16(b: &[u8], at: usize) -> OpResult<u16> {
+    match b.get(at..at + 2) {
+        Some(s) => Ok(u16::from_le_bytes([s[0], s[1]])),
+        None => bail!("truncated BMP header"),
+    }
+}
+
+fn decode_bmp(b: &[u8]) -> OpResult<Image> {
+    let off = le_u32(b, 10)? as usize;
+    let hdr = le_u32(b, 14)?;
+    ensure!(hdr >= 40, "unsupported BMP header size {hdr}");
+    let w = le_u32(b, 18)? as i32;
+    let h = le_u32(b, 22)? as i32;
+    let bpp = le_u16(b, 28)?;
+    let comp = le_u32(b, 30)?;
+    ensure!(
+        (bpp == 24 && comp == 0) || (bpp == 32 && (comp == 0 || comp == 3)),
+        "only uncompressed 24/32-bit BMP images are supported (bpp {bpp}, compression {comp})"
+    );
+    ensure!(w > 0 && h != 0, "bad BMP size {w}x{h}");
+    let (wu, hu) = (w as usize, h.unsigned_abs() as usize);
+    dims(&[hu as i64, wu as i64, 3])?;
+    let bytes = bpp as usize / 8;
+    let stride = (wu * bytes).div_ceil(4) * 4;
+    ensure!(
+        off.checked_add(stride * hu).is_some_and(|e| e <= b.len()),
+        "truncated BMP pixel data"
+    );
+    let mut data = Vec::with_capacity(hu * wu * 3);
+    for y in 0..hu {
+        let row = if h > 0 { hu - 1 - y } else { y };
+        let base = off + row * stride;
+        for x in 0..wu {
+            let p = base + x * bytes;
+            data.extend([b[p + 2], b[p + 1], b[p]]);
+        }
+    }
+    Ok(Image { h: hu, w: wu, c: 3, data })
+}
+
+fn decode_pnm(b: &[u8]) -> OpResult<Image> {
+    let kind = b.get(1).copied().unwrap_or(0);
+    // Header: magic, width, height, maxval (skipping whitespace and comments).
+    let mut pos = 2;
+    let mut fields = Vec::new();
+    while fields.len() < 3 {
+        while pos < b.len() && (b[pos].is_ascii_whitespace() || b[pos] == b'#') {
+            if b[pos] == b'#' {
+                while pos < b.len() && b[pos] != b'\n' {
+                    pos += 1;
+                }
+            } else {
+                pos += 1;
+            }
+        }
+        let start = pos;
+        while pos < b.len() && b[pos].is_ascii_digit() {
+            pos += 1;
+        }
+        ensure!(pos > start, "bad PNM header");
+        let v: usize = std::str::from_utf8(&b[start..pos])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| crate::ir::OpError::new("bad PNM header".to_string()))?;
+        fields.push(v);
+    }
+    pos += 1; // the single whitespace byte after maxval
+    let (w, h, maxv) = (fields[0], fields[1], fields[2]);
+    ensure!(maxv > 0 && maxv < 256, "only 8-bit PNM images are supported");
+    let c = match kind {
+        b'5' => 1,
+        b'6' => 3,
+        _ => bail!("only binary PGM (P5) and PPM (P6) images are supported"),
+    };
+    dims(&[h as i64, w as i64, c as i64])?;
+    let n = h * w * c;
+    ensure!(
+        pos.checked_add(n).is_some_and(|e| e <= b.len()),
+        "truncated PNM pixel data"
+    );
+    let data = b[pos..pos + n]
+        .iter()
+        .map(|&v| ((v as usize * 255 + maxv / 2) / maxv).min(255) as u8)
+        .collect();
+    Ok(Image { h, w, c, data })
+}
+
+/// Baseline uncompressed 8-bit TIFF (chunky RGB or grayscale, strips).
+fn decode_tiff(b: &[u8]) -> OpResult<Image> {
+    let le = b[0] == b'I';
+    let u16_at = |at: usize| -> OpResult<u32> {
+        match b.get(at..at + 2) {
+            Some(s) => Ok(if le {
+                u16::from_le_bytes([s[0], s[1]])
+            } else {
+                u16::from_be_bytes([s[0], s[1]])
+            } as u32),
+            None => bail!("truncated TIFF"),
+        }
+    };
+    let u32_at = |at: usize| -> OpResult<u32> {
+        match b.get(at..at + 4) {
+            Some(s) => Ok(if le {
+                u32::from_le_bytes([s[0], s[1], s[2], s[3]])
+            } else {
+                u32::from_be_bytes([s[0], s[1], s[2], s[3]])
+            }),
+            None => bail!("truncated TIFF"),
+        }
+    };
+    let ifd = u32_at(4)? as usize;
+    let n = u16_at(ifd)? as usize;
+    // Tag values as lists of u32.
+    let mut tags: std::collections::HashMap<u32, Vec<u32>> = Default::default();
+    for i in 0..n {
+        let e = ifd + 2 + i * 12;
+        let tag = u16_at(e)?;
+        let ty = u16_at(e + 2)?;
+        let count = u32_at(e + 4)? as usize;
+        let size = match ty {
+            3 => 2,
+            4 => 4,
+            1 => 1,
+            _ => continue,
+        };
+        ensure!(count <= 1 << 20, "TIFF tag count too large");
+        let base = if size * count <= 4 { e + 8 } else { u32_at(e + 8)? as usize };
+        let mut v = Vec::with_capacity(count);
+        for k in 0..count {
+            let at = base + k * size;
+            v.push(match size {
+                1 => *b.get(at).ok_or_else(|| crate::ir::OpError::new("truncated TIFF".to_string()))? as u32,
+                2 => u16_at(at)?,
+                _ => u32_at(at)?,
+            });
+        }
+        tags.insert(tag, v);
+    }
+    let one = |t: u32, d: u32| tags.get(&t).and_then(|v| v.first().copied()).unwrap_or(d);
+    let w = one(256, 0) as usize;
+    let h = one(257, 0) as usize;
+    let spp = one(277, 1) as usize;
+    ensure!(one(259, 1) == 1, "only uncompressed TIFF images are supported");
+    ensure!(one(284, 1) == 1, "only chunky (interleaved) TIFF images are supported");
+    ensure!(
+        tags.get(&258).is_none_or(|v| v.iter().all(|&x| x == 8)),
+        "only 8-bit TIFF images are supported"
+    );
+    ensure!(spp == 1 || spp == 3 || spp == 4, "unsupported samples per pixel {spp}");
+    dims(&[h as i64, w as i64, spp as i64])?;
+    let offs = tags.get(&273).cloned().unwrap_or_default();
+    let counts = tags.get(&279).cloned().unwrap_or_default();
+    ensure!(offs.len() == counts.len(), "bad TIFF strips");
+    let mut raw = Vec::with_capacity(h * w * spp);
+    for (&o, &c) in offs.iter().zip(&counts) {
+        let (o, c) = (o as usize, c as usize);
+        match b.get(o..o + c) {
+            Some(s) => raw.extend_from_slice(s),
+            None => bail!("truncated TIFF strip"),
+        }
+    }
+    ensure!(raw.len() >= h * w * spp, "TIFF pixel data is too short");
+    let c = if spp == 1 { 1 } else { 3 };
+    let mut data = Vec::with_capacity(h * w * c);
+    for i in 0..h * w {
+        data.extend_from_slice(&raw[i * spp..i * spp + c]);
+    }
+    if spp == 1 && one(262, 1) == 0 {
+        for v in data.iter_mut() {
+            *v = 255 - *v;
+        }
+    }
+    Ok(Image { h, w, c, data })
+}
+
+fn image_decoder(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let t = input(ins, 0)?;
+    let bytes: Vec<u8> = match t.array::<u8>() {
+        Some(a) if t.dtype() == DType::U8 => a.iter().copied().collect(),
+        _ => bail!("encoded_stream must be uint8, got {}", t.dtype()),
+    };
+    let fmt = ctx.attrs.string("pixel_format", "RGB".into())?;
+    let img = if bytes.starts_with(b"BM") {
+        decode_bmp(&bytes)?
+    } else if bytes.first() == Some(&b'P') {
+        decode_pnm(&bytes)?
+    } else if bytes.starts_with(b"II*\0") || bytes.starts_with(b"MM\0*") {
+        decode_tiff(&bytes)?
+    } else {
+        bail!("unsupported image format (only BMP, binary PNM and uncompressed TIFF are decoded)")
+    };
+    let (h, w) = (img.h, img.w);
+    let px = |i: usize| -> [u8; 3] {
+        if img.c == 1 {
+            let v = img.data[i];
+            [v, v, v]
+        } else {
+            [img.data[3 * i], img.data[3 * i + 1], img.data[3 * i + 2]]
+        }
+    };
+    let (c, data): (usize, Vec<u8>) = match fmt.as_str() {
+        "RGB" => (3, (0..h * w).flat_map(px).collect()),
+        "BGR" => (3, (0..h * w).flat_map(|i| { let [r, g, b] = px(i); [b, g, r] }).collect()),
+        "Grayscale" => (
+            1,
+            (0..h * w)
+                .map(|i| {
+                    if img.c == 1 {
+                        img.data[i]
+                    } else {
+                        let [r, g, b] = px(i);
+                        ((r as u32 * 19595 + g as u32 * 38470 + b as u32 * 7471 + 0x8000) >> 16) as u8
+                    }
+                })
+                .collect(),
+        ),
+        o => bail!("unsupported pixel_format `{o}`"),
+    };
+    out(Tensor::from_vec(&[h, w, c], data))
 }
