@@ -649,14 +649,14 @@ fn grid_sample(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
                             let f = v.floor();
                             let r = v - f;
                             let i0 = f as i64;
-                            vec![(fetch_idx(d, i0), 1.0 - r), (fetch_idx(d, i0 + 1), r)]
+                            vec![(fetch_idx(d, i0), 1.0 - r), (fetch_idx(d, i0.saturating_add(1)), r)]
                         }
                         Mode::Cubic => {
                             let f = v.floor();
                             let cf = gs_cubic(v - f);
                             let i0 = f as i64;
                             (0..4)
-                                .map(|j| (fetch_idx(d, i0 - 1 + j as i64), cf[j]))
+                                .map(|j| (fetch_idx(d, i0.saturating_add(j as i64 - 1)), cf[j]))
                                 .collect()
                         }
                     };
@@ -827,6 +827,7 @@ fn roi_align(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         let gh = if sr > 0 { sr as usize } else { (rh / ph_n as f64).ceil().max(0.0) as usize };
         let gw = if sr > 0 { sr as usize } else { (rw / pw_n as f64).ceil().max(0.0) as usize };
         ensure!(gh <= 1 << 16 && gw <= 1 << 16, "sampling grid too large");
+        dims(&[ph_n as i64, pw_n as i64, gh as i64, gw as i64])?;
         let count = (gh * gw).max(1) as f64;
         // Precomputed (positions, weights) per sample.
         let mut pre: Vec<([usize; 4], [f64; 4])> = Vec::with_capacity(ph_n * pw_n * gh * gw);
@@ -1207,6 +1208,293 @@ fn decode_tiff(b: &[u8]) -> OpResult<Image> {
     Ok(Image { h, w, c, data })
 }
 
+/// A DEFLATE (RFC 1951) bit reader.
+struct Bits<'a> {
+    b: &'a [u8],
+    pos: usize,
+    bit: u32,
+}
+
+impl Bits<'_> {
+    fn get(&mut self, n: u32) -> OpResult<u32> {
+        let mut v = 0u32;
+        for i in 0..n {
+            let byte = match self.b.get(self.pos) {
+                Some(&x) => x,
+                None => bail!("truncated deflate stream"),
+            };
+            v |= (((byte >> self.bit) & 1) as u32) << i;
+            self.bit += 1;
+            if self.bit == 8 {
+                self.bit = 0;
+                self.pos += 1;
+            }
+        }
+        Ok(v)
+    }
+}
+
+/// A canonical Huffman code: (counts per length, symbols in code order).
+struct Huff {
+    counts: [u16; 16],
+    syms: Vec<u16>,
+}
+
+impl Huff {
+    fn new(lengths: &[u8]) -> Huff {
+        let mut counts = [0u16; 16];
+        for &l in lengths {
+            counts[l as usize] += 1;
+        }
+        counts[0] = 0;
+        let mut offs = [0u16; 16];
+        for i in 1..16 {
+            offs[i] = offs[i - 1] + counts[i - 1];
+        }
+        let mut syms = vec![0u16; lengths.len()];
+        for (s, &l) in lengths.iter().enumerate() {
+            if l != 0 {
+                syms[offs[l as usize] as usize] = s as u16;
+                offs[l as usize] += 1;
+            }
+        }
+        Huff { counts, syms }
+    }
+
+    fn decode(&self, r: &mut Bits) -> OpResult<u16> {
+        let (mut code, mut first, mut index) = (0i32, 0i32, 0i32);
+        for len in 1..16 {
+            code |= r.get(1)? as i32;
+            let count = self.counts[len] as i32;
+            if code - count < first {
+                return match self.syms.get((index + (code - first)) as usize) {
+                    Some(&s) => Ok(s),
+                    None => bail!("bad Huffman code"),
+                };
+            }
+            index += count;
+            first += count;
+            first <<= 1;
+            code <<= 1;
+        }
+        bail!("bad Huffman code")
+    }
+}
+
+fn inflate(data: &[u8], limit: usize) -> OpResult<Vec<u8>> {
+    const LBASE: [u16; 29] = [
+        3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 15, 17, 19, 23, 27, 31, 35, 43, 51, 59, 67, 83, 99,
+        115, 131, 163, 195, 227, 258,
+    ];
+    const LEXT: [u8; 29] = [
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 0,
+    ];
+    const DBASE: [u16; 30] = [
+        1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33, 49, 65, 97, 129, 193, 257, 385, 513, 769, 1025,
+        1537, 2049, 3073, 4097, 6145, 8193, 12289, 16385, 24577,
+    ];
+    const DEXT: [u8; 30] = [
+        0, 0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12,
+        12, 13, 13,
+    ];
+    let mut r = Bits { b: data, pos: 0, bit: 0 };
+    let mut out: Vec<u8> = Vec::new();
+    loop {
+        let last = r.get(1)?;
+        let ty = r.get(2)?;
+        match ty {
+            0 => {
+                if r.bit != 0 {
+                    r.bit = 0;
+                    r.pos += 1;
+                }
+                let len = match data.get(r.pos..r.pos + 4) {
+                    Some(s) => u16::from_le_bytes([s[0], s[1]]) as usize,
+                    None => bail!("truncated deflate stream"),
+                };
+                r.pos += 4;
+                match data.get(r.pos..r.pos + len) {
+                    Some(s) => out.extend_from_slice(s),
+                    None => bail!("truncated deflate stream"),
+                }
+                r.pos += len;
+            }
+            1 | 2 => {
+                let (lit, dist) = if ty == 1 {
+                    let mut l = [0u8; 288];
+                    for (i, v) in l.iter_mut().enumerate() {
+                        *v = match i {
+                            0..=143 => 8,
+                            144..=255 => 9,
+                            256..=279 => 7,
+                            _ => 8,
+                        };
+                    }
+                    (Huff::new(&l), Huff::new(&[5u8; 30]))
+                } else {
+                    let hlit = r.get(5)? as usize + 257;
+                    let hdist = r.get(5)? as usize + 1;
+                    let hclen = r.get(4)? as usize + 4;
+                    const ORD: [usize; 19] =
+                        [16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15];
+                    let mut cl = [0u8; 19];
+                    for &o in ORD.iter().take(hclen) {
+                        cl[o] = r.get(3)? as u8;
+                    }
+                    let ch = Huff::new(&cl);
+                    let mut lens = Vec::with_capacity(hlit + hdist);
+                    while lens.len() < hlit + hdist {
+                        let sym = ch.decode(&mut r)?;
+                        match sym {
+                            0..=15 => lens.push(sym as u8),
+                            16 => {
+                                let prev = match lens.last() {
+                                    Some(&p) => p,
+                                    None => bail!("bad code lengths"),
+                                };
+                                for _ in 0..3 + r.get(2)? {
+                                    lens.push(prev);
+                                }
+                            }
+                            17 => {
+                                for _ in 0..3 + r.get(3)? {
+                                    lens.push(0);
+                                }
+                            }
+                            _ => {
+                                for _ in 0..11 + r.get(7)? {
+                                    lens.push(0);
+                                }
+                            }
+                        }
+                    }
+                    ensure!(lens.len() == hlit + hdist, "bad code lengths");
+                    (Huff::new(&lens[..hlit]), Huff::new(&lens[hlit..]))
+                };
+                loop {
+                    let sym = lit.decode(&mut r)? as usize;
+                    if sym < 256 {
+                        out.push(sym as u8);
+                    } else if sym == 256 {
+                        break;
+                    } else {
+                        let i = sym - 257;
+                        ensure!(i < 29, "bad length symbol");
+                        let len = LBASE[i] as usize + r.get(LEXT[i] as u32)? as usize;
+                        let d = dist.decode(&mut r)? as usize;
+                        ensure!(d < 30, "bad distance symbol");
+                        let dd = DBASE[d] as usize + r.get(DEXT[d] as u32)? as usize;
+                        ensure!(dd <= out.len(), "distance too far back");
+                        let start = out.len() - dd;
+                        for k in 0..len {
+                            let v = out[start + k];
+                            out.push(v);
+                        }
+                    }
+                    ensure!(out.len() <= limit, "inflated data too large");
+                }
+            }
+            _ => bail!("bad deflate block type"),
+        }
+        ensure!(out.len() <= limit, "inflated data too large");
+        if last == 1 {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// 8-bit PNG (gray, RGB, palette, with or without alpha; not interlaced).
+fn decode_png(b: &[u8]) -> OpResult<Image> {
+    let mut pos = 8;
+    let (mut w, mut h, mut depth, mut ctype, mut interlace) = (0usize, 0usize, 0u8, 0u8, 0u8);
+    let mut idat = Vec::new();
+    let mut palette: Vec<u8> = Vec::new();
+    while pos + 8 <= b.len() {
+        let len = u32::from_be_bytes([b[pos], b[pos + 1], b[pos + 2], b[pos + 3]]) as usize;
+        let kind = &b[pos + 4..pos + 8];
+        let body = match b.get(pos + 8..pos + 8 + len) {
+            Some(s) => s,
+            None => bail!("truncated PNG chunk"),
+        };
+        match kind {
+            b"IHDR" => {
+                ensure!(len >= 13, "bad IHDR");
+                w = u32::from_be_bytes([body[0], body[1], body[2], body[3]]) as usize;
+                h = u32::from_be_bytes([body[4], body[5], body[6], body[7]]) as usize;
+                depth = body[8];
+                ctype = body[9];
+                interlace = body[12];
+            }
+            b"PLTE" => palette = body.to_vec(),
+            b"IDAT" => idat.extend_from_slice(body),
+            b"IEND" => break,
+            _ => {}
+        }
+        pos += 12 + len;
+    }
+    ensure!(depth == 8, "only 8-bit PNG images are supported");
+    ensure!(interlace == 0, "interlaced PNG images are not supported");
+    let spp = match ctype {
+        0 => 1,
+        2 => 3,
+        3 => 1,
+        4 => 2,
+        6 => 4,
+        _ => bail!("bad PNG color type {ctype}"),
+    };
+    dims(&[h as i64, w as i64, 4])?;
+    ensure!(idat.len() > 2, "missing PNG data");
+    let stride = w * spp;
+    let raw = inflate(&idat[2..], (stride + 1) * h)?;
+    ensure!(raw.len() >= (stride + 1) * h, "PNG data is too short");
+    let mut px = vec![0u8; stride * h];
+    for y in 0..h {
+        let f = raw[y * (stride + 1)];
+        let src = &raw[y * (stride + 1) + 1..(y + 1) * (stride + 1)];
+        for x in 0..stride {
+            let a = if x >= spp { px[y * stride + x - spp] as i32 } else { 0 };
+            let up = if y > 0 { px[(y - 1) * stride + x] as i32 } else { 0 };
+            let c = if y > 0 && x >= spp { px[(y - 1) * stride + x - spp] as i32 } else { 0 };
+            let pred = match f {
+                0 => 0,
+                1 => a,
+                2 => up,
+                3 => (a + up) / 2,
+                4 => {
+                    let p = a + up - c;
+                    let (pa, pb, pc) = ((p - a).abs(), (p - up).abs(), (p - c).abs());
+                    if pa <= pb && pa <= pc {
+                        a
+                    } else if pb <= pc {
+                        up
+                    } else {
+                        c
+                    }
+                }
+                _ => bail!("bad PNG filter {f}"),
+            };
+            px[y * stride + x] = (src[x] as i32 + pred) as u8;
+        }
+    }
+    let (c, data) = match ctype {
+        0 | 4 => (1, (0..h * w).map(|i| px[i * spp]).collect()),
+        2 | 6 => (3, (0..h * w).flat_map(|i| [px[i * spp], px[i * spp + 1], px[i * spp + 2]]).collect()),
+        _ => {
+            let mut d = Vec::with_capacity(h * w * 3);
+            for &i in &px {
+                let i = i as usize * 3;
+                match palette.get(i..i + 3) {
+                    Some(s) => d.extend_from_slice(s),
+                    None => bail!("PNG palette index out of range"),
+                }
+            }
+            (3, d)
+        }
+    };
+    Ok(Image { h, w, c, data })
+}
+
 fn image_decoder(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let t = input(ins, 0)?;
     let bytes: Vec<u8> = match t.array::<u8>() {
@@ -1218,10 +1506,12 @@ fn image_decoder(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         decode_bmp(&bytes)?
     } else if bytes.first() == Some(&b'P') {
         decode_pnm(&bytes)?
+    } else if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+        decode_png(&bytes)?
     } else if bytes.starts_with(b"II*\0") || bytes.starts_with(b"MM\0*") {
         decode_tiff(&bytes)?
     } else {
-        bail!("unsupported image format (only BMP, binary PNM and uncompressed TIFF are decoded)")
+        bail!("unsupported image format (only BMP, PNG, binary PNM and uncompressed TIFF are decoded)")
     };
     let (h, w) = (img.h, img.w);
     let px = |i: usize| -> [u8; 3] {
