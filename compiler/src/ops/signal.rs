@@ -1,5 +1,334 @@
-//! signal ops.
+//! Signal ops: DFT, STFT, the window functions and MelWeightMatrix.
+//!
+//! Complex values are held as the trailing dimension of size 2 (real, imaginary); a
+//! trailing dimension of size 1 is a real signal. Transforms are computed in f64 with a
+//! direct O(n^2) DFT (exact twiddles via index reduction modulo n).
 
-use super::Registry;
+use super::util::{axis as norm_axis, dims, f64s, input, opt_input, out, scalar_f64, scalar_i64};
+use super::{OpCtx, Registry};
+use crate::ir::{DType, OpResult, Tensor, Value};
+use crate::{bail, ensure};
+use ndarray::{ArrayD, Axis, IxDyn};
 
-pub fn register(_r: &mut Registry) {}
+pub fn register(r: &mut Registry) {
+    r.add_shaped("DFT", dft, &[1, 2]);
+    r.add_shaped("STFT", stft, &[1, 3]);
+    r.add_shaped("HannWindow", hann, &[0]);
+    r.add_shaped("HammingWindow", hamming, &[0]);
+    r.add_shaped("BlackmanWindow", blackman, &[0]);
+    r.add_shaped("MelWeightMatrix", mel, &[0, 1, 2, 3, 4]);
+}
+
+type C = (f64, f64);
+
+/// Splits a tensor with a trailing dimension of 1 or 2 into a complex array.
+fn to_complex(t: &Tensor) -> OpResult<ArrayD<C>> {
+    ensure!(
+        t.dtype().is_float(),
+        "expected a float tensor, got {}",
+        t.dtype()
+    );
+    let a = f64s(t)?;
+    let s = a.shape().to_vec();
+    ensure!(
+        !s.is_empty() && (s[s.len() - 1] == 1 || s[s.len() - 1] == 2),
+        "the last dimension must be 1 (real) or 2 (complex), got shape {s:?}"
+    );
+    let last = s.len() - 1;
+    let c = s[last];
+    let a = a.as_standard_layout().into_owned();
+    let flat = a.as_slice().unwrap_or(&[]);
+    let v: Vec<C> = flat
+        .chunks(c)
+        .map(|ch| (ch[0], if c == 2 { ch[1] } else { 0.0 }))
+        .collect();
+    Ok(ArrayD::from_shape_vec(IxDyn(&s[..last]), v).expect("sizes match"))
+}
+
+/// Joins a complex array back into a tensor with a trailing dimension of 2 (or 1 when
+/// `real_only`).
+fn from_complex(dt: DType, a: &ArrayD<C>, real_only: bool) -> Tensor {
+    let mut s = a.shape().to_vec();
+    let mut v = Vec::with_capacity(a.len() * 2);
+    for &(re, im) in a.iter() {
+        v.push(re);
+        if !real_only {
+            v.push(im);
+        }
+    }
+    s.push(if real_only { 1 } else { 2 });
+    Tensor::from_f64(dt, ArrayD::from_shape_vec(IxDyn(&s), v).expect("sizes match"), false)
+}
+
+/// A DFT of length `n` of one lane (zero-padded or truncated to n), keeping `keep` bins.
+fn dft_lane(x: &[C], n: usize, keep: usize, inverse: bool) -> Vec<C> {
+    let sign = if inverse { 1.0 } else { -1.0 };
+    let m = x.len().min(n);
+    let tw: Vec<C> = (0..n)
+        .map(|k| {
+            let ang = sign * 2.0 * std::f64::consts::PI * k as f64 / n as f64;
+            (ang.cos(), ang.sin())
+        })
+        .collect();
+    (0..keep)
+        .map(|k| {
+            let (mut re, mut im) = (0.0, 0.0);
+            for (j, &(xr, xi)) in x.iter().take(m).enumerate() {
+                let (c, s) = tw[(k * j) % n];
+                re += xr * c - xi * s;
+                im += xr * s + xi * c;
+            }
+            if inverse {
+                (re / n as f64, im / n as f64)
+            } else {
+                (re, im)
+            }
+        })
+        .collect()
+}
+
+/// Applies `f` to every lane of `a` along `ax`, producing lanes of length `out_len`.
+fn map_lanes(a: &ArrayD<C>, ax: usize, out_len: usize, f: impl Fn(&[C]) -> Vec<C>) -> ArrayD<C> {
+    let mut s = a.shape().to_vec();
+    s[ax] = out_len;
+    let mut o = ArrayD::from_elem(IxDyn(&s), (0.0, 0.0));
+    for (lin, mut lout) in a.lanes(Axis(ax)).into_iter().zip(o.lanes_mut(Axis(ax))) {
+        let v: Vec<C> = lin.iter().copied().collect();
+        let r = f(&v);
+        for (dst, src) in lout.iter_mut().zip(r) {
+            *dst = src;
+        }
+    }
+    o
+}
+
+/// The core DFT on a complex array.
+fn dft_core(
+    x: &ArrayD<C>,
+    ax: usize,
+    n: usize,
+    inverse: bool,
+    onesided: bool,
+) -> OpResult<(ArrayD<C>, bool)> {
+    ensure!(n >= 1, "dft_length must be positive, got {n}");
+    if inverse && onesided {
+        // Inverse of a one-sided (Hermitian) spectrum: a real signal of length n.
+        let half = n / 2;
+        let r = map_lanes(x, ax, n, |lane| {
+            let mut full = vec![(0.0, 0.0); n];
+            for (m, slot) in full.iter_mut().enumerate().take(half + 1) {
+                if let Some(&v) = lane.get(m) {
+                    *slot = v;
+                }
+            }
+            full[0].1 = 0.0;
+            if n % 2 == 0 {
+                full[half].1 = 0.0;
+            }
+            for m in half + 1..n {
+                let (re, im) = full[n - m];
+                full[m] = (re, -im);
+            }
+            dft_lane(&full, n, n, true)
+        });
+        return Ok((r, true));
+    }
+    let keep = if onesided { n / 2 + 1 } else { n };
+    Ok((map_lanes(x, ax, keep, |lane| dft_lane(lane, n, keep, inverse)), false))
+}
+
+fn dft(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    let inverse = ctx.attrs.int("inverse", 0)? != 0;
+    let onesided = ctx.attrs.int("onesided", 0)? != 0;
+    let rank = x.rank();
+    ensure!(rank >= 2, "DFT input must have rank >= 2");
+    let ax = if ctx.opset >= 20 {
+        let a = match opt_input(ins, 2)? {
+            Some(t) => scalar_i64(t)?,
+            None => -2,
+        };
+        norm_axis(a, rank)?
+    } else {
+        norm_axis(ctx.attrs.int("axis", 1)?, rank)?
+    };
+    ensure!(ax != rank - 1, "the DFT axis cannot be the last (complex) axis");
+    let c = to_complex(x)?;
+    let len = x.shape()[ax];
+    let n = match opt_input(ins, 1)? {
+        Some(t) => {
+            let v = scalar_i64(t)?;
+            ensure!(v >= 1, "dft_length must be positive, got {v}");
+            v as usize
+        }
+        None => {
+            if inverse && onesided {
+                ensure!(len >= 1, "empty one-sided spectrum");
+                2 * (len - 1)
+            } else {
+                len
+            }
+        }
+    };
+    dims(&[n as i64, c.len() as i64])?;
+    let (r, real) = dft_core(&c, ax, n, inverse, onesided)?;
+    out(from_complex(x.dtype(), &r, real))
+}
+
+fn stft(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    let step = scalar_i64(input(ins, 1)?)?;
+    ensure!(step >= 1, "frame_step must be positive, got {step}");
+    let step = step as usize;
+    let window = match opt_input(ins, 2)? {
+        Some(w) => {
+            ensure!(w.rank() == 1, "window must be 1-D");
+            Some(f64s(w)?.iter().copied().collect::<Vec<f64>>())
+        }
+        None => None,
+    };
+    let onesided = ctx.attrs.int("onesided", 1)? != 0;
+    ensure!(x.rank() == 3, "STFT signal must be [batch, length, 1 or 2]");
+    let c = to_complex(x)?;
+    let (batch, len) = (c.shape()[0], c.shape()[1]);
+    let flen = match opt_input(ins, 3)? {
+        Some(t) => {
+            let v = scalar_i64(t)?;
+            ensure!(v >= 1, "frame_length must be positive");
+            v as usize
+        }
+        None => match &window {
+            Some(w) => w.len(),
+            None => len,
+        },
+    };
+    let window = window.unwrap_or_else(|| vec![1.0; flen]);
+    ensure!(
+        window.len() == flen,
+        "window length {} differs from frame_length {flen}",
+        window.len()
+    );
+    ensure!(flen <= len, "frame_length {flen} exceeds the signal length {len}");
+    let frames = 1 + (len - flen) / step;
+    let bins = if onesided { flen / 2 + 1 } else { flen };
+    dims(&[batch as i64, frames as i64, bins as i64, 2])?;
+    let mut v = Vec::with_capacity(batch * frames * bins * 2);
+    for b in 0..batch {
+        for f in 0..frames {
+            let seg: Vec<C> = (0..flen)
+                .map(|k| {
+                    let (re, im) = c[[b, f * step + k]];
+                    (re * window[k], im * window[k])
+                })
+                .collect();
+            for (re, im) in dft_lane(&seg, flen, bins, false) {
+                v.push(re);
+                v.push(im);
+            }
+        }
+    }
+    out(Tensor::from_f64(
+        x.dtype(),
+        ArrayD::from_shape_vec(IxDyn(&[batch, frames, bins, 2]), v).expect("sizes match"),
+        false,
+    ))
+}
+
+fn out_dtype(ctx: &OpCtx, default: i64) -> OpResult<DType> {
+    let code = ctx.attrs.int("output_datatype", default)?;
+    match DType::from_onnx(code as i32) {
+        Some(d) if d.storage().is_some() && d != DType::Str => Ok(d),
+        _ => bail!("unsupported output_datatype {code}"),
+    }
+}
+
+fn window(ctx: &OpCtx, ins: &[Option<&Value>], f: impl Fn(f64, f64) -> f64) -> OpResult<Vec<Value>> {
+    let size = scalar_i64(input(ins, 0)?)?;
+    ensure!(size >= 0, "window size must be non-negative, got {size}");
+    dims(&[size])?;
+    let periodic = ctx.attrs.int("periodic", 1)? != 0;
+    let dt = out_dtype(ctx, 1)?;
+    let n = if periodic { size as f64 } else { size as f64 - 1.0 };
+    let v: Vec<f64> = (0..size).map(|i| f(i as f64, n)).collect();
+    out(Tensor::from_f64(
+        dt,
+        ArrayD::from_shape_vec(IxDyn(&[size as usize]), v).expect("sizes match"),
+        false,
+    ))
+}
+
+fn hann(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    window(ctx, ins, |i, n| {
+        let s = (std::f64::consts::PI * i / n).sin();
+        s * s
+    })
+}
+
+fn hamming(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    window(ctx, ins, |i, n| {
+        let a = 25.0 / 46.0;
+        a - (1.0 - a) * (2.0 * std::f64::consts::PI * i / n).cos()
+    })
+}
+
+fn blackman(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    window(ctx, ins, |i, n| {
+        let p = std::f64::consts::PI;
+        0.42 - 0.5 * (2.0 * p * i / n).cos() + 0.08 * (4.0 * p * i / n).cos()
+    })
+}
+
+fn mel(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let nmel = scalar_i64(input(ins, 0)?)?;
+    let dftl = scalar_i64(input(ins, 1)?)?;
+    let sr = scalar_i64(input(ins, 2)?)?;
+    let lo = scalar_f64(input(ins, 3)?)?;
+    let hi = scalar_f64(input(ins, 4)?)?;
+    ensure!(nmel >= 0 && dftl >= 0, "num_mel_bins and dft_length must be non-negative");
+    ensure!(sr > 0, "sample_rate must be positive");
+    let dt = out_dtype(ctx, 1)?;
+    let nspec = (dftl / 2 + 1) as usize;
+    let nmel_u = nmel as usize;
+    dims(&[nspec as i64, nmel])?;
+    let to_mel = |hz: f64| 2595.0 * (hz / 700.0).ln_1p() / std::f64::consts::LN_10;
+    let (lm, hm) = (to_mel(lo), to_mel(hi));
+    let step = (hm - lm) / (nmel + 2) as f64;
+    let bins: Vec<i64> = (0..nmel + 2)
+        .map(|k| {
+            let m = k as f64 * step + lm;
+            let hz = 700.0 * (m / 2595.0 * std::f64::consts::LN_10).exp_m1();
+            (((dftl + 1) as f64 * hz) / sr as f64).floor() as i64
+        })
+        .collect();
+    let mut o = vec![0.0f64; nspec * nmel_u];
+    let mut set = |j: i64, i: usize, v: f64| -> OpResult<()> {
+        ensure!(
+            j >= 0 && (j as usize) < nspec,
+            "mel bin {j} falls outside the {nspec} spectrogram bins"
+        );
+        o[j as usize * nmel_u + i] = v;
+        Ok(())
+    };
+    for i in 0..nmel_u {
+        let (l, c, h) = (bins[i], bins[i + 1], bins[i + 2]);
+        let lc = c - l;
+        if lc == 0 {
+            set(c, i, 1.0)?;
+        } else {
+            for j in l..=c {
+                set(j, i, (j - l) as f64 / lc as f64)?;
+            }
+        }
+        let ch = h - c;
+        if ch > 0 {
+            for j in c..h {
+                set(j, i, (h - j) as f64 / ch as f64)?;
+            }
+        }
+    }
+    out(Tensor::from_f64(
+        dt,
+        ArrayD::from_shape_vec(IxDyn(&[nspec, nmel_u]), o).expect("sizes match"),
+        false,
+    ))
+}
