@@ -83,6 +83,9 @@ fn run_case_inner(case: &Path) -> Status {
     }
     let outputs = match eval::run(g, inputs) {
         Ok(o) => o,
+        Err(Error::Eval { node, msg }) if msg.starts_with(crate::ir::UNSUPPORTED_PREFIX) => {
+            return Status::Unsupported(format!("{node}: {msg}"))
+        }
         Err(e) => return Status::Failed(e.to_string()),
     };
     for (k, &id) in g.outputs.iter().enumerate() {

@@ -78,10 +78,17 @@ fn dangling_and_duplicate_names() {
     let mut m = relu_model();
     m.graph.as_mut().unwrap().node[0].input[0] = "nowhere".into();
     let p = write_model(d.path(), "dangling.onnx", &m);
-    assert_clean_error(&["inspect", p.to_str().unwrap()], "`nowhere` is not produced");
+    assert_clean_error(
+        &["inspect", p.to_str().unwrap()],
+        "`nowhere` is not produced",
+    );
 
     let mut m = relu_model();
-    m.graph.as_mut().unwrap().node.push(node("Relu", &["x"], &["y"]));
+    m.graph
+        .as_mut()
+        .unwrap()
+        .node
+        .push(node("Relu", &["x"], &["y"]));
     let p = write_model(d.path(), "dup.onnx", &m);
     assert_clean_error(&["inspect", p.to_str().unwrap()], "defined twice");
 }
@@ -91,11 +98,22 @@ fn unsupported_ops_listed_at_once() {
     let d = tmp();
     let mut m = relu_model();
     let g = m.graph.as_mut().unwrap();
-    g.node = vec![node("FrobnicateA", &["x"], &["t"]), node("FrobnicateB", &["t"], &["y"])];
+    g.node = vec![
+        node("FrobnicateA", &["x"], &["t"]),
+        node("FrobnicateB", &["t"], &["y"]),
+    ];
     let p = write_model(d.path(), "unsup.onnx", &m);
-    let (code, _, err) = onnxc(&["run", p.to_str().unwrap(), "--output-dir", d.path().to_str().unwrap()]);
+    let (code, _, err) = onnxc(&[
+        "run",
+        p.to_str().unwrap(),
+        "--output-dir",
+        d.path().to_str().unwrap(),
+    ]);
     assert_eq!(code, 1);
-    assert!(err.contains("FrobnicateA") && err.contains("FrobnicateB"), "{err}");
+    assert!(
+        err.contains("FrobnicateA") && err.contains("FrobnicateB"),
+        "{err}"
+    );
     // inspect still reports the model, listing both.
     let (code, out, _) = onnxc(&["inspect", p.to_str().unwrap()]);
     assert_eq!(code, 0);
@@ -109,7 +127,12 @@ fn unknown_domain() {
     m.graph.as_mut().unwrap().node[0].domain = Some("com.example".into());
     let p = write_model(d.path(), "dom.onnx", &m);
     assert_clean_error(
-        &["run", p.to_str().unwrap(), "--output-dir", d.path().to_str().unwrap()],
+        &[
+            "run",
+            p.to_str().unwrap(),
+            "--output-dir",
+            d.path().to_str().unwrap(),
+        ],
         "com.example",
     );
 }
@@ -119,7 +142,10 @@ fn missing_and_mistyped_inputs() {
     let d = tmp();
     let p = write_model(d.path(), "relu.onnx", &relu_model());
     let out = d.path().to_str().unwrap();
-    assert_clean_error(&["run", p.to_str().unwrap(), "--output-dir", out], "missing --input for: x");
+    assert_clean_error(
+        &["run", p.to_str().unwrap(), "--output-dir", out],
+        "missing --input for: x",
+    );
     // An int64 tensor where float is expected.
     let t = TensorProto {
         dims: vec![2, 3],
@@ -130,11 +156,31 @@ fn missing_and_mistyped_inputs() {
     let xp = d.path().join("x.pb");
     std::fs::write(&xp, t.encode_to_vec()).unwrap();
     let arg = format!("x={}", xp.display());
-    assert_clean_error(&["run", p.to_str().unwrap(), "--input", &arg, "--output-dir", out], "must be float");
+    assert_clean_error(
+        &[
+            "run",
+            p.to_str().unwrap(),
+            "--input",
+            &arg,
+            "--output-dir",
+            out,
+        ],
+        "must be float",
+    );
     // Wrong shape.
     let t = f32_tensor("x", &[3, 2], &[0.0; 6]);
     std::fs::write(&xp, t.encode_to_vec()).unwrap();
-    assert_clean_error(&["run", p.to_str().unwrap(), "--input", &arg, "--output-dir", out], "must have shape");
+    assert_clean_error(
+        &[
+            "run",
+            p.to_str().unwrap(),
+            "--input",
+            &arg,
+            "--output-dir",
+            out,
+        ],
+        "must have shape",
+    );
 }
 
 #[test]
@@ -165,12 +211,21 @@ fn absurd_dims() {
 }
 
 fn external(location: &str, offset: Option<&str>, length: Option<&str>) -> TensorProto {
-    let mut kv = vec![StringStringEntryProto { key: Some("location".into()), value: Some(location.into()) }];
+    let mut kv = vec![StringStringEntryProto {
+        key: Some("location".into()),
+        value: Some(location.into()),
+    }];
     if let Some(o) = offset {
-        kv.push(StringStringEntryProto { key: Some("offset".into()), value: Some(o.into()) });
+        kv.push(StringStringEntryProto {
+            key: Some("offset".into()),
+            value: Some(o.into()),
+        });
     }
     if let Some(l) = length {
-        kv.push(StringStringEntryProto { key: Some("length".into()), value: Some(l.into()) });
+        kv.push(StringStringEntryProto {
+            key: Some("length".into()),
+            value: Some(l.into()),
+        });
     }
     TensorProto {
         name: Some("w".into()),
@@ -196,13 +251,20 @@ fn hostile_external_data_paths() {
     std::fs::write(outer.path().join("secret.bin"), [7u8; 16]).unwrap();
     for loc in ["../secret.bin", "/etc/passwd", "sub/../../secret.bin"] {
         let p = model_with_external(&model_dir, external(loc, None, None));
-        assert_clean_error(&["inspect", p.to_str().unwrap()], "outside the model's folder");
+        assert_clean_error(
+            &["inspect", p.to_str().unwrap()],
+            "outside the model's folder",
+        );
     }
     #[cfg(unix)]
     {
-        std::os::unix::fs::symlink(outer.path().join("secret.bin"), model_dir.join("link.bin")).unwrap();
+        std::os::unix::fs::symlink(outer.path().join("secret.bin"), model_dir.join("link.bin"))
+            .unwrap();
         let p = model_with_external(&model_dir, external("link.bin", None, None));
-        assert_clean_error(&["inspect", p.to_str().unwrap()], "outside the model's folder");
+        assert_clean_error(
+            &["inspect", p.to_str().unwrap()],
+            "outside the model's folder",
+        );
     }
 }
 
@@ -217,7 +279,10 @@ fn external_data_ranges() {
     assert!(out.contains("parameters: 4"), "{out}");
     let p = model_with_external(d.path(), external("w.bin", Some("8"), Some("16")));
     assert_clean_error(&["inspect", p.to_str().unwrap()], "beyond the end");
-    let p = model_with_external(d.path(), external("w.bin", Some("18446744073709551615"), Some("16")));
+    let p = model_with_external(
+        d.path(),
+        external("w.bin", Some("18446744073709551615"), Some("16")),
+    );
     assert_clean_error(&["inspect", p.to_str().unwrap()], "beyond the end");
     let p = model_with_external(d.path(), external("w.bin", Some("0"), Some("12")));
     assert_clean_error(&["inspect", p.to_str().unwrap()], "does not match");

@@ -24,10 +24,20 @@ fn node_tests_reference() {
         dir.display()
     );
     let results = run_suite(&dir, None).expect("read cases");
-    assert_eq!(results.len(), EXPECTED_CASES, "expected all {EXPECTED_CASES} ONNX 1.23.2 node test cases in {}", dir.display());
+    assert_eq!(
+        results.len(),
+        EXPECTED_CASES,
+        "expected all {EXPECTED_CASES} ONNX 1.23.2 node test cases in {}",
+        dir.display()
+    );
 
-    let pass_list = std::fs::read_to_string(root.join("tests/conformance/reference-pass.txt")).expect("pass list");
-    let must_pass: BTreeSet<&str> = pass_list.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let pass_list = std::fs::read_to_string(root.join("tests/conformance/reference-pass.txt"))
+        .expect("pass list");
+    let must_pass: BTreeSet<&str> = pass_list
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
     let mut regressions = Vec::new();
     for r in &results {
         if must_pass.contains(r.name.as_str()) && r.status != Status::Passed {
@@ -35,10 +45,19 @@ fn node_tests_reference() {
         }
     }
     let (p, f, u) = counts(&results);
-    println!("node tests (reference): {p} passed, {f} failed, {u} unsupported of {}", results.len());
-    assert!(regressions.is_empty(), "{} cases of the pass list no longer pass:\n{}", regressions.len(), regressions.join("\n"));
+    println!(
+        "node tests (reference): {p} passed, {f} failed, {u} unsupported of {}",
+        results.len()
+    );
+    assert!(
+        regressions.is_empty(),
+        "{} cases of the pass list no longer pass:\n{}",
+        regressions.len(),
+        regressions.join("\n")
+    );
 
-    let doc = std::fs::read_to_string(root.join("docs/conformance.md")).expect("docs/conformance.md");
+    let doc =
+        std::fs::read_to_string(root.join("docs/conformance.md")).expect("docs/conformance.md");
     let stated = format!("**{p} of {} passed", results.len());
     assert!(
         doc.contains(&stated),

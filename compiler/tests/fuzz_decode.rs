@@ -14,7 +14,10 @@ fn seed_models() -> Vec<Vec<u8>> {
     // A model with a constant initializer, a broadcast Add and a Reshape.
     let mut g = GraphProto {
         name: Some("g".into()),
-        node: vec![node("Add", &["x", "b"], &["s"]), node("Reshape", &["s", "shape"], &["y"])],
+        node: vec![
+            node("Add", &["x", "b"], &["s"]),
+            node("Reshape", &["s", "shape"], &["y"]),
+        ],
         input: vec![value_info("x", DataType::Float, &[2, 3])],
         output: vec![value_info("y", DataType::Float, &[3, 2])],
         ..Default::default()
@@ -41,7 +44,9 @@ fn exercise(bytes: &[u8]) {
         for &id in &m.graph.inputs {
             let ty = &m.graph.value(id).ty;
             match (ty.dtype(), ty.static_shape()) {
-                (Some(dt), Some(s)) if s.iter().product::<usize>() < 4096 && dt.storage().is_some() => {
+                (Some(dt), Some(s))
+                    if s.iter().product::<usize>() < 4096 && dt.storage().is_some() =>
+                {
                     inputs.push(Value::Tensor(Tensor::zeros(dt, &s)))
                 }
                 _ => return,

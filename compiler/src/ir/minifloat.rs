@@ -118,8 +118,7 @@ fn max_finite(dt: DType) -> (f64, u8) {
 }
 
 /// Encodes `x` with round-to-nearest-even. With `saturate`, values beyond the largest
-/// finite value become it (and infinities too, except in the `fnuz` formats where they
-/// become NaN), as ONNX's `Cast` specifies.
+/// finite value, infinities included, become it, as ONNX's reference does.
 pub fn encode(dt: DType, x: f64, saturate: bool) -> u8 {
     if dt == DType::F8E8M0 {
         return encode_e8m0(x, saturate);
@@ -145,6 +144,10 @@ pub fn encode(dt: DType, x: f64, saturate: bool) -> u8 {
         }
     };
     if x.is_nan() {
+        if dt == DType::F4E2M1 {
+            // No NaN in float4e2m1; ml_dtypes (ONNX's reference) gives -0 for +NaN.
+            return if x.is_sign_negative() { 0 } else { 0x8 };
+        }
         return nan_code;
     }
     let neg = x.is_sign_negative();
@@ -160,9 +163,6 @@ pub fn encode(dt: DType, x: f64, saturate: bool) -> u8 {
         }
     };
     if a.is_infinite() {
-        if saturate && f.uz {
-            return nan_code;
-        }
         return overflow(neg);
     }
     // Walk the positive codes in value order (codes are monotonic in value).

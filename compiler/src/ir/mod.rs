@@ -14,7 +14,7 @@ mod verify;
 pub use attr::{Attr, Attrs};
 pub use dtype::{DType, Storage};
 pub use graph::{Graph, Node, NodeId, Source, ValueId, ValueInfo};
-pub use op::{InferInput, Op, OpError, OpResult, SubgraphRunner};
+pub use op::{InferInput, Op, OpError, OpResult, SubgraphRunner, UNSUPPORTED_PREFIX};
 pub use print::print_graph;
 pub use tensor::{broadcast_shapes, Data, Elem, Tensor};
 pub use value::{Dim, Value, ValueType};

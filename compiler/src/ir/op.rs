@@ -3,6 +3,9 @@
 use super::{Graph, Tensor, Value, ValueType};
 use std::fmt;
 
+/// How [`OpError::unsupported`] messages begin.
+pub const UNSUPPORTED_PREFIX: &str = "unsupported: ";
+
 /// An error raised by an operator; the caller adds the node name and op type.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OpError(pub String);
@@ -10,6 +13,16 @@ pub struct OpError(pub String);
 impl OpError {
     pub fn new(msg: impl Into<String>) -> OpError {
         OpError(msg.into())
+    }
+
+    /// An input the op cannot handle by design (a codec it lacks, a mode it does not
+    /// offer), as opposed to a wrong result. Test reports count these as unsupported.
+    pub fn unsupported(msg: impl Into<String>) -> OpError {
+        OpError(format!("{UNSUPPORTED_PREFIX}{}", msg.into()))
+    }
+
+    pub fn is_unsupported(&self) -> bool {
+        self.0.starts_with(UNSUPPORTED_PREFIX)
     }
 }
 

@@ -462,6 +462,14 @@ impl Tensor {
             {
                 Tensor::from_i128(to, self.to_i128()?)
             }
+            // Like ONNX's reference: truncate toward zero and wrap to the width.
+            (_, to) if matches!(to, DType::I4 | DType::U4 | DType::I2 | DType::U2) => {
+                Tensor::from_i128(
+                    to,
+                    self.to_f64()?
+                        .mapv(|e| if e.is_finite() { e.trunc() as i128 } else { 0 }),
+                )
+            }
             (_, to) => Tensor::from_f64(to, self.to_f64()?, saturate),
         })
     }

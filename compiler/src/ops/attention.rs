@@ -81,13 +81,18 @@ fn split_heads(a: ArrayD<f64>, heads: usize, what: &str) -> OpResult<Array4<f64>
         .into_shape_with_order(IxDyn(&[s[0], s[1], heads, s[2] / heads]))
         .map_err(|e| crate::ir::OpError::new(format!("{what}: {e}")))?;
     let a = to4(a, what)?;
-    Ok(a.permuted_axes([0, 2, 1, 3]).as_standard_layout().into_owned())
+    Ok(a.permuted_axes([0, 2, 1, 3])
+        .as_standard_layout()
+        .into_owned())
 }
 
 /// (B, H, S, D) -> (B, S, H*D).
 fn merge_heads(a: Array4<f64>) -> OpResult<ArrayD<f64>> {
     let (b, h, s, d) = a.dim();
-    let a = a.permuted_axes([0, 2, 1, 3]).as_standard_layout().into_owned();
+    let a = a
+        .permuted_axes([0, 2, 1, 3])
+        .as_standard_layout()
+        .into_owned();
     a.into_dyn()
         .into_shape_with_order(IxDyn(&[b, s, h * d]))
         .map_err(|e| crate::ir::OpError::new(format!("{e}")))
@@ -288,9 +293,10 @@ fn attention(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
                 ma.shape()
             ))
         })?;
-        bias.assign(&mb.into_dimensionality::<ndarray::Ix4>().map_err(|e| {
-            crate::ir::OpError::new(format!("{e}"))
-        })?);
+        bias.assign(
+            &mb.into_dimensionality::<ndarray::Ix4>()
+                .map_err(|e| crate::ir::OpError::new(format!("{e}")))?,
+        );
     }
 
     let is_causal = at.int("is_causal", 0)? != 0;
@@ -378,7 +384,8 @@ fn attention(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
                 if sum == 0.0 {
                     sum = 1.0;
                 }
-                let masked = lkv > 0 && nan_max(bias_bh.row(i).iter().copied()) == f64::NEG_INFINITY;
+                let masked =
+                    lkv > 0 && nan_max(bias_bh.row(i).iter().copied()) == f64::NEG_INFINITY;
                 for j in 0..lkv {
                     p[[i, j]] = if masked { 0.0 } else { rs(tmp[j] / sum) };
                 }
@@ -754,7 +761,10 @@ fn call_mod(
         bail!("FlexAttention {what} needs a subgraph runner");
     };
     let shape = x.shape().to_vec();
-    let outs = sub.run(g, vec![Value::Tensor(Tensor::from_f64(cd, x.into_dyn(), false))])?;
+    let outs = sub.run(
+        g,
+        vec![Value::Tensor(Tensor::from_f64(cd, x.into_dyn(), false))],
+    )?;
     ensure!(
         outs.len() == 1,
         "{what} graph must produce exactly 1 output, got {}",
@@ -798,9 +808,15 @@ impl FlexAttention {
         let (bk, hkv, s, ek) = k.dim();
         let (bv, hv, sv, ev) = v.dim();
         ensure!(bk == b && bv == b, "Q, K and V must share the batch size");
-        ensure!(hv == hkv, "key and value must share the same head dimension");
+        ensure!(
+            hv == hkv,
+            "key and value must share the same head dimension"
+        );
         ensure!(sv == s, "key and value must share the same sequence length");
-        ensure!(ek == e, "query and key must share the same embedding dimension");
+        ensure!(
+            ek == e,
+            "query and key must share the same embedding dimension"
+        );
         ensure!(
             hkv > 0 && hq % hkv == 0,
             "q_num_heads must be a multiple of kv_num_heads when they differ"
@@ -823,7 +839,9 @@ impl FlexAttention {
         for bi in 0..b {
             for h in 0..hq {
                 let qs = q.slice(ndarray::s![bi, h, .., ..]).mapv(|x| r(x * ss));
-                let ks = k.slice(ndarray::s![bi, h / rep, .., ..]).mapv(|x| r(x * ss));
+                let ks = k
+                    .slice(ndarray::s![bi, h / rep, .., ..])
+                    .mapv(|x| r(x * ss));
                 let sc = mm(qs.view(), ks.t(), r).mapv(rc);
                 scores.slice_mut(ndarray::s![bi, h, .., ..]).assign(&sc);
             }

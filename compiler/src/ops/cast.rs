@@ -93,9 +93,7 @@ pub(crate) fn cast_tensor(x: &Tensor, to: DType, saturate: bool, mode: &str) -> 
             }
             // Saturation clips to the largest finite value first (infinities included, in
             // every format), as `onnx.numpy_helper.saturate_cast` does.
-            DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ
-                if saturate =>
-            {
+            DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ if saturate => {
                 let max = match to {
                     DType::F8E4M3FN => 448.0,
                     DType::F8E4M3FNUZ => 240.0,
@@ -110,9 +108,13 @@ pub(crate) fn cast_tensor(x: &Tensor, to: DType, saturate: bool, mode: &str) -> 
                 let nan_code = |e: f64| if e.is_sign_negative() { 0u8 } else { 0x8 };
                 let t = Tensor::from_f64(to, v.clone(), saturate);
                 let codes = arr::<u8>(&t)?;
-                let fixed = ndarray::Zip::from(codes)
-                    .and(&v)
-                    .map_collect(|&c, &e| if e.is_nan() { nan_code(e) } else { c });
+                let fixed = ndarray::Zip::from(codes).and(&v).map_collect(|&c, &e| {
+                    if e.is_nan() {
+                        nan_code(e)
+                    } else {
+                        c
+                    }
+                });
                 return Ok(Tensor::from_array_as(to, fixed));
             }
             _ => {}
@@ -169,7 +171,11 @@ fn to_bits(t: &Tensor) -> OpResult<ArrayD<u64>> {
         Data::Str(_) => bail!("BitCast from string is not supported"),
     };
     let bits = t.dtype().bits();
-    let mask = if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 };
+    let mask = if bits >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << bits) - 1
+    };
     Ok(a.mapv(|b| b & mask))
 }
 
@@ -238,6 +244,9 @@ mod tests {
     fn bitcast_roundtrip() {
         let t = Tensor::from_vec(&[2], vec![1.0f32, -2.5]);
         let b = from_bits(DType::I32, to_bits(&t).unwrap()).unwrap();
-        assert_eq!(b.to_i64_vec().unwrap(), vec![0x3F80_0000, 0xC020_0000u32 as i32 as i64]);
+        assert_eq!(
+            b.to_i64_vec().unwrap(),
+            vec![0x3F80_0000, 0xC020_0000u32 as i32 as i64]
+        );
     }
 }

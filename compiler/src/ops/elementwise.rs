@@ -315,13 +315,21 @@ fn sign(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
 
 fn isnan(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
     let t = input(ins, 0)?;
-    ensure!(t.dtype().is_float(), "IsNaN expects a float tensor, got {}", t.dtype());
+    ensure!(
+        t.dtype().is_float(),
+        "IsNaN expects a float tensor, got {}",
+        t.dtype()
+    );
     out(Tensor::from_array(f64s(t)?.mapv(|x| x.is_nan())))
 }
 
 fn isinf(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
     let t = input(ins, 0)?;
-    ensure!(t.dtype().is_float(), "IsInf expects a float tensor, got {}", t.dtype());
+    ensure!(
+        t.dtype().is_float(),
+        "IsInf expects a float tensor, got {}",
+        t.dtype()
+    );
     let neg = c.attrs.int("detect_negative", 1)? != 0;
     let pos = c.attrs.int("detect_positive", 1)? != 0;
     out(Tensor::from_array(f64s(t)?.mapv(|x| {
@@ -337,29 +345,41 @@ fn not(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
 // Binary arithmetic
 
 fn add(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
-    out(binary_num(input(ins, 0)?, input(ins, 1)?, |a, b| a + b, |a, b| {
-        Ok(a.wrapping_add(b))
-    })?)
+    out(binary_num(
+        input(ins, 0)?,
+        input(ins, 1)?,
+        |a, b| a + b,
+        |a, b| Ok(a.wrapping_add(b)),
+    )?)
 }
 
 fn sub(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
-    out(binary_num(input(ins, 0)?, input(ins, 1)?, |a, b| a - b, |a, b| {
-        Ok(a.wrapping_sub(b))
-    })?)
+    out(binary_num(
+        input(ins, 0)?,
+        input(ins, 1)?,
+        |a, b| a - b,
+        |a, b| Ok(a.wrapping_sub(b)),
+    )?)
 }
 
 fn mul(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
-    out(binary_num(input(ins, 0)?, input(ins, 1)?, |a, b| a * b, |a, b| {
-        Ok(a.wrapping_mul(b))
-    })?)
+    out(binary_num(
+        input(ins, 0)?,
+        input(ins, 1)?,
+        |a, b| a * b,
+        |a, b| Ok(a.wrapping_mul(b)),
+    )?)
 }
 
 fn div(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
     // Integer division truncates toward zero (C-style); division by zero gives 0 as in
     // NumPy.
-    out(binary_num(input(ins, 0)?, input(ins, 1)?, |a, b| a / b, |a, b| {
-        Ok(if b == 0 { 0 } else { a.wrapping_div(b) })
-    })?)
+    out(binary_num(
+        input(ins, 0)?,
+        input(ins, 1)?,
+        |a, b| a / b,
+        |a, b| Ok(if b == 0 { 0 } else { a.wrapping_div(b) }),
+    )?)
 }
 
 fn pow(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
@@ -386,7 +406,12 @@ fn modulo(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
     let a = input(ins, 0)?;
     let b = input(ins, 1)?;
     if fmod {
-        out(binary_num(a, b, |x, y| x % y, |x, y| Ok(if y == 0 { 0 } else { x % y }))?)
+        out(binary_num(
+            a,
+            b,
+            |x, y| x % y,
+            |x, y| Ok(if y == 0 { 0 } else { x % y }),
+        )?)
     } else {
         out(binary_num(a, b, py_fmod, |x, y| {
             Ok(if y == 0 {
@@ -439,7 +464,10 @@ fn bitwise(ins: Ins, f: fn(i128, i128) -> i128) -> OpResult<Vec<Value>> {
     let b = input(ins, 1)?;
     let dt = same_dtype(&[a, b])?;
     int_only(a)?;
-    out(Tensor::from_i128(dt, zip_broadcast(&i128s(a)?, &i128s(b)?, f)?))
+    out(Tensor::from_i128(
+        dt,
+        zip_broadcast(&i128s(a)?, &i128s(b)?, f)?,
+    ))
 }
 
 fn bitwise_and(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
@@ -482,23 +510,48 @@ fn xor(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
 // Comparisons
 
 fn equal(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
-    out(compare(input(ins, 0)?, input(ins, 1)?, |a, b| a == b, |a, b| a == b)?)
+    out(compare(
+        input(ins, 0)?,
+        input(ins, 1)?,
+        |a, b| a == b,
+        |a, b| a == b,
+    )?)
 }
 
 fn less(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
-    out(compare(input(ins, 0)?, input(ins, 1)?, |a, b| a < b, |a, b| a < b)?)
+    out(compare(
+        input(ins, 0)?,
+        input(ins, 1)?,
+        |a, b| a < b,
+        |a, b| a < b,
+    )?)
 }
 
 fn greater(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
-    out(compare(input(ins, 0)?, input(ins, 1)?, |a, b| a > b, |a, b| a > b)?)
+    out(compare(
+        input(ins, 0)?,
+        input(ins, 1)?,
+        |a, b| a > b,
+        |a, b| a > b,
+    )?)
 }
 
 fn less_or_equal(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
-    out(compare(input(ins, 0)?, input(ins, 1)?, |a, b| a <= b, |a, b| a <= b)?)
+    out(compare(
+        input(ins, 0)?,
+        input(ins, 1)?,
+        |a, b| a <= b,
+        |a, b| a <= b,
+    )?)
 }
 
 fn greater_or_equal(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
-    out(compare(input(ins, 0)?, input(ins, 1)?, |a, b| a >= b, |a, b| a >= b)?)
+    out(compare(
+        input(ins, 0)?,
+        input(ins, 1)?,
+        |a, b| a >= b,
+        |a, b| a >= b,
+    )?)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -602,7 +655,11 @@ fn clip(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
             "Clip bounds must have the input's dtype {dt}, got {}",
             b.dtype()
         );
-        ensure!(b.len() == 1, "Clip bounds must be scalars, got shape {:?}", b.shape());
+        ensure!(
+            b.len() == 1,
+            "Clip bounds must be scalars, got shape {:?}",
+            b.shape()
+        );
     }
     if dt.is_float() {
         let lo = lo.map(scalar_f64).transpose()?;
@@ -652,7 +709,13 @@ fn relu(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
 
 fn leaky_relu(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
     let alpha = fattr(c, "alpha", 0.01)?;
-    out(unary_float(input(ins, 0)?, |x| if x > 0.0 { x } else { x * alpha })?)
+    out(unary_float(input(ins, 0)?, |x| {
+        if x > 0.0 {
+            x
+        } else {
+            x * alpha
+        }
+    })?)
 }
 
 fn elu(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
@@ -688,7 +751,9 @@ fn celu(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
 fn hard_sigmoid(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
     let alpha = fattr(c, "alpha", 0.2)?;
     let beta = fattr(c, "beta", 0.5)?;
-    out(unary_float(input(ins, 0)?, |x| (alpha * x + beta).clamp(0.0, 1.0))?)
+    out(unary_float(input(ins, 0)?, |x| {
+        (alpha * x + beta).clamp(0.0, 1.0)
+    })?)
 }
 
 fn gelu(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
@@ -709,7 +774,13 @@ fn gelu(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
 
 fn thresholded_relu(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
     let alpha = fattr(c, "alpha", 1.0)?;
-    out(unary_float(input(ins, 0)?, |x| if x > alpha { x } else { 0.0 })?)
+    out(unary_float(input(ins, 0)?, |x| {
+        if x > alpha {
+            x
+        } else {
+            0.0
+        }
+    })?)
 }
 
 fn prelu(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
@@ -739,7 +810,11 @@ fn prelu(_c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
         .reshape(&slope_shape)
         .ok_or_else(|| OpError::new("PRelu slope reshape failed"))?;
     if dt.is_float() {
-        let r = zip_broadcast(&f64s(x)?, &f64s(&slope)?, |v, s| if v > 0.0 { v } else { v * s })?;
+        let r = zip_broadcast(
+            &f64s(x)?,
+            &f64s(&slope)?,
+            |v, s| if v > 0.0 { v } else { v * s },
+        )?;
         out(Tensor::from_f64(dt, r, false))
     } else {
         let r = zip_broadcast(&i128s(x)?, &i128s(&slope)?, |v, s| {
@@ -757,7 +832,11 @@ fn shrink(c: &OpCtx, ins: Ins) -> OpResult<Vec<Value>> {
     let bias = fattr(c, "bias", 0.0)?;
     let lambd = fattr(c, "lambd", 0.5)?;
     let x = input(ins, 0)?;
-    ensure!(x.dtype().is_numeric(), "Shrink expects a numeric tensor, got {}", x.dtype());
+    ensure!(
+        x.dtype().is_numeric(),
+        "Shrink expects a numeric tensor, got {}",
+        x.dtype()
+    );
     let r = f64s(x)?.mapv(|v| {
         if v < -lambd {
             v + bias

@@ -5,7 +5,7 @@
 
 use super::util::{axes as norm_axes, dims, f64s, input, ints, opt_input, out, scalar_f64};
 use super::{OpCtx, Registry};
-use crate::ir::{DType, OpResult, Tensor, Value};
+use crate::ir::{DType, OpError, OpResult, Tensor, Value};
 use crate::{bail, ensure};
 use ndarray::{ArrayD, Axis, IxDyn};
 
@@ -157,7 +157,10 @@ fn resize_axis(
         return Ok(ArrayD::zeros(IxDyn(&shape)));
     }
     ensure!(inw > 0, "cannot resize an empty axis to {out_len}");
-    ensure!(scale > 0.0 && scale.is_finite(), "scale {scale} must be positive");
+    ensure!(
+        scale > 0.0 && scale.is_finite(),
+        "scale {scale} must be positive"
+    );
     let outw = scale * inw as f64;
     let fin = inw as f64;
     // Per output position: neighbour indices (clamped), weights, and extrapolation.
@@ -237,7 +240,10 @@ fn resize_axis(
                 *v /= s;
             }
         }
-        let idx: Vec<usize> = idx.iter().map(|&i| i.clamp(0.0, fin - 1.0) as usize).collect();
+        let idx: Vec<usize> = idx
+            .iter()
+            .map(|&i| i.clamp(0.0, fin - 1.0) as usize)
+            .collect();
         taps.push((idx, c, extrap));
     }
     let mut o = ArrayD::zeros(IxDyn(&shape));
@@ -269,7 +275,13 @@ fn saturate(dt: DType, a: ArrayD<f64>) -> Tensor {
     match range {
         Some((lo, hi)) => Tensor::from_f64(
             dt,
-            a.mapv(|x| if x.is_nan() { 0.0 } else { x.round_ties_even().clamp(lo, hi) }),
+            a.mapv(|x| {
+                if x.is_nan() {
+                    0.0
+                } else {
+                    x.round_ties_even().clamp(lo, hi)
+                }
+            }),
             false,
         ),
         None => Tensor::from_f64(dt, a, true),
@@ -396,15 +408,25 @@ fn resize(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         None => (0..r).collect(),
     };
     let na = axes.len();
-    let policy = ctx.attrs.string("keep_aspect_ratio_policy", "stretch".into())?;
+    let policy = ctx
+        .attrs
+        .string("keep_aspect_ratio_policy", "stretch".into())?;
     let mut scales = vec![1.0; r];
     let mut sizes = in_shape.clone();
     match (scales_in, sizes_in) {
         (Some(_), Some(_)) => bail!("only one of scales and sizes may be given"),
         (Some(s), None) => {
-            ensure!(s.len() == na, "scales has {} values, expected {na}", s.len());
+            ensure!(
+                s.len() == na,
+                "scales has {} values, expected {na}",
+                s.len()
+            );
             for (i, &a) in axes.iter().enumerate() {
-                ensure!(s[i] > 0.0 && s[i].is_finite(), "scale {} must be positive", s[i]);
+                ensure!(
+                    s[i] > 0.0 && s[i].is_finite(),
+                    "scale {} must be positive",
+                    s[i]
+                );
                 scales[a] = s[i];
                 let o = s[i] * in_shape[a] as f64;
                 ensure!(o < 1e12, "output size too large");
@@ -412,7 +434,11 @@ fn resize(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
             }
         }
         (None, Some(sz)) => {
-            ensure!(sz.len() == na, "sizes has {} values, expected {na}", sz.len());
+            ensure!(
+                sz.len() == na,
+                "sizes has {} values, expected {na}",
+                sz.len()
+            );
             for (i, &a) in axes.iter().enumerate() {
                 ensure!(sz[i] >= 0, "negative size {}", sz[i]);
                 ensure!(in_shape[a] > 0, "cannot resize an empty axis");
@@ -436,7 +462,12 @@ fn resize(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     }
     let roi = match roi_in {
         Some(v) => {
-            ensure!(v.len() == 2 * na, "roi has {} values, expected {}", v.len(), 2 * na);
+            ensure!(
+                v.len() == 2 * na,
+                "roi has {} values, expected {}",
+                v.len(),
+                2 * na
+            );
             let mut full = vec![0.0; r];
             full.extend(vec![1.0; r]);
             for (i, &a) in axes.iter().enumerate() {
@@ -470,7 +501,11 @@ fn upsample(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     } else {
         f64s(input(ins, 1)?)?.iter().copied().collect()
     };
-    ensure!(scales.len() == r, "scales has {} values for rank {r}", scales.len());
+    ensure!(
+        scales.len() == r,
+        "scales has {} values for rank {r}",
+        scales.len()
+    );
     let mut sizes = Vec::with_capacity(r);
     for (i, &s) in scales.iter().enumerate() {
         ensure!(s >= 1.0 && s.is_finite(), "Upsample scale {s} must be >= 1");
@@ -543,8 +578,16 @@ fn gs_cubic(x: f64) -> [f64; 4] {
 fn grid_sample(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let x = input(ins, 0)?;
     let g = input(ins, 1)?;
-    ensure!(x.dtype().is_float() || x.dtype().is_int(), "unsupported X dtype {}", x.dtype());
-    let default_mode = if ctx.opset >= 20 { "linear" } else { "bilinear" };
+    ensure!(
+        x.dtype().is_float() || x.dtype().is_int(),
+        "unsupported X dtype {}",
+        x.dtype()
+    );
+    let default_mode = if ctx.opset >= 20 {
+        "linear"
+    } else {
+        "bilinear"
+    };
     let mode = parse_mode(&ctx.attrs.string("mode", default_mode.into())?)?;
     let pad = match ctx.attrs.string("padding_mode", "zeros".into())?.as_str() {
         "zeros" => Pad::Zeros,
@@ -649,7 +692,10 @@ fn grid_sample(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
                             let f = v.floor();
                             let r = v - f;
                             let i0 = f as i64;
-                            vec![(fetch_idx(d, i0), 1.0 - r), (fetch_idx(d, i0.saturating_add(1)), r)]
+                            vec![
+                                (fetch_idx(d, i0), 1.0 - r),
+                                (fetch_idx(d, i0.saturating_add(1)), r),
+                            ]
                         }
                         Mode::Cubic => {
                             let f = v.floor();
@@ -701,7 +747,10 @@ fn affine_grid(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let size = ints(input(ins, 1)?)?;
     let align = ctx.attrs.int("align_corners", 0)? != 0;
     ensure!(theta.dtype().is_float(), "theta must be float");
-    ensure!(size.len() == 4 || size.len() == 5, "size must have 4 or 5 values");
+    ensure!(
+        size.len() == 4 || size.len() == 5,
+        "size must have 4 or 5 values"
+    );
     let k = size.len() - 2;
     let ts = theta.shape();
     ensure!(
@@ -784,7 +833,12 @@ fn roi_align(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     } else {
         false
     };
-    let max_mode = match ctx.attrs.string("mode", "avg".into())?.to_lowercase().as_str() {
+    let max_mode = match ctx
+        .attrs
+        .string("mode", "avg".into())?
+        .to_lowercase()
+        .as_str()
+    {
         "avg" => false,
         "max" => true,
         o => bail!("unknown mode `{o}`"),
@@ -810,7 +864,10 @@ fn roi_align(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let off = if half_pixel { 0.5 } else { 0.0 };
     for n in 0..nr {
         let b = bi[n];
-        ensure!(b >= 0 && (b as usize) < nb, "batch index {b} is out of range");
+        ensure!(
+            b >= 0 && (b as usize) < nb,
+            "batch index {b} is out of range"
+        );
         let b = b as usize;
         let r = &rv[n * 4..n * 4 + 4];
         let sw = r[0] * scale - off;
@@ -824,8 +881,16 @@ fn roi_align(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         }
         let bh = rh / ph_n as f64;
         let bw = rw / pw_n as f64;
-        let gh = if sr > 0 { sr as usize } else { (rh / ph_n as f64).ceil().max(0.0) as usize };
-        let gw = if sr > 0 { sr as usize } else { (rw / pw_n as f64).ceil().max(0.0) as usize };
+        let gh = if sr > 0 {
+            sr as usize
+        } else {
+            (rh / ph_n as f64).ceil().max(0.0) as usize
+        };
+        let gw = if sr > 0 {
+            sr as usize
+        } else {
+            (rw / pw_n as f64).ceil().max(0.0) as usize
+        };
         ensure!(gh <= 1 << 16 && gw <= 1 << 16, "sampling grid too large");
         dims(&[ph_n as i64, pw_n as i64, gh as i64, gw as i64])?;
         let count = (gh * gw).max(1) as f64;
@@ -838,7 +903,13 @@ fn roi_align(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
                     for ix in 0..gw {
                         let xx = sw + pw as f64 * bw + (ix as f64 + 0.5) * bw / gw as f64;
                         let (mut yf, mut xf) = (yy, xx);
-                        if yf < -1.0 || yf > h as f64 || xf < -1.0 || xf > w as f64 || h == 0 || w == 0 {
+                        if yf < -1.0
+                            || yf > h as f64
+                            || xf < -1.0
+                            || xf > w as f64
+                            || h == 0
+                            || w == 0
+                        {
                             pre.push(([0; 4], [0.0; 4]));
                             continue;
                         }
@@ -1070,7 +1141,12 @@ fn decode_bmp(b: &[u8]) -> OpResult<Image> {
             data.extend([b[p + 2], b[p + 1], b[p]]);
         }
     }
-    Ok(Image { h: hu, w: wu, c: 3, data })
+    Ok(Image {
+        h: hu,
+        w: wu,
+        c: 3,
+        data,
+    })
 }
 
 fn decode_pnm(b: &[u8]) -> OpResult<Image> {
@@ -1101,7 +1177,10 @@ fn decode_pnm(b: &[u8]) -> OpResult<Image> {
     }
     pos += 1; // the single whitespace byte after maxval
     let (w, h, maxv) = (fields[0], fields[1], fields[2]);
-    ensure!(maxv > 0 && maxv < 256, "only 8-bit PNM images are supported");
+    ensure!(
+        maxv > 0 && maxv < 256,
+        "only 8-bit PNM images are supported"
+    );
     let c = match kind {
         b'5' => 1,
         b'6' => 3,
@@ -1159,12 +1238,19 @@ fn decode_tiff(b: &[u8]) -> OpResult<Image> {
             _ => continue,
         };
         ensure!(count <= 1 << 20, "TIFF tag count too large");
-        let base = if size * count <= 4 { e + 8 } else { u32_at(e + 8)? as usize };
+        let base = if size * count <= 4 {
+            e + 8
+        } else {
+            u32_at(e + 8)? as usize
+        };
         let mut v = Vec::with_capacity(count);
         for k in 0..count {
             let at = base + k * size;
             v.push(match size {
-                1 => *b.get(at).ok_or_else(|| crate::ir::OpError::new("truncated TIFF".to_string()))? as u32,
+                1 => *b
+                    .get(at)
+                    .ok_or_else(|| crate::ir::OpError::new("truncated TIFF".to_string()))?
+                    as u32,
                 2 => u16_at(at)?,
                 _ => u32_at(at)?,
             });
@@ -1175,13 +1261,22 @@ fn decode_tiff(b: &[u8]) -> OpResult<Image> {
     let w = one(256, 0) as usize;
     let h = one(257, 0) as usize;
     let spp = one(277, 1) as usize;
-    ensure!(one(259, 1) == 1, "only uncompressed TIFF images are supported");
-    ensure!(one(284, 1) == 1, "only chunky (interleaved) TIFF images are supported");
+    ensure!(
+        one(259, 1) == 1,
+        "only uncompressed TIFF images are supported"
+    );
+    ensure!(
+        one(284, 1) == 1,
+        "only chunky (interleaved) TIFF images are supported"
+    );
     ensure!(
         tags.get(&258).is_none_or(|v| v.iter().all(|&x| x == 8)),
         "only 8-bit TIFF images are supported"
     );
-    ensure!(spp == 1 || spp == 3 || spp == 4, "unsupported samples per pixel {spp}");
+    ensure!(
+        spp == 1 || spp == 3 || spp == 4,
+        "unsupported samples per pixel {spp}"
+    );
     dims(&[h as i64, w as i64, spp as i64])?;
     let offs = tags.get(&273).cloned().unwrap_or_default();
     let counts = tags.get(&279).cloned().unwrap_or_default();
@@ -1283,21 +1378,25 @@ impl Huff {
 
 fn inflate(data: &[u8], limit: usize) -> OpResult<Vec<u8>> {
     const LBASE: [u16; 29] = [
-        3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 15, 17, 19, 23, 27, 31, 35, 43, 51, 59, 67, 83, 99,
-        115, 131, 163, 195, 227, 258,
+        3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 15, 17, 19, 23, 27, 31, 35, 43, 51, 59, 67, 83, 99, 115,
+        131, 163, 195, 227, 258,
     ];
     const LEXT: [u8; 29] = [
         0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 0,
     ];
     const DBASE: [u16; 30] = [
-        1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33, 49, 65, 97, 129, 193, 257, 385, 513, 769, 1025,
-        1537, 2049, 3073, 4097, 6145, 8193, 12289, 16385, 24577,
+        1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33, 49, 65, 97, 129, 193, 257, 385, 513, 769, 1025, 1537,
+        2049, 3073, 4097, 6145, 8193, 12289, 16385, 24577,
     ];
     const DEXT: [u8; 30] = [
-        0, 0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12,
-        12, 13, 13,
+        0, 0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12,
+        13, 13,
     ];
-    let mut r = Bits { b: data, pos: 0, bit: 0 };
+    let mut r = Bits {
+        b: data,
+        pos: 0,
+        bit: 0,
+    };
     let mut out: Vec<u8> = Vec::new();
     loop {
         let last = r.get(1)?;
@@ -1335,8 +1434,9 @@ fn inflate(data: &[u8], limit: usize) -> OpResult<Vec<u8>> {
                     let hlit = r.get(5)? as usize + 257;
                     let hdist = r.get(5)? as usize + 1;
                     let hclen = r.get(4)? as usize + 4;
-                    const ORD: [usize; 19] =
-                        [16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15];
+                    const ORD: [usize; 19] = [
+                        16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15,
+                    ];
                     let mut cl = [0u8; 19];
                     for &o in ORD.iter().take(hclen) {
                         cl[o] = r.get(3)? as u8;
@@ -1453,9 +1553,21 @@ fn decode_png(b: &[u8]) -> OpResult<Image> {
         let f = raw[y * (stride + 1)];
         let src = &raw[y * (stride + 1) + 1..(y + 1) * (stride + 1)];
         for x in 0..stride {
-            let a = if x >= spp { px[y * stride + x - spp] as i32 } else { 0 };
-            let up = if y > 0 { px[(y - 1) * stride + x] as i32 } else { 0 };
-            let c = if y > 0 && x >= spp { px[(y - 1) * stride + x - spp] as i32 } else { 0 };
+            let a = if x >= spp {
+                px[y * stride + x - spp] as i32
+            } else {
+                0
+            };
+            let up = if y > 0 {
+                px[(y - 1) * stride + x] as i32
+            } else {
+                0
+            };
+            let c = if y > 0 && x >= spp {
+                px[(y - 1) * stride + x - spp] as i32
+            } else {
+                0
+            };
             let pred = match f {
                 0 => 0,
                 1 => a,
@@ -1479,7 +1591,12 @@ fn decode_png(b: &[u8]) -> OpResult<Image> {
     }
     let (c, data) = match ctype {
         0 | 4 => (1, (0..h * w).map(|i| px[i * spp]).collect()),
-        2 | 6 => (3, (0..h * w).flat_map(|i| [px[i * spp], px[i * spp + 1], px[i * spp + 2]]).collect()),
+        2 | 6 => (
+            3,
+            (0..h * w)
+                .flat_map(|i| [px[i * spp], px[i * spp + 1], px[i * spp + 2]])
+                .collect(),
+        ),
         _ => {
             let mut d = Vec::with_capacity(h * w * 3);
             for &i in &px {
@@ -1511,7 +1628,7 @@ fn image_decoder(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     } else if bytes.starts_with(b"II*\0") || bytes.starts_with(b"MM\0*") {
         decode_tiff(&bytes)?
     } else {
-        bail!("unsupported image format (only BMP, PNG, binary PNM and uncompressed TIFF are decoded)")
+        return Err(OpError::unsupported("ImageDecoder: this image format is not decoded (only BMP, PNG, binary PNM and uncompressed TIFF are)"));
     };
     let (h, w) = (img.h, img.w);
     let px = |i: usize| -> [u8; 3] {
@@ -1524,7 +1641,15 @@ fn image_decoder(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     };
     let (c, data): (usize, Vec<u8>) = match fmt.as_str() {
         "RGB" => (3, (0..h * w).flat_map(px).collect()),
-        "BGR" => (3, (0..h * w).flat_map(|i| { let [r, g, b] = px(i); [b, g, r] }).collect()),
+        "BGR" => (
+            3,
+            (0..h * w)
+                .flat_map(|i| {
+                    let [r, g, b] = px(i);
+                    [b, g, r]
+                })
+                .collect(),
+        ),
         "Grayscale" => (
             1,
             (0..h * w)
@@ -1533,7 +1658,8 @@ fn image_decoder(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
                         img.data[i]
                     } else {
                         let [r, g, b] = px(i);
-                        ((r as u32 * 19595 + g as u32 * 38470 + b as u32 * 7471 + 0x8000) >> 16) as u8
+                        ((r as u32 * 19595 + g as u32 * 38470 + b as u32 * 7471 + 0x8000) >> 16)
+                            as u8
                     }
                 })
                 .collect(),

@@ -211,10 +211,7 @@ fn run(ctx: &OpCtx, ins: &[Option<&Value>], kind: Kind) -> OpResult<Vec<Value>> 
     } else {
         (x.shape()[1], x.shape()[0], x.shape()[2])
     };
-    ensure!(
-        r.rank() == 3 && w.rank() == 3,
-        "W and R must have rank 3"
-    );
+    ensure!(r.rank() == 3 && w.rank() == 3, "W and R must have rank 3");
     let hs = r.shape()[2];
     if let Some(h) = ctx.attrs.get_int("hidden_size")? {
         ensure!(h as usize == hs, "hidden_size {h} does not match R's shape");
@@ -328,8 +325,7 @@ fn run(ctx: &OpCtx, ins: &[Option<&Value>], kind: Kind) -> OpResult<Vec<Value>> 
                     }
                     Kind::Gru => {
                         // z, r gates.
-                        let mut zr: Vec<f64> =
-                            (0..2 * hs).map(|j| bd[j] + bd[gh + j]).collect();
+                        let mut zr: Vec<f64> = (0..2 * hs).map(|j| bd[j] + bd[gh + j]).collect();
                         matvec_add(&mut zr, wd, 0, isz, xt);
                         matvec_add(&mut zr, rd, 0, hs, &h);
                         let z: Vec<f64> = zr[..hs].iter().map(|&v| a[0].apply(cl(v))).collect();

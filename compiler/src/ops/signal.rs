@@ -57,7 +57,11 @@ fn from_complex(dt: DType, a: &ArrayD<C>, real_only: bool) -> Tensor {
         }
     }
     s.push(if real_only { 1 } else { 2 });
-    Tensor::from_f64(dt, ArrayD::from_shape_vec(IxDyn(&s), v).expect("sizes match"), false)
+    Tensor::from_f64(
+        dt,
+        ArrayD::from_shape_vec(IxDyn(&s), v).expect("sizes match"),
+        false,
+    )
 }
 
 /// A DFT of length `n` of one lane (zero-padded or truncated to n), keeping `keep` bins.
@@ -134,7 +138,10 @@ fn dft_core(
         return Ok((r, true));
     }
     let keep = if onesided { n / 2 + 1 } else { n };
-    Ok((map_lanes(x, ax, keep, |lane| dft_lane(lane, n, keep, inverse)), false))
+    Ok((
+        map_lanes(x, ax, keep, |lane| dft_lane(lane, n, keep, inverse)),
+        false,
+    ))
 }
 
 fn dft(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
@@ -152,7 +159,10 @@ fn dft(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     } else {
         norm_axis(ctx.attrs.int("axis", 1)?, rank)?
     };
-    ensure!(ax != rank - 1, "the DFT axis cannot be the last (complex) axis");
+    ensure!(
+        ax != rank - 1,
+        "the DFT axis cannot be the last (complex) axis"
+    );
     let c = to_complex(x)?;
     let len = x.shape()[ax];
     let n = match opt_input(ins, 1)? {
@@ -208,7 +218,10 @@ fn stft(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         "window length {} differs from frame_length {flen}",
         window.len()
     );
-    ensure!(flen <= len, "frame_length {flen} exceeds the signal length {len}");
+    ensure!(
+        flen <= len,
+        "frame_length {flen} exceeds the signal length {len}"
+    );
     let frames = 1 + (len - flen) / step;
     let bins = if onesided { flen / 2 + 1 } else { flen };
     dims(&[batch as i64, frames as i64, bins as i64, 2])?;
@@ -242,13 +255,21 @@ fn out_dtype(ctx: &OpCtx, default: i64) -> OpResult<DType> {
     }
 }
 
-fn window(ctx: &OpCtx, ins: &[Option<&Value>], f: impl Fn(f64, f64) -> f64) -> OpResult<Vec<Value>> {
+fn window(
+    ctx: &OpCtx,
+    ins: &[Option<&Value>],
+    f: impl Fn(f64, f64) -> f64,
+) -> OpResult<Vec<Value>> {
     let size = scalar_i64(input(ins, 0)?)?;
     ensure!(size >= 0, "window size must be non-negative, got {size}");
     dims(&[size])?;
     let periodic = ctx.attrs.int("periodic", 1)? != 0;
     let dt = out_dtype(ctx, 1)?;
-    let n = if periodic { size as f64 } else { size as f64 - 1.0 };
+    let n = if periodic {
+        size as f64
+    } else {
+        size as f64 - 1.0
+    };
     let v: Vec<f64> = (0..size).map(|i| f(i as f64, n)).collect();
     out(Tensor::from_f64(
         dt,
@@ -284,7 +305,10 @@ fn mel(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let sr = scalar_i64(input(ins, 2)?)?;
     let lo = scalar_f64(input(ins, 3)?)?;
     let hi = scalar_f64(input(ins, 4)?)?;
-    ensure!(nmel >= 0 && dftl >= 0, "num_mel_bins and dft_length must be non-negative");
+    ensure!(
+        nmel >= 0 && dftl >= 0,
+        "num_mel_bins and dft_length must be non-negative"
+    );
     ensure!(sr > 0, "sample_rate must be positive");
     let dt = out_dtype(ctx, 1)?;
     let nspec = (dftl / 2 + 1) as usize;

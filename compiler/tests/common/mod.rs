@@ -3,8 +3,8 @@
 #![allow(dead_code)]
 
 use onnxc::onnx::proto::{
-    tensor_proto::DataType, tensor_shape_proto, type_proto, AttributeProto, GraphProto, ModelProto, NodeProto,
-    OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    tensor_proto::DataType, tensor_shape_proto, type_proto, AttributeProto, GraphProto, ModelProto,
+    NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
 };
 use prost::Message;
 use std::path::{Path, PathBuf};
@@ -12,7 +12,10 @@ use std::process::Command;
 
 /// The repository root (the workspace folder above `compiler/`).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
 }
 
 pub fn tensor_type(elem: DataType, dims: &[i64]) -> TypeProto {
@@ -34,7 +37,11 @@ pub fn tensor_type(elem: DataType, dims: &[i64]) -> TypeProto {
 }
 
 pub fn value_info(name: &str, elem: DataType, dims: &[i64]) -> ValueInfoProto {
-    ValueInfoProto { name: Some(name.into()), r#type: Some(tensor_type(elem, dims)), ..Default::default() }
+    ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(tensor_type(elem, dims)),
+        ..Default::default()
+    }
 }
 
 pub fn node(op: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
@@ -48,7 +55,12 @@ pub fn node(op: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
 }
 
 pub fn int_attr(name: &str, v: i64) -> AttributeProto {
-    AttributeProto { name: Some(name.into()), r#type: Some(2), i: Some(v), ..Default::default() }
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(2),
+        i: Some(v),
+        ..Default::default()
+    }
 }
 
 pub fn f32_tensor(name: &str, dims: &[i64], data: &[f32]) -> TensorProto {
@@ -64,7 +76,10 @@ pub fn f32_tensor(name: &str, dims: &[i64], data: &[f32]) -> TensorProto {
 pub fn model(graph: GraphProto) -> ModelProto {
     ModelProto {
         ir_version: Some(9),
-        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(21) }],
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(21),
+        }],
         graph: Some(graph),
         ..Default::default()
     }
@@ -89,7 +104,10 @@ pub fn write_model(dir: &Path, name: &str, m: &ModelProto) -> PathBuf {
 
 /// Runs the onnxc binary; returns (exit code, stdout, stderr).
 pub fn onnxc(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_onnxc")).args(args).output().expect("run onnxc");
+    let out = Command::new(env!("CARGO_BIN_EXE_onnxc"))
+        .args(args)
+        .output()
+        .expect("run onnxc");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -101,8 +119,20 @@ pub fn onnxc(args: &[&str]) -> (i32, String, String) {
 /// panic.
 pub fn assert_clean_error(args: &[&str], needle: &str) {
     let (code, _out, err) = onnxc(args);
-    assert!(!err.contains("panicked"), "onnxc panicked on {args:?}:\n{err}");
-    assert_eq!(code, 1, "onnxc {args:?} should fail with exit code 1; stderr:\n{err}");
-    assert!(err.starts_with("error: "), "message should start with `error: `:\n{err}");
-    assert!(err.contains(needle), "error for {args:?} should mention `{needle}`:\n{err}");
+    assert!(
+        !err.contains("panicked"),
+        "onnxc panicked on {args:?}:\n{err}"
+    );
+    assert_eq!(
+        code, 1,
+        "onnxc {args:?} should fail with exit code 1; stderr:\n{err}"
+    );
+    assert!(
+        err.starts_with("error: "),
+        "message should start with `error: `:\n{err}"
+    );
+    assert!(
+        err.contains(needle),
+        "error for {args:?} should mention `{needle}`:\n{err}"
+    );
 }
