@@ -314,7 +314,7 @@ fn tensor_scatter(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
             k /= us[d];
         }
         let mut dst = pos.clone();
-        let mut s = wi[pos[0]] + pos[ax] as i64;
+        let mut s = wi[pos[0]].saturating_add(pos[ax] as i64);
         if circular {
             s = s.rem_euclid(maxlen.max(1));
         }

@@ -164,7 +164,10 @@ fn reshape(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         }
     }
     if let Some(i) = infer {
-        let known: i64 = shape.iter().product();
+        let known = shape
+            .iter()
+            .try_fold(1i64, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| OpError::new(format!("Reshape: shape {spec:?} is too large")))?;
         ensure!(
             known != 0 && t.len() as i64 % known == 0,
             "Reshape: cannot infer -1 for {:?} from {} elements",
@@ -295,7 +298,13 @@ fn split(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         }
         None => {
             let n = match ctx.attrs.get_int("num_outputs")? {
-                Some(n) => n as usize,
+                Some(n) => {
+                    ensure!(
+                        n >= 1 && n <= (dim.max(ctx.n_outputs).max(1)) as i64,
+                        "Split: bad num_outputs {n}"
+                    );
+                    n as usize
+                }
                 None => ctx.n_outputs,
             };
             ensure!(n > 0, "Split: zero outputs");
@@ -332,7 +341,7 @@ fn slice_indices(dim: usize, start: i64, end: i64, step: i64) -> OpResult<Vec<Op
         let mut i = s;
         while i < e {
             v.push(Some(i as usize));
-            i += step;
+            i = i.saturating_add(step);
         }
     } else {
         s = s.clamp(-1, d - 1);
@@ -340,7 +349,7 @@ fn slice_indices(dim: usize, start: i64, end: i64, step: i64) -> OpResult<Vec<Op
         let mut i = s;
         while i > e {
             v.push(Some(i as usize));
-            i += step;
+            i = i.saturating_add(step);
         }
     }
     Ok(v)
@@ -500,7 +509,7 @@ fn pad(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let mut shp = Vec::with_capacity(r);
     for a in 0..r {
         let d = t.shape()[a] as i64;
-        let o = d + before[a] + after[a];
+        let o = d.saturating_add(before[a]).saturating_add(after[a]);
         ensure!(o >= 0, "Pad: negative output dimension");
         shp.push(o);
     }
@@ -509,7 +518,7 @@ fn pad(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         let d = t.shape()[a] as i64;
         let mut m = Vec::with_capacity(shp[a] as usize);
         for o in 0..shp[a] {
-            m.push(pad_index(o - before[a], d, &mode)?);
+            m.push(pad_index(o.saturating_sub(before[a]), d, &mode)?);
         }
         maps.push(m);
     }
@@ -739,8 +748,16 @@ fn col2im(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let mut ncol = Vec::with_capacity(nd);
     for i in 0..nd {
         ensure!(strides[i] > 0 && dil[i] > 0, "Col2Im: bad strides or dilations");
-        let v = (img[i] + pads[i] + pads[i + nd] - (dil[i] * (blk[i] - 1) + 1)) / strides[i] + 1;
-        ensure!(v >= 1, "Col2Im: no sliding blocks");
+        ensure!(
+            pads[i].abs() <= 1 << 40 && pads[i + nd].abs() <= 1 << 40 && dil[i] <= 1 << 40,
+            "Col2Im: pads or dilations are too large"
+        );
+        ensure!(blk[i] >= 1, "Col2Im: block_shape must be positive");
+        let span = dil[i] as i128 * (blk[i] as i128 - 1) + 1;
+        let v = (img[i] as i128 + pads[i] as i128 + pads[i + nd] as i128 - span)
+            .div_euclid(strides[i] as i128)
+            + 1;
+        ensure!(v >= 1 && v <= 1 << 40, "Col2Im: no sliding blocks");
         ncol.push(v as usize);
     }
     ensure!(numel(&ncol) == l, "Col2Im: input length {l} does not match {ncol:?}");
@@ -771,8 +788,9 @@ fn col2im(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
                     let mut flat = 0usize;
                     let mut inside = true;
                     for i in 0..nd {
-                        let p = ic[i] as i64 * strides[i] - pads[i] + off[i] as i64 * dil[i];
-                        if p < 0 || p >= img[i] {
+                        let p = ic[i] as i128 * strides[i] as i128 - pads[i] as i128
+                            + off[i] as i128 * dil[i] as i128;
+                        if p < 0 || p >= img[i] as i128 {
                             inside = false;
                             break;
                         }
