@@ -4,6 +4,8 @@
 //! Data movement is generic over the element type; reductions compute in f64 (floats)
 //! or i128 (integers) and convert back.
 
+#![allow(clippy::clone_on_copy)] // generic bodies clone elements that are `Copy` for most dtypes
+
 use super::shape::{at, build, generic};
 use super::util::{arr, axis, dims, f64s, i128s, input, ints, numel, opt_input, out, outs};
 use super::{OpCtx, Registry};
@@ -95,11 +97,17 @@ fn gather_nd(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let b = ctx.attrs.int("batch_dims", 0)?;
     let r = t.rank();
     let q = idx.ndim();
-    ensure!(b >= 0 && (b as usize) < r.min(q), "GatherND: bad batch_dims {b}");
+    ensure!(
+        b >= 0 && (b as usize) < r.min(q),
+        "GatherND: bad batch_dims {b}"
+    );
     let b = b as usize;
     ensure!(q >= 1, "GatherND: indices must have rank >= 1");
     let k = idx.shape()[q - 1];
-    ensure!(k >= 1 && b + k <= r, "GatherND: last indices dimension {k} is too large");
+    ensure!(
+        k >= 1 && b + k <= r,
+        "GatherND: last indices dimension {k} is too large"
+    );
     ensure!(
         idx.shape()[..b] == t.shape()[..b],
         "GatherND: batch dimensions differ"
@@ -134,31 +142,31 @@ enum Red {
 }
 
 fn reduction(ctx: &OpCtx) -> OpResult<Red> {
-    Ok(match ctx.attrs.string("reduction", "none".into())?.as_str() {
-        "none" => Red::None,
-        "add" => Red::Add,
-        "mul" => Red::Mul,
-        "max" => Red::Max,
-        "min" => Red::Min,
-        r => bail!("unknown reduction {r:?}"),
-    })
+    Ok(
+        match ctx.attrs.string("reduction", "none".into())?.as_str() {
+            "none" => Red::None,
+            "add" => Red::Add,
+            "mul" => Red::Mul,
+            "max" => Red::Max,
+            "min" => Red::Min,
+            r => bail!("unknown reduction {r:?}"),
+        },
+    )
 }
 
 /// Scatters `upd` into a copy of `data` at `targets` (one destination index per update
 /// element, in the update's row-major order), combining with `red`.
-fn scatter_with(
-    data: &Tensor,
-    upd: &Tensor,
-    targets: &[Vec<usize>],
-    red: Red,
-) -> OpResult<Tensor> {
+fn scatter_with(data: &Tensor, upd: &Tensor, targets: &[Vec<usize>], red: Red) -> OpResult<Tensor> {
     ensure!(
         data.dtype() == upd.dtype(),
         "updates dtype {} differs from data dtype {}",
         upd.dtype(),
         data.dtype()
     );
-    ensure!(targets.len() == upd.len(), "internal: target count mismatch");
+    ensure!(
+        targets.len() == upd.len(),
+        "internal: target count mismatch"
+    );
     fn run<T: Clone>(
         a: &ArrayD<T>,
         u: &ArrayD<T>,
@@ -176,7 +184,9 @@ fn scatter_with(
     }
     let dt = data.dtype();
     if red == Red::None {
-        return Ok(generic!(data, T => run(arr::<T>(data)?, arr::<T>(upd)?, targets, |_, v| v.clone())?));
+        return Ok(
+            generic!(data, T => run(arr::<T>(data)?, arr::<T>(upd)?, targets, |_, v| v.clone())?),
+        );
     }
     if dt.is_float() {
         let f = match red {
@@ -238,7 +248,10 @@ fn scatter_nd(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let q = idx.ndim();
     ensure!(q >= 1, "ScatterND: indices must have rank >= 1");
     let k = idx.shape()[q - 1];
-    ensure!(k <= r, "ScatterND: last indices dimension {k} exceeds rank {r}");
+    ensure!(
+        k <= r,
+        "ScatterND: last indices dimension {k} exceeds rank {r}"
+    );
     let mut ushape = idx.shape()[..q - 1].to_vec();
     ushape.extend(&t.shape()[k..]);
     ensure!(
@@ -291,9 +304,15 @@ fn tensor_scatter(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     };
     for i in 0..r {
         if i == ax {
-            ensure!(upd.shape()[i] <= past.shape()[i], "TensorScatter: update too long");
+            ensure!(
+                upd.shape()[i] <= past.shape()[i],
+                "TensorScatter: update too long"
+            );
         } else {
-            ensure!(upd.shape()[i] == past.shape()[i], "TensorScatter: shapes differ");
+            ensure!(
+                upd.shape()[i] == past.shape()[i],
+                "TensorScatter: shapes differ"
+            );
         }
     }
     let batch = past.shape()[0];
@@ -301,7 +320,10 @@ fn tensor_scatter(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         Some(w) => ints(w)?,
         None => vec![0; batch],
     };
-    ensure!(wi.len() == batch, "TensorScatter: write_indices has the wrong length");
+    ensure!(
+        wi.len() == batch,
+        "TensorScatter: write_indices has the wrong length"
+    );
     let maxlen = past.shape()[ax] as i64;
     let up = upd.standard();
     let mut targets = Vec::with_capacity(up.len());
@@ -318,7 +340,10 @@ fn tensor_scatter(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         if circular {
             s = s.rem_euclid(maxlen.max(1));
         }
-        ensure!(s >= 0 && s < maxlen, "TensorScatter: write index {s} out of range");
+        ensure!(
+            s >= 0 && s < maxlen,
+            "TensorScatter: write index {s} out of range"
+        );
         dst[ax] = s as usize;
         targets.push(dst);
     }
@@ -362,7 +387,10 @@ fn one_hot(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     ensure!(values.len() == 2, "OneHot: values must have two elements");
     ensure!(depth.len() == 1, "OneHot: depth must be a scalar");
     let depth = f64s(depth)?.iter().next().copied().unwrap_or_default();
-    ensure!(depth >= 1.0 && depth.is_finite(), "OneHot: depth must be positive");
+    ensure!(
+        depth >= 1.0 && depth.is_finite(),
+        "OneHot: depth must be positive"
+    );
     let depth = depth as i64;
     let r = ind.rank();
     let ax = axis(ctx.attrs.int("axis", -1)?, r + 1)?;
@@ -371,7 +399,9 @@ fn one_hot(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     shape.push(depth as usize);
     shape.extend(&ind.shape()[ax..]);
     dims(&shape.iter().map(|&d| d as i64).collect::<Vec<_>>())?;
-    let values = values.reshape(&[2]).ok_or_else(|| OpError::new("OneHot: values"))?;
+    let values = values
+        .reshape(&[2])
+        .ok_or_else(|| OpError::new("OneHot: values"))?;
     let mut src = vec![0usize; r];
     out(generic!(values, T => {
         let v = arr::<T>(&values)?;
@@ -393,7 +423,12 @@ fn nonzero(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let b = t
         .to_bool()
         .ok_or_else(|| OpError::new("NonZero: unsupported dtype"))?;
-    let b = if b.ndim() == 0 { b.into_shape_with_order(IxDyn(&[1])).map_err(|e| OpError::new(e.to_string()))? } else { b };
+    let b = if b.ndim() == 0 {
+        b.into_shape_with_order(IxDyn(&[1]))
+            .map_err(|e| OpError::new(e.to_string()))?
+    } else {
+        b
+    };
     let r = b.ndim();
     let hits: Vec<Vec<usize>> = b
         .indexed_iter()
@@ -440,7 +475,10 @@ impl Key {
 fn keys(t: &Tensor) -> OpResult<Vec<Key>> {
     let t = t.standard();
     Ok(if t.dtype() == DType::Str {
-        arr::<String>(&t)?.iter().map(|s| Key::S(s.clone())).collect()
+        arr::<String>(&t)?
+            .iter()
+            .map(|s| Key::S(s.clone()))
+            .collect()
     } else if t.dtype().is_float() {
         f64s(&t)?.iter().map(|&x| Key::F(x)).collect()
     } else {
@@ -480,7 +518,7 @@ fn unique(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         crate::map_data!(src, a => a.view().permuted_axes(IxDyn(&p)).as_standard_layout().into_owned())
     };
     let ks = keys(&moved)?;
-    let w = if n == 0 { 0 } else { ks.len() / n };
+    let w = ks.len().checked_div(n).unwrap_or(0);
     let rows: Vec<&[Key]> = (0..n).map(|i| &ks[i * w..(i + 1) * w]).collect();
     // Sort row ids by value (stable keeps first occurrences first).
     let mut order: Vec<usize> = (0..n).collect();
@@ -507,13 +545,19 @@ fn unique(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let u = groups.len();
     let mut res = vec![y];
     if ctx.n_outputs > 1 {
-        res.push(Tensor::from_vec(&[u], first.iter().map(|&i| i as i64).collect()));
+        res.push(Tensor::from_vec(
+            &[u],
+            first.iter().map(|&i| i as i64).collect(),
+        ));
     }
     if ctx.n_outputs > 2 {
         res.push(Tensor::from_vec(&[n], inverse));
     }
     if ctx.n_outputs > 3 {
-        res.push(Tensor::from_vec(&[u], groups.iter().map(|g| g.1.len() as i64).collect()));
+        res.push(Tensor::from_vec(
+            &[u],
+            groups.iter().map(|g| g.1.len() as i64).collect(),
+        ));
     }
     outs(res)
 }

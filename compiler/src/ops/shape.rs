@@ -5,6 +5,8 @@
 //! Data movement is generic over the element type, so these ops work for every dtype
 //! (strings, bools, sub-byte and 8-bit floats included).
 
+#![allow(clippy::clone_on_copy)] // generic bodies clone elements that are `Copy` for most dtypes
+
 use super::util::{axes, axis, dims, f64s, i128s, input, ints, numel, opt_input, out, outs};
 use super::{OpCtx, Registry};
 use crate::ir::{broadcast_shapes, DType, OpError, OpResult, Tensor, Value};
@@ -79,8 +81,12 @@ pub(crate) fn build<T>(
 
 /// The element at `idx`, or an error when out of bounds.
 pub(crate) fn at<'a, T>(a: &'a ArrayD<T>, idx: &[usize]) -> OpResult<&'a T> {
-    a.get(IxDyn(idx))
-        .ok_or_else(|| OpError::new(format!("index {idx:?} is out of bounds for {:?}", a.shape())))
+    a.get(IxDyn(idx)).ok_or_else(|| {
+        OpError::new(format!(
+            "index {idx:?} is out of bounds for {:?}",
+            a.shape()
+        ))
+    })
 }
 
 /// Gathers from `a` through one index map per axis (`None` picks `fill`).
@@ -146,7 +152,10 @@ fn reshape(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     for (i, &d) in spec.iter().enumerate() {
         match d {
             -1 => {
-                ensure!(infer.is_none(), "Reshape: more than one -1 in shape {spec:?}");
+                ensure!(
+                    infer.is_none(),
+                    "Reshape: more than one -1 in shape {spec:?}"
+                );
                 infer = Some(i);
                 shape.push(1);
             }
@@ -184,7 +193,10 @@ fn transpose(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let r = t.rank();
     let perm = match ctx.attrs.get_ints("perm")? {
         Some(p) => {
-            ensure!(p.len() == r, "Transpose: perm {p:?} has the wrong length for rank {r}");
+            ensure!(
+                p.len() == r,
+                "Transpose: perm {p:?} has the wrong length for rank {r}"
+            );
             axes(&p, r)?
         }
         None => (0..r).rev().collect(),
@@ -200,7 +212,11 @@ fn squeeze(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         None => (0..t.rank()).filter(|&i| shape[i] == 1).collect(),
     };
     for &a in &ax {
-        ensure!(shape[a] == 1, "Squeeze: axis {a} has size {} not 1", shape[a]);
+        ensure!(
+            shape[a] == 1,
+            "Squeeze: axis {a} has size {} not 1",
+            shape[a]
+        );
     }
     let new: Vec<usize> = (0..t.rank())
         .filter(|i| !ax.contains(i))
@@ -221,7 +237,10 @@ fn unsqueeze(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         if ax.contains(&i) {
             new.push(1);
         } else {
-            new.push(*it.next().ok_or_else(|| OpError::new("Unsqueeze: bad axes"))?);
+            new.push(
+                *it.next()
+                    .ok_or_else(|| OpError::new("Unsqueeze: bad axes"))?,
+            );
         }
     }
     out(reshape_to(t, &new)?)
@@ -231,7 +250,10 @@ fn flatten(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let t = input(ins, 0)?;
     let r = t.rank() as i64;
     let a = ctx.attrs.int("axis", 1)?;
-    ensure!(a >= -r && a <= r, "Flatten: axis {a} out of range for rank {r}");
+    ensure!(
+        a >= -r && a <= r,
+        "Flatten: axis {a} out of range for rank {r}"
+    );
     let a = if a < 0 { a + r } else { a } as usize;
     let s = t.shape();
     out(reshape_to(t, &[numel(&s[..a]), numel(&s[a..])])?)
@@ -252,7 +274,10 @@ fn concat(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     };
     let ax = axis(a, r)?;
     for t in &ts {
-        ensure!(t.dtype() == first.dtype(), "Concat: inputs have different dtypes");
+        ensure!(
+            t.dtype() == first.dtype(),
+            "Concat: inputs have different dtypes"
+        );
         ensure!(t.rank() == r, "Concat: inputs have different ranks");
         for d in 0..r {
             ensure!(
@@ -387,8 +412,11 @@ fn slice(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     };
     let steps = steps.unwrap_or_else(|| vec![1; n]);
     ensure!(steps.len() == n, "Slice: steps has the wrong length");
-    let mut maps: Vec<Vec<Option<usize>>> =
-        t.shape().iter().map(|&d| (0..d).map(Some).collect()).collect();
+    let mut maps: Vec<Vec<Option<usize>>> = t
+        .shape()
+        .iter()
+        .map(|&d| (0..d).map(Some).collect())
+        .collect();
     for i in 0..n {
         maps[ax[i]] = slice_indices(t.shape()[ax[i]], starts[i], ends[i], steps[i])?;
     }
@@ -421,7 +449,11 @@ fn expand(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let t = input(ins, 0)?;
     let s = dims(&ints(input(ins, 1)?)?)?;
     let target = broadcast_shapes(t.shape(), &s).ok_or_else(|| {
-        OpError::new(format!("Expand: {:?} does not broadcast to {:?}", t.shape(), s))
+        OpError::new(format!(
+            "Expand: {:?} does not broadcast to {:?}",
+            t.shape(),
+            s
+        ))
     })?;
     dims(&target.iter().map(|&d| d as i64).collect::<Vec<_>>())?;
     out(try_map_data!(t, a => a
@@ -498,7 +530,11 @@ fn pad(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         None => (0..r).collect(),
     };
     let n = ax.len();
-    ensure!(pads.len() == 2 * n, "Pad: pads {pads:?} should have {} values", 2 * n);
+    ensure!(
+        pads.len() == 2 * n,
+        "Pad: pads {pads:?} should have {} values",
+        2 * n
+    );
     let mut before = vec![0i64; r];
     let mut after = vec![0i64; r];
     for (i, &a) in ax.iter().enumerate() {
@@ -524,7 +560,7 @@ fn pad(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     }
     // The constant, in the data's dtype.
     let fill = match value {
-        Some(v) if v.len() > 0 => {
+        Some(v) if !v.is_empty() => {
             if v.dtype() == t.dtype() {
                 v
             } else {
@@ -560,7 +596,10 @@ fn constant_of_shape(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>
 fn range(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let (s, l, d) = (input(ins, 0)?, input(ins, 1)?, input(ins, 2)?);
     let dt = s.dtype();
-    ensure!(s.len() == 1 && l.len() == 1 && d.len() == 1, "Range: inputs must be scalars");
+    ensure!(
+        s.len() == 1 && l.len() == 1 && d.len() == 1,
+        "Range: inputs must be scalars"
+    );
     if dt.is_int() {
         let g = |t: &Tensor| -> OpResult<i128> {
             Ok(i128s(t)?.iter().next().copied().unwrap_or_default())
@@ -570,7 +609,11 @@ fn range(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         let n = ((l - s) as f64 / d as f64).ceil().max(0.0) as i64;
         dims(&[n])?;
         let v: Vec<i128> = (0..n as i128).map(|i| s + i * d).collect();
-        out(Tensor::from_i128(dt, ArrayD::from_shape_vec(IxDyn(&[n as usize]), v).map_err(|e| OpError::new(e.to_string()))?))
+        out(Tensor::from_i128(
+            dt,
+            ArrayD::from_shape_vec(IxDyn(&[n as usize]), v)
+                .map_err(|e| OpError::new(e.to_string()))?,
+        ))
     } else {
         let g = |t: &Tensor| -> OpResult<f64> {
             Ok(f64s(t)?.iter().next().copied().unwrap_or_default())
@@ -582,7 +625,12 @@ fn range(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         let n = n.max(0.0) as i64;
         dims(&[n])?;
         let v: Vec<f64> = (0..n).map(|i| s + i as f64 * d).collect();
-        out(Tensor::from_f64(dt, ArrayD::from_shape_vec(IxDyn(&[n as usize]), v).map_err(|e| OpError::new(e.to_string()))?, false))
+        out(Tensor::from_f64(
+            dt,
+            ArrayD::from_shape_vec(IxDyn(&[n as usize]), v)
+                .map_err(|e| OpError::new(e.to_string()))?,
+            false,
+        ))
     }
 }
 
@@ -594,7 +642,10 @@ fn eye_like(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
             .ok_or_else(|| OpError::new(format!("EyeLike: unknown dtype {c}")))?,
         None => t.dtype(),
     };
-    ensure!(dt != DType::Str && dt.storage().is_some(), "EyeLike: unsupported dtype {dt}");
+    ensure!(
+        dt != DType::Str && dt.storage().is_some(),
+        "EyeLike: unsupported dtype {dt}"
+    );
     let k = ctx.attrs.int("k", 0)?;
     let a = ArrayD::from_shape_fn(IxDyn(t.shape()), |i| {
         if i[1] as i64 - i[0] as i64 == k {
@@ -635,7 +686,10 @@ fn depth_to_space(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let b = b as usize;
     let s = t.shape();
     let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
-    ensure!(c % (b * b) == 0, "DepthToSpace: channels not divisible by blocksize^2");
+    ensure!(
+        c % (b * b) == 0,
+        "DepthToSpace: channels not divisible by blocksize^2"
+    );
     let c2 = c / (b * b);
     let mode = ctx.attrs.string("mode", "DCR".into())?;
     let y = match mode.as_str() {
@@ -654,7 +708,10 @@ fn space_to_depth(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let b = b as usize;
     let s = t.shape();
     let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
-    ensure!(h % b == 0 && w % b == 0, "SpaceToDepth: spatial dims not divisible by blocksize");
+    ensure!(
+        h % b == 0 && w % b == 0,
+        "SpaceToDepth: spatial dims not divisible by blocksize"
+    );
     let x = reshape_to(t, &[n, c, h / b, b, w / b, b])?;
     let mode = ctx.attrs.string("mode", "DCR".into())?;
     let y = match mode.as_str() {
@@ -673,9 +730,15 @@ fn center_crop_pad(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> 
         Some(a) => axes(&a, r)?,
         None => (0..r).collect(),
     };
-    ensure!(shp.len() == ax.len(), "CenterCropPad: shape and axes differ in length");
-    let mut maps: Vec<Vec<Option<usize>>> =
-        t.shape().iter().map(|&d| (0..d).map(Some).collect()).collect();
+    ensure!(
+        shp.len() == ax.len(),
+        "CenterCropPad: shape and axes differ in length"
+    );
+    let mut maps: Vec<Vec<Option<usize>>> = t
+        .shape()
+        .iter()
+        .map(|&d| (0..d).map(Some).collect())
+        .collect();
     for (&a, &sh) in ax.iter().zip(&shp) {
         ensure!(sh >= 0, "CenterCropPad: negative size");
         dims(&[sh])?;
@@ -709,7 +772,10 @@ fn reverse_sequence(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>>
     );
     let tlen = t.shape()[ta] as i64;
     for &l in &lens {
-        ensure!(l >= 0 && l <= tlen, "ReverseSequence: bad sequence length {l}");
+        ensure!(
+            l >= 0 && l <= tlen,
+            "ReverseSequence: bad sequence length {l}"
+        );
     }
     out(generic!(t, T => {
         let a = super::util::arr::<T>(t)?;
@@ -730,7 +796,10 @@ fn col2im(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let img = ints(input(ins, 1)?)?;
     let blk = ints(input(ins, 2)?)?;
     let nd = img.len();
-    ensure!(blk.len() == nd && nd > 0, "Col2Im: image_shape and block_shape differ");
+    ensure!(
+        blk.len() == nd && nd > 0,
+        "Col2Im: image_shape and block_shape differ"
+    );
     ensure!(t.rank() == 3, "Col2Im: input must be 3-D");
     let dil = ctx.attrs.ints("dilations", &vec![1; nd])?;
     let pads = ctx.attrs.ints("pads", &vec![0; 2 * nd])?;
@@ -743,11 +812,17 @@ fn col2im(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let blk_u = dims(&blk)?;
     let bl = numel(&blk_u);
     let (n, cb, l) = (t.shape()[0], t.shape()[1], t.shape()[2]);
-    ensure!(bl > 0 && cb % bl == 0, "Col2Im: channels not divisible by the block size");
+    ensure!(
+        bl > 0 && cb % bl == 0,
+        "Col2Im: channels not divisible by the block size"
+    );
     let c = cb / bl;
     let mut ncol = Vec::with_capacity(nd);
     for i in 0..nd {
-        ensure!(strides[i] > 0 && dil[i] > 0, "Col2Im: bad strides or dilations");
+        ensure!(
+            strides[i] > 0 && dil[i] > 0,
+            "Col2Im: bad strides or dilations"
+        );
         ensure!(
             pads[i].abs() <= 1 << 40 && pads[i + nd].abs() <= 1 << 40 && dil[i] <= 1 << 40,
             "Col2Im: pads or dilations are too large"
@@ -757,10 +832,13 @@ fn col2im(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         let v = (img[i] as i128 + pads[i] as i128 + pads[i + nd] as i128 - span)
             .div_euclid(strides[i] as i128)
             + 1;
-        ensure!(v >= 1 && v <= 1 << 40, "Col2Im: no sliding blocks");
+        ensure!((1..=1 << 40).contains(&v), "Col2Im: no sliding blocks");
         ncol.push(v as usize);
     }
-    ensure!(numel(&ncol) == l, "Col2Im: input length {l} does not match {ncol:?}");
+    ensure!(
+        numel(&ncol) == l,
+        "Col2Im: input length {l} does not match {ncol:?}"
+    );
     let x = f64s(t)?;
     let xs = x.as_standard_layout();
     let xv = xs
@@ -868,16 +946,30 @@ fn dropout(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         (ctx.attrs.float("ratio", 0.5)? as f64, false)
     };
     let want_mask = ctx.n_outputs >= 2;
-    let mask_dt = if ctx.opset >= 10 { DType::Bool } else { t.dtype() };
+    let mask_dt = if ctx.opset >= 10 {
+        DType::Bool
+    } else {
+        t.dtype()
+    };
     if !training || ratio == 0.0 {
         let mut res = vec![t.clone()];
         if want_mask {
-            res.push(Tensor::from_f64(mask_dt, ArrayD::from_elem(IxDyn(t.shape()), 1.0), false));
+            res.push(Tensor::from_f64(
+                mask_dt,
+                ArrayD::from_elem(IxDyn(t.shape()), 1.0),
+                false,
+            ));
         }
         return outs(res);
     }
-    ensure!(t.dtype().is_float(), "Dropout: training mode needs a float input");
-    ensure!((0.0..1.0).contains(&ratio), "Dropout: ratio must be in [0, 1)");
+    ensure!(
+        t.dtype().is_float(),
+        "Dropout: training mode needs a float input"
+    );
+    ensure!(
+        (0.0..1.0).contains(&ratio),
+        "Dropout: ratio must be in [0, 1)"
+    );
     let seed = ctx.attrs.int("seed", 0)?;
     let mut rng = Mt::new(seed as u32);
     let x = f64s(t)?;
@@ -895,7 +987,11 @@ fn dropout(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         false,
     )];
     if want_mask {
-        res.push(Tensor::from_vec(t.shape(), mask).cast(mask_dt, false).ok_or_else(|| OpError::new("Dropout: mask dtype"))?);
+        res.push(
+            Tensor::from_vec(t.shape(), mask)
+                .cast(mask_dt, false)
+                .ok_or_else(|| OpError::new("Dropout: mask dtype"))?,
+        );
     }
     outs(res)
 }
