@@ -1,5 +1,997 @@
-//! shape ops.
+//! Shape and data-movement ops: Reshape, Transpose, Squeeze/Unsqueeze, Flatten, Concat,
+//! Split, Slice, Shape, Size, Expand, Tile, Pad, ConstantOfShape, Range, EyeLike, Trilu,
+//! DepthToSpace/SpaceToDepth, CenterCropPad, ReverseSequence, Col2Im, Dropout.
+//!
+//! Data movement is generic over the element type, so these ops work for every dtype
+//! (strings, bools, sub-byte and 8-bit floats included).
 
-use super::Registry;
+#![allow(clippy::clone_on_copy)] // generic bodies clone elements that are `Copy` for most dtypes
 
-pub fn register(_r: &mut Registry) {}
+use super::util::{axes, axis, dims, f64s, i128s, input, ints, numel, opt_input, out, outs};
+use super::{OpCtx, Registry};
+use crate::ir::{broadcast_shapes, DType, OpError, OpResult, Tensor, Value};
+use crate::{bail, ensure, map_data, try_map_data};
+use ndarray::{ArrayD, Axis, IxDyn};
+
+pub fn register(r: &mut Registry) {
+    r.add_shaped("Reshape", reshape, &[1]);
+    r.add("Transpose", transpose);
+    r.add_shaped("Squeeze", squeeze, &[1]);
+    r.add_shaped("Unsqueeze", unsqueeze, &[1]);
+    r.add("Flatten", flatten);
+    r.add("Concat", concat);
+    r.add_shaped("Split", split, &[1]);
+    r.add_shaped("Slice", slice, &[1, 2, 3, 4]);
+    r.add("Shape", shape);
+    r.add("Size", size);
+    r.add_shaped("Expand", expand, &[1]);
+    r.add_shaped("Tile", tile, &[1]);
+    r.add_shaped("Pad", pad, &[1, 2, 3]);
+    r.add_shaped("ConstantOfShape", constant_of_shape, &[0]);
+    r.add_shaped("Range", range, &[0, 1, 2]);
+    r.add("EyeLike", eye_like);
+    r.add("Trilu", trilu);
+    r.add("DepthToSpace", depth_to_space);
+    r.add("SpaceToDepth", space_to_depth);
+    r.add_shaped("CenterCropPad", center_crop_pad, &[1]);
+    r.add("ReverseSequence", reverse_sequence);
+    r.add_shaped("Col2Im", col2im, &[1, 2]);
+    r.add("Dropout", dropout);
+}
+
+// ---------------------------------------------------------------------------------------
+// Generic helpers (private to this file).
+
+/// Runs `$body` with `$T` bound to the element type of tensor `$t`; the body returns an
+/// `ArrayD<$T>` which becomes a tensor of `$t`'s dtype.
+macro_rules! generic {
+    ($t:expr, $T:ident => $body:expr) => {{
+        let __dt: DType = $t.dtype();
+        let __st = __dt
+            .storage()
+            .ok_or_else(|| OpError::new(format!("dtype {} is not supported", __dt)))?;
+        $crate::with_storage_type!(__st, $T => {
+            let __r: ArrayD<$T> = $body;
+            Tensor::from_array_as(__dt, __r)
+        })
+    }};
+}
+pub(crate) use generic;
+
+/// Builds an array of `shape` by calling `f` with every multi-index in row-major order.
+pub(crate) fn build<T>(
+    shape: &[usize],
+    mut f: impl FnMut(&[usize]) -> OpResult<T>,
+) -> OpResult<ArrayD<T>> {
+    let n = numel(shape);
+    let mut v = Vec::with_capacity(n);
+    let mut idx = vec![0usize; shape.len()];
+    for _ in 0..n {
+        v.push(f(&idx)?);
+        for d in (0..shape.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| OpError::new(e.to_string()))
+}
+
+/// The element at `idx`, or an error when out of bounds.
+pub(crate) fn at<'a, T>(a: &'a ArrayD<T>, idx: &[usize]) -> OpResult<&'a T> {
+    a.get(IxDyn(idx)).ok_or_else(|| {
+        OpError::new(format!(
+            "index {idx:?} is out of bounds for {:?}",
+            a.shape()
+        ))
+    })
+}
+
+/// Gathers from `a` through one index map per axis (`None` picks `fill`).
+fn remap<T: Clone>(a: &ArrayD<T>, maps: &[Vec<Option<usize>>], fill: &T) -> OpResult<ArrayD<T>> {
+    let shape: Vec<usize> = maps.iter().map(|m| m.len()).collect();
+    let mut src = vec![0usize; maps.len()];
+    build(&shape, |idx| {
+        for (d, &i) in idx.iter().enumerate() {
+            match maps[d][i] {
+                Some(j) => src[d] = j,
+                None => return Ok(fill.clone()),
+            }
+        }
+        at(a, &src).cloned()
+    })
+}
+
+/// Permutes the axes of any tensor.
+fn permute(t: &Tensor, perm: &[usize]) -> Tensor {
+    map_data!(t, a => a.view().permuted_axes(IxDyn(perm)).as_standard_layout().into_owned())
+}
+
+fn reshape_to(t: &Tensor, shape: &[usize]) -> OpResult<Tensor> {
+    t.reshape(shape).ok_or_else(|| {
+        OpError::new(format!(
+            "cannot reshape {:?} ({} elements) to {:?}",
+            t.shape(),
+            t.len(),
+            shape
+        ))
+    })
+}
+
+fn i64_tensor(v: Vec<i64>) -> Tensor {
+    let n = v.len();
+    Tensor::from_vec(&[n], v)
+}
+
+/// Axes from an input (newer opsets) or an attribute (older ones).
+fn axes_arg(
+    ctx: &OpCtx,
+    ins: &[Option<&Value>],
+    i: usize,
+    attr: &str,
+) -> OpResult<Option<Vec<i64>>> {
+    if let Some(t) = opt_input(ins, i)? {
+        return Ok(Some(ints(t)?));
+    }
+    ctx.attrs.get_ints(attr)
+}
+
+// ---------------------------------------------------------------------------------------
+
+fn reshape(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let t = input(ins, 0)?;
+    let spec = match opt_input(ins, 1)? {
+        Some(s) => ints(s)?,
+        None => ctx.attrs.req_ints("shape")?,
+    };
+    let allowzero = ctx.attrs.int("allowzero", 0)? != 0;
+    let mut shape = Vec::with_capacity(spec.len());
+    let mut infer = None;
+    for (i, &d) in spec.iter().enumerate() {
+        match d {
+            -1 => {
+                ensure!(
+                    infer.is_none(),
+                    "Reshape: more than one -1 in shape {spec:?}"
+                );
+                infer = Some(i);
+                shape.push(1);
+            }
+            0 if !allowzero => {
+                let v = t.shape().get(i).copied().ok_or_else(|| {
+                    OpError::new(format!(
+                        "Reshape: 0 at position {i} but input has rank {}",
+                        t.rank()
+                    ))
+                })?;
+                shape.push(v as i64);
+            }
+            d if d < 0 => bail!("Reshape: invalid dimension {d}"),
+            d => shape.push(d),
+        }
+    }
+    if let Some(i) = infer {
+        let known = shape
+            .iter()
+            .try_fold(1i64, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| OpError::new(format!("Reshape: shape {spec:?} is too large")))?;
+        ensure!(
+            known != 0 && t.len() as i64 % known == 0,
+            "Reshape: cannot infer -1 for {:?} from {} elements",
+            spec,
+            t.len()
+        );
+        shape[i] = t.len() as i64 / known;
+    }
+    out(reshape_to(t, &dims(&shape)?)?)
+}
+
+fn transpose(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let t = input(ins, 0)?;
+    let r = t.rank();
+    let perm = match ctx.attrs.get_ints("perm")? {
+        Some(p) => {
+            ensure!(
+                p.len() == r,
+                "Transpose: perm {p:?} has the wrong length for rank {r}"
+            );
+            axes(&p, r)?
+        }
+        None => (0..r).rev().collect(),
+    };
+    out(permute(t, &perm))
+}
+
+fn squeeze(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let t = input(ins, 0)?;
+    let shape = t.shape();
+    let ax = match axes_arg(ctx, ins, 1, "axes")? {
+        Some(v) => axes(&v, t.rank())?,
+        None => (0..t.rank()).filter(|&i| shape[i] == 1).collect(),
+    };
+    for &a in &ax {
+        ensure!(
+            shape[a] == 1,
+            "Squeeze: axis {a} has size {} not 1",
+            shape[a]
+        );
+    }
+    let new: Vec<usize> = (0..t.rank())
+        .filter(|i| !ax.contains(i))
+        .map(|i| shape[i])
+        .collect();
+    out(reshape_to(t, &new)?)
+}
+
+fn unsqueeze(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let t = input(ins, 0)?;
+    let v = axes_arg(ctx, ins, 1, "axes")?
+        .ok_or_else(|| OpError::new("Unsqueeze: axes are required"))?;
+    let r = t.rank() + v.len();
+    let ax = axes(&v, r)?;
+    let mut it = t.shape().iter();
+    let mut new = Vec::with_capacity(r);
+    for i in 0..r {
+        if ax.contains(&i) {
+            new.push(1);
+        } else {
+            new.push(
+                *it.next()
+                    .ok_or_else(|| OpError::new("Unsqueeze: bad axes"))?,
+            );
+        }
+    }
+    out(reshape_to(t, &new)?)
+}
+
+fn flatten(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let t = input(ins, 0)?;
+    let r = t.rank() as i64;
+    let a = ctx.attrs.int("axis", 1)?;
+    ensure!(
+        a >= -r && a <= r,
+        "Flatten: axis {a} out of range for rank {r}"
+    );
+    let a = if a < 0 { a + r } else { a } as usize;
+    let s = t.shape();
+    out(reshape_to(t, &[numel(&s[..a]), numel(&s[a..])])?)
+}
+
+fn concat(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let mut ts = Vec::new();
+    for i in 0..ins.len() {
+        ts.push(input(ins, i)?);
+    }
+    ensure!(!ts.is_empty(), "Concat: no inputs");
+    let first = ts[0];
+    let r = first.rank();
+    let a = if ctx.opset < 4 {
+        ctx.attrs.int("axis", 1)?
+    } else {
+        ctx.attrs.req_int("axis")?
+    };
+    let ax = axis(a, r)?;
+    for t in &ts {
+        ensure!(
+            t.dtype() == first.dtype(),
+            "Concat: inputs have different dtypes"
+        );
+        ensure!(t.rank() == r, "Concat: inputs have different ranks");
+        for d in 0..r {
+            ensure!(
+                d == ax || t.shape()[d] == first.shape()[d],
+                "Concat: shapes {:?} and {:?} differ off the axis",
+                first.shape(),
+                t.shape()
+            );
+        }
+    }
+    out(generic!(first, T => {
+        let mut views = Vec::new();
+        for t in &ts {
+            views.push(super::util::arr::<T>(t)?.view());
+        }
+        ndarray::concatenate(Axis(ax), &views).map_err(|e| OpError::new(e.to_string()))?
+    }))
+}
+
+/// Takes `len` elements from `start` along `ax`.
+fn take_range(t: &Tensor, ax: usize, start: usize, len: usize) -> Tensor {
+    map_data!(t, a => a
+        .slice_axis(Axis(ax), ndarray::Slice::from(start..start + len))
+        .to_owned())
+}
+
+fn split(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let t = input(ins, 0)?;
+    let ax = axis(ctx.attrs.int("axis", 0)?, t.rank())?;
+    let dim = t.shape()[ax];
+    let given = match opt_input(ins, 1)? {
+        Some(s) if ctx.opset >= 13 => Some(ints(s)?),
+        _ => ctx.attrs.get_ints("split")?,
+    };
+    let parts: Vec<usize> = match given {
+        Some(v) => {
+            let p = dims(&v)?;
+            ensure!(
+                p.iter().sum::<usize>() == dim,
+                "Split: sizes {v:?} do not add up to {dim}"
+            );
+            p
+        }
+        None => {
+            let n = match ctx.attrs.get_int("num_outputs")? {
+                Some(n) => {
+                    ensure!(
+                        n >= 1 && n <= (dim.max(ctx.n_outputs).max(1)) as i64,
+                        "Split: bad num_outputs {n}"
+                    );
+                    n as usize
+                }
+                None => ctx.n_outputs,
+            };
+            ensure!(n > 0, "Split: zero outputs");
+            let chunk = dim.div_ceil(n);
+            let mut p = Vec::with_capacity(n);
+            let mut left = dim;
+            for _ in 0..n {
+                let c = chunk.min(left);
+                p.push(c);
+                left -= c;
+            }
+            p
+        }
+    };
+    let mut res = Vec::with_capacity(parts.len());
+    let mut pos = 0;
+    for p in parts {
+        res.push(take_range(t, ax, pos, p));
+        pos += p;
+    }
+    outs(res)
+}
+
+/// Normalised (start, end, step) clamping for Slice, as index list.
+fn slice_indices(dim: usize, start: i64, end: i64, step: i64) -> OpResult<Vec<Option<usize>>> {
+    ensure!(step != 0, "Slice: step cannot be 0");
+    let d = dim as i64;
+    let norm = |v: i64| if v < 0 { v.saturating_add(d) } else { v };
+    let (mut s, mut e) = (norm(start), norm(end));
+    let mut v = Vec::new();
+    if step > 0 {
+        s = s.clamp(0, d);
+        e = e.clamp(0, d);
+        let mut i = s;
+        while i < e {
+            v.push(Some(i as usize));
+            i = i.saturating_add(step);
+        }
+    } else {
+        s = s.clamp(-1, d - 1);
+        e = e.clamp(-1, d - 1);
+        let mut i = s;
+        while i > e {
+            v.push(Some(i as usize));
+            i = i.saturating_add(step);
+        }
+    }
+    Ok(v)
+}
+
+fn slice(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let t = input(ins, 0)?;
+    let r = t.rank();
+    let (starts, ends, ax, steps) = if ctx.opset < 10 {
+        (
+            ctx.attrs.req_ints("starts")?,
+            ctx.attrs.req_ints("ends")?,
+            ctx.attrs.get_ints("axes")?,
+            None,
+        )
+    } else {
+        (
+            ints(input(ins, 1)?)?,
+            ints(input(ins, 2)?)?,
+            opt_input(ins, 3)?.map(ints).transpose()?,
+            opt_input(ins, 4)?.map(ints).transpose()?,
+        )
+    };
+    let n = starts.len();
+    ensure!(ends.len() == n, "Slice: starts and ends differ in length");
+    let ax = match ax {
+        Some(a) => {
+            ensure!(a.len() == n, "Slice: axes has the wrong length");
+            axes(&a, r)?
+        }
+        None => {
+            ensure!(n <= r, "Slice: too many starts for rank {r}");
+            (0..n).collect()
+        }
+    };
+    let steps = steps.unwrap_or_else(|| vec![1; n]);
+    ensure!(steps.len() == n, "Slice: steps has the wrong length");
+    let mut maps: Vec<Vec<Option<usize>>> = t
+        .shape()
+        .iter()
+        .map(|&d| (0..d).map(Some).collect())
+        .collect();
+    for i in 0..n {
+        maps[ax[i]] = slice_indices(t.shape()[ax[i]], starts[i], ends[i], steps[i])?;
+    }
+    out(generic!(t, T => remap(super::util::arr::<T>(t)?, &maps, &T::default())?))
+}
+
+fn shape(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let t = input(ins, 0)?;
+    let r = t.rank() as i64;
+    let clampi = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+    let s = clampi(ctx.attrs.int("start", 0)?);
+    let e = match ctx.attrs.get_int("end")? {
+        Some(e) => clampi(e),
+        None => r as usize,
+    };
+    let v: Vec<i64> = if s < e {
+        t.shape()[s..e].iter().map(|&d| d as i64).collect()
+    } else {
+        vec![]
+    };
+    out(i64_tensor(v))
+}
+
+fn size(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let t = input(ins, 0)?;
+    out(Tensor::scalar(t.len() as i64))
+}
+
+fn expand(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let t = input(ins, 0)?;
+    let s = dims(&ints(input(ins, 1)?)?)?;
+    let target = broadcast_shapes(t.shape(), &s).ok_or_else(|| {
+        OpError::new(format!(
+            "Expand: {:?} does not broadcast to {:?}",
+            t.shape(),
+            s
+        ))
+    })?;
+    dims(&target.iter().map(|&d| d as i64).collect::<Vec<_>>())?;
+    out(try_map_data!(t, a => a
+        .broadcast(IxDyn(&target))
+        .map(|v| v.to_owned())
+        .ok_or_else(|| OpError::new("Expand: shapes do not broadcast"))))
+}
+
+fn tile(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let t = input(ins, 0)?;
+    let reps = ints(input(ins, 1)?)?;
+    ensure!(
+        reps.len() == t.rank(),
+        "Tile: repeats has length {} but input rank is {}",
+        reps.len(),
+        t.rank()
+    );
+    let mut out_shape = Vec::new();
+    for (i, &r) in reps.iter().enumerate() {
+        ensure!(r >= 0, "Tile: negative repeat {r}");
+        out_shape.push((t.shape()[i] as i64).saturating_mul(r));
+    }
+    let out_shape = dims(&out_shape)?;
+    let maps: Vec<Vec<Option<usize>>> = out_shape
+        .iter()
+        .zip(t.shape())
+        .map(|(&o, &d)| (0..o).map(|i| Some(i % d.max(1))).collect())
+        .collect();
+    out(generic!(t, T => remap(super::util::arr::<T>(t)?, &maps, &T::default())?))
+}
+
+/// Maps an output position (already offset by the leading pad) to an input position.
+fn pad_index(j: i64, d: i64, mode: &str) -> OpResult<Option<usize>> {
+    if j >= 0 && j < d {
+        return Ok(Some(j as usize));
+    }
+    Ok(match mode {
+        "constant" => None,
+        _ if d == 0 => bail!("Pad: cannot pad an empty axis in {mode} mode"),
+        "edge" => Some(j.clamp(0, d - 1) as usize),
+        "wrap" => Some(j.rem_euclid(d) as usize),
+        "reflect" => {
+            if d == 1 {
+                Some(0)
+            } else {
+                let p = 2 * (d - 1);
+                let m = j.rem_euclid(p);
+                Some(if m >= d { p - m } else { m } as usize)
+            }
+        }
+        m => bail!("Pad: unknown mode {m:?}"),
+    })
+}
+
+fn pad(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let t = input(ins, 0)?;
+    let r = t.rank();
+    let mode = ctx.attrs.string("mode", "constant".into())?;
+    let (pads, value, ax) = if ctx.opset < 11 {
+        let p = match ctx.attrs.get_ints("pads")? {
+            Some(p) => p,
+            None => ctx.attrs.req_ints("paddings")?,
+        };
+        let v = ctx.attrs.float("value", 0.0)? as f64;
+        (p, Some(Tensor::scalar(v)), None)
+    } else {
+        let p = ints(input(ins, 1)?)?;
+        let v = opt_input(ins, 2)?.cloned();
+        let a = opt_input(ins, 3)?.map(ints).transpose()?;
+        (p, v, a)
+    };
+    let ax = match ax {
+        Some(a) => axes(&a, r)?,
+        None => (0..r).collect(),
+    };
+    let n = ax.len();
+    ensure!(
+        pads.len() == 2 * n,
+        "Pad: pads {pads:?} should have {} values",
+        2 * n
+    );
+    let mut before = vec![0i64; r];
+    let mut after = vec![0i64; r];
+    for (i, &a) in ax.iter().enumerate() {
+        before[a] = pads[i];
+        after[a] = pads[i + n];
+    }
+    let mut maps = Vec::with_capacity(r);
+    let mut shp = Vec::with_capacity(r);
+    for a in 0..r {
+        let d = t.shape()[a] as i64;
+        let o = d.saturating_add(before[a]).saturating_add(after[a]);
+        ensure!(o >= 0, "Pad: negative output dimension");
+        shp.push(o);
+    }
+    dims(&shp)?;
+    for a in 0..r {
+        let d = t.shape()[a] as i64;
+        let mut m = Vec::with_capacity(shp[a] as usize);
+        for o in 0..shp[a] {
+            m.push(pad_index(o.saturating_sub(before[a]), d, &mode)?);
+        }
+        maps.push(m);
+    }
+    // The constant, in the data's dtype.
+    let fill = match value {
+        Some(v) if !v.is_empty() => {
+            if v.dtype() == t.dtype() {
+                v
+            } else {
+                v.cast(t.dtype(), false)
+                    .ok_or_else(|| OpError::new("Pad: constant_value has an unusable dtype"))?
+            }
+        }
+        _ => Tensor::zeros(t.dtype(), &[]),
+    };
+    out(generic!(t, T => {
+        let f = super::util::arr::<T>(&fill)?
+            .iter()
+            .next()
+            .cloned()
+            .unwrap_or_default();
+        remap(super::util::arr::<T>(t)?, &maps, &f)?
+    }))
+}
+
+fn constant_of_shape(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let s = dims(&ints(input(ins, 0)?)?)?;
+    let v = match ctx.attrs.get_tensor("value")? {
+        Some(v) => v,
+        None => Tensor::scalar(0f32),
+    };
+    ensure!(v.len() == 1, "ConstantOfShape: value must have one element");
+    out(map_data!(v, a => ArrayD::from_elem(
+        IxDyn(&s),
+        a.iter().next().cloned().unwrap_or_default()
+    )))
+}
+
+fn range(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let (s, l, d) = (input(ins, 0)?, input(ins, 1)?, input(ins, 2)?);
+    let dt = s.dtype();
+    ensure!(
+        s.len() == 1 && l.len() == 1 && d.len() == 1,
+        "Range: inputs must be scalars"
+    );
+    if dt.is_int() {
+        let g = |t: &Tensor| -> OpResult<i128> {
+            Ok(i128s(t)?.iter().next().copied().unwrap_or_default())
+        };
+        let (s, l, d) = (g(s)?, g(l)?, g(d)?);
+        ensure!(d != 0, "Range: delta is 0");
+        let n = ((l - s) as f64 / d as f64).ceil().max(0.0) as i64;
+        dims(&[n])?;
+        let v: Vec<i128> = (0..n as i128).map(|i| s + i * d).collect();
+        out(Tensor::from_i128(
+            dt,
+            ArrayD::from_shape_vec(IxDyn(&[n as usize]), v)
+                .map_err(|e| OpError::new(e.to_string()))?,
+        ))
+    } else {
+        let g = |t: &Tensor| -> OpResult<f64> {
+            Ok(f64s(t)?.iter().next().copied().unwrap_or_default())
+        };
+        let (s, l, d) = (g(s)?, g(l)?, g(d)?);
+        ensure!(d != 0.0, "Range: delta is 0");
+        let n = ((l - s) / d).ceil();
+        ensure!(n.is_finite() || n < 0.0, "Range: infinite length");
+        let n = n.max(0.0) as i64;
+        dims(&[n])?;
+        let v: Vec<f64> = (0..n).map(|i| s + i as f64 * d).collect();
+        out(Tensor::from_f64(
+            dt,
+            ArrayD::from_shape_vec(IxDyn(&[n as usize]), v)
+                .map_err(|e| OpError::new(e.to_string()))?,
+            false,
+        ))
+    }
+}
+
+fn eye_like(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let t = input(ins, 0)?;
+    ensure!(t.rank() == 2, "EyeLike: input must be 2-D");
+    let dt = match ctx.attrs.get_int("dtype")? {
+        Some(c) => DType::from_onnx(c as i32)
+            .ok_or_else(|| OpError::new(format!("EyeLike: unknown dtype {c}")))?,
+        None => t.dtype(),
+    };
+    ensure!(
+        dt != DType::Str && dt.storage().is_some(),
+        "EyeLike: unsupported dtype {dt}"
+    );
+    let k = ctx.attrs.int("k", 0)?;
+    let a = ArrayD::from_shape_fn(IxDyn(t.shape()), |i| {
+        if i[1] as i64 - i[0] as i64 == k {
+            1.0
+        } else {
+            0.0
+        }
+    });
+    out(Tensor::from_f64(dt, a, false))
+}
+
+fn trilu(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let t = input(ins, 0)?;
+    let r = t.rank();
+    ensure!(r >= 2, "Trilu: input must have rank >= 2");
+    let k = match opt_input(ins, 1)? {
+        Some(k) => super::util::scalar_i64(k)?,
+        None => 0,
+    };
+    let upper = ctx.attrs.int("upper", 1)? != 0;
+    let zero = Tensor::zeros(t.dtype(), &[]);
+    out(generic!(t, T => {
+        let a = super::util::arr::<T>(t)?;
+        let z = super::util::arr::<T>(&zero)?.iter().next().cloned().unwrap_or_default();
+        build(t.shape(), |i| {
+            let d = i[r - 1] as i64 - i[r - 2] as i64;
+            let keep = if upper { d >= k } else { d <= k };
+            Ok(if keep { at(a, i)?.clone() } else { z.clone() })
+        })?
+    }))
+}
+
+fn depth_to_space(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let t = input(ins, 0)?;
+    ensure!(t.rank() == 4, "DepthToSpace: input must be 4-D");
+    let b = ctx.attrs.req_int("blocksize")?;
+    ensure!(b > 0, "DepthToSpace: bad blocksize");
+    let b = b as usize;
+    let s = t.shape();
+    let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
+    ensure!(
+        c % (b * b) == 0,
+        "DepthToSpace: channels not divisible by blocksize^2"
+    );
+    let c2 = c / (b * b);
+    let mode = ctx.attrs.string("mode", "DCR".into())?;
+    let y = match mode.as_str() {
+        "DCR" => permute(&reshape_to(t, &[n, b, b, c2, h, w])?, &[0, 3, 4, 1, 5, 2]),
+        "CRD" => permute(&reshape_to(t, &[n, c2, b, b, h, w])?, &[0, 1, 4, 2, 5, 3]),
+        m => bail!("DepthToSpace: unknown mode {m:?}"),
+    };
+    out(reshape_to(&y, &[n, c2, h * b, w * b])?)
+}
+
+fn space_to_depth(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let t = input(ins, 0)?;
+    ensure!(t.rank() == 4, "SpaceToDepth: input must be 4-D");
+    let b = ctx.attrs.req_int("blocksize")?;
+    ensure!(b > 0, "SpaceToDepth: bad blocksize");
+    let b = b as usize;
+    let s = t.shape();
+    let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
+    ensure!(
+        h % b == 0 && w % b == 0,
+        "SpaceToDepth: spatial dims not divisible by blocksize"
+    );
+    let x = reshape_to(t, &[n, c, h / b, b, w / b, b])?;
+    let mode = ctx.attrs.string("mode", "DCR".into())?;
+    let y = match mode.as_str() {
+        "DCR" => permute(&x, &[0, 3, 5, 1, 2, 4]),
+        "CRD" => permute(&x, &[0, 1, 3, 5, 2, 4]),
+        m => bail!("SpaceToDepth: unknown mode {m:?}"),
+    };
+    out(reshape_to(&y, &[n, c * b * b, h / b, w / b])?)
+}
+
+fn center_crop_pad(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let t = input(ins, 0)?;
+    let r = t.rank();
+    let shp = ints(input(ins, 1)?)?;
+    let ax = match ctx.attrs.get_ints("axes")? {
+        Some(a) => axes(&a, r)?,
+        None => (0..r).collect(),
+    };
+    ensure!(
+        shp.len() == ax.len(),
+        "CenterCropPad: shape and axes differ in length"
+    );
+    let mut maps: Vec<Vec<Option<usize>>> = t
+        .shape()
+        .iter()
+        .map(|&d| (0..d).map(Some).collect())
+        .collect();
+    for (&a, &sh) in ax.iter().zip(&shp) {
+        ensure!(sh >= 0, "CenterCropPad: negative size");
+        dims(&[sh])?;
+        let dim = t.shape()[a] as i64;
+        maps[a] = if sh <= dim {
+            let off = (dim - sh) / 2;
+            (0..sh).map(|i| Some((i + off) as usize)).collect()
+        } else {
+            let off = (sh - dim) / 2;
+            (0..sh)
+                .map(|i| {
+                    let j = i - off;
+                    (j >= 0 && j < dim).then_some(j as usize)
+                })
+                .collect()
+        };
+    }
+    out(generic!(t, T => remap(super::util::arr::<T>(t)?, &maps, &T::default())?))
+}
+
+fn reverse_sequence(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let t = input(ins, 0)?;
+    let lens = ints(input(ins, 1)?)?;
+    ensure!(t.rank() >= 2, "ReverseSequence: input must have rank >= 2");
+    let ba = axis(ctx.attrs.int("batch_axis", 1)?, t.rank())?;
+    let ta = axis(ctx.attrs.int("time_axis", 0)?, t.rank())?;
+    ensure!(ba != ta, "ReverseSequence: batch_axis equals time_axis");
+    ensure!(
+        lens.len() == t.shape()[ba],
+        "ReverseSequence: sequence_lens has the wrong length"
+    );
+    let tlen = t.shape()[ta] as i64;
+    for &l in &lens {
+        ensure!(
+            l >= 0 && l <= tlen,
+            "ReverseSequence: bad sequence length {l}"
+        );
+    }
+    out(generic!(t, T => {
+        let a = super::util::arr::<T>(t)?;
+        let mut src = vec![0usize; t.rank()];
+        build(t.shape(), |i| {
+            src.copy_from_slice(i);
+            let l = lens[i[ba]] as usize;
+            if i[ta] < l {
+                src[ta] = l - 1 - i[ta];
+            }
+            Ok(at(a, &src)?.clone())
+        })?
+    }))
+}
+
+fn col2im(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let t = input(ins, 0)?;
+    let img = ints(input(ins, 1)?)?;
+    let blk = ints(input(ins, 2)?)?;
+    let nd = img.len();
+    ensure!(
+        blk.len() == nd && nd > 0,
+        "Col2Im: image_shape and block_shape differ"
+    );
+    ensure!(t.rank() == 3, "Col2Im: input must be 3-D");
+    let dil = ctx.attrs.ints("dilations", &vec![1; nd])?;
+    let pads = ctx.attrs.ints("pads", &vec![0; 2 * nd])?;
+    let strides = ctx.attrs.ints("strides", &vec![1; nd])?;
+    ensure!(
+        dil.len() == nd && pads.len() == 2 * nd && strides.len() == nd,
+        "Col2Im: attribute lengths do not match"
+    );
+    let img_u = dims(&img)?;
+    let blk_u = dims(&blk)?;
+    let bl = numel(&blk_u);
+    let (n, cb, l) = (t.shape()[0], t.shape()[1], t.shape()[2]);
+    ensure!(
+        bl > 0 && cb % bl == 0,
+        "Col2Im: channels not divisible by the block size"
+    );
+    let c = cb / bl;
+    let mut ncol = Vec::with_capacity(nd);
+    for i in 0..nd {
+        ensure!(
+            strides[i] > 0 && dil[i] > 0,
+            "Col2Im: bad strides or dilations"
+        );
+        ensure!(
+            pads[i].abs() <= 1 << 40 && pads[i + nd].abs() <= 1 << 40 && dil[i] <= 1 << 40,
+            "Col2Im: pads or dilations are too large"
+        );
+        ensure!(blk[i] >= 1, "Col2Im: block_shape must be positive");
+        let span = dil[i] as i128 * (blk[i] as i128 - 1) + 1;
+        let v = (img[i] as i128 + pads[i] as i128 + pads[i + nd] as i128 - span)
+            .div_euclid(strides[i] as i128)
+            + 1;
+        ensure!((1..=1 << 40).contains(&v), "Col2Im: no sliding blocks");
+        ncol.push(v as usize);
+    }
+    ensure!(
+        numel(&ncol) == l,
+        "Col2Im: input length {l} does not match {ncol:?}"
+    );
+    let x = f64s(t)?;
+    let xs = x.as_standard_layout();
+    let xv = xs
+        .as_slice()
+        .ok_or_else(|| OpError::new("Col2Im: layout"))?;
+    let mut oshape = vec![n, c];
+    oshape.extend(&img_u);
+    dims(&oshape.iter().map(|&d| d as i64).collect::<Vec<_>>())?;
+    let isz = numel(&img_u);
+    let mut res = vec![0f64; n * c * isz];
+    let unravel = |mut k: usize, shape: &[usize]| -> Vec<usize> {
+        let mut v = vec![0; shape.len()];
+        for d in (0..shape.len()).rev() {
+            v[d] = k % shape[d];
+            k /= shape[d];
+        }
+        v
+    };
+    for b in 0..n {
+        for ch in 0..c {
+            for kk in 0..bl {
+                let off = unravel(kk, &blk_u);
+                for col in 0..l {
+                    let ic = unravel(col, &ncol);
+                    let mut flat = 0usize;
+                    let mut inside = true;
+                    for i in 0..nd {
+                        let p = ic[i] as i128 * strides[i] as i128 - pads[i] as i128
+                            + off[i] as i128 * dil[i] as i128;
+                        if p < 0 || p >= img[i] as i128 {
+                            inside = false;
+                            break;
+                        }
+                        flat = flat * img_u[i] + p as usize;
+                    }
+                    if inside {
+                        let src = (b * cb + ch * bl + kk) * l + col;
+                        res[(b * c + ch) * isz + flat] += xv[src];
+                    }
+                }
+            }
+        }
+    }
+    let a = ArrayD::from_shape_vec(IxDyn(&oshape), res).map_err(|e| OpError::new(e.to_string()))?;
+    out(Tensor::from_f64(t.dtype(), a, false))
+}
+
+/// NumPy's legacy MT19937 generator (`np.random.seed(s)`), for Dropout's training mode.
+struct Mt {
+    s: [u32; 624],
+    i: usize,
+}
+
+impl Mt {
+    fn new(seed: u32) -> Mt {
+        let mut s = [0u32; 624];
+        s[0] = seed;
+        for i in 1..624 {
+            s[i] = 1812433253u32
+                .wrapping_mul(s[i - 1] ^ (s[i - 1] >> 30))
+                .wrapping_add(i as u32);
+        }
+        Mt { s, i: 624 }
+    }
+    fn next_u32(&mut self) -> u32 {
+        if self.i >= 624 {
+            for k in 0..624 {
+                let y = (self.s[k] & 0x8000_0000) | (self.s[(k + 1) % 624] & 0x7fff_ffff);
+                let mut v = self.s[(k + 397) % 624] ^ (y >> 1);
+                if y & 1 != 0 {
+                    v ^= 0x9908_b0df;
+                }
+                self.s[k] = v;
+            }
+            self.i = 0;
+        }
+        let mut y = self.s[self.i];
+        self.i += 1;
+        y ^= y >> 11;
+        y ^= (y << 7) & 0x9d2c_5680;
+        y ^= (y << 15) & 0xefc6_0000;
+        y ^= y >> 18;
+        y
+    }
+    fn uniform(&mut self) -> f64 {
+        let a = (self.next_u32() >> 5) as f64;
+        let b = (self.next_u32() >> 6) as f64;
+        (a * 67108864.0 + b) / 9007199254740992.0
+    }
+}
+
+fn dropout(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let t = input(ins, 0)?;
+    let (ratio, training) = if ctx.opset >= 12 {
+        let r = match opt_input(ins, 1)? {
+            Some(r) => super::util::scalar_f64(r)?,
+            None => 0.5,
+        };
+        let tm = match opt_input(ins, 2)? {
+            Some(m) => super::util::scalar_f64(m)? != 0.0,
+            None => false,
+        };
+        (r, tm)
+    } else {
+        (ctx.attrs.float("ratio", 0.5)? as f64, false)
+    };
+    let want_mask = ctx.n_outputs >= 2;
+    let mask_dt = if ctx.opset >= 10 {
+        DType::Bool
+    } else {
+        t.dtype()
+    };
+    if !training || ratio == 0.0 {
+        let mut res = vec![t.clone()];
+        if want_mask {
+            res.push(Tensor::from_f64(
+                mask_dt,
+                ArrayD::from_elem(IxDyn(t.shape()), 1.0),
+                false,
+            ));
+        }
+        return outs(res);
+    }
+    ensure!(
+        t.dtype().is_float(),
+        "Dropout: training mode needs a float input"
+    );
+    ensure!(
+        (0.0..1.0).contains(&ratio),
+        "Dropout: ratio must be in [0, 1)"
+    );
+    let seed = ctx.attrs.int("seed", 0)?;
+    let mut rng = Mt::new(seed as u32);
+    let x = f64s(t)?;
+    let x = x.as_standard_layout();
+    let mask: Vec<bool> = (0..x.len()).map(|_| rng.uniform() >= ratio).collect();
+    let scale = 1.0 / (1.0 - ratio);
+    let y: Vec<f64> = x
+        .iter()
+        .zip(&mask)
+        .map(|(&v, &m)| if m { v * scale } else { 0.0 })
+        .collect();
+    let mut res = vec![Tensor::from_f64(
+        t.dtype(),
+        ArrayD::from_shape_vec(IxDyn(t.shape()), y).map_err(|e| OpError::new(e.to_string()))?,
+        false,
+    )];
+    if want_mask {
+        res.push(
+            Tensor::from_vec(t.shape(), mask)
+                .cast(mask_dt, false)
+                .ok_or_else(|| OpError::new("Dropout: mask dtype"))?,
+        );
+    }
+    outs(res)
+}
