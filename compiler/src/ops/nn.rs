@@ -68,7 +68,7 @@ fn positive(v: &[i64], what: &str, n: usize) -> OpResult<Vec<usize>> {
     );
     let mut out = Vec::with_capacity(n);
     for &x in v {
-        ensure!(x >= 1 && x <= 1 << 20, "`{what}` value {x} must be positive");
+        ensure!((1..=1 << 20).contains(&x), "`{what}` value {x} must be positive");
         out.push(x as usize);
     }
     Ok(out)
@@ -294,6 +294,7 @@ fn conv_shapes(
 }
 
 /// The core of a grouped N-d convolution on f64 data. Returns [N, M, out...] flat.
+#[allow(clippy::too_many_arguments)]
 fn conv_core(
     x: &[f64],
     xs: &[usize],

@@ -157,11 +157,9 @@ fn instance_norm(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let bias = per_channel(input(ins, 2)?, c, "B")?;
     let mut y = flat(x)?;
     normalize_blocks(&mut y, sp, eps(ctx)?);
-    if sp > 0 {
-        for (i, v) in y.iter_mut().enumerate() {
-            let ci = (i / sp) % c;
-            *v = *v * scale[ci] + bias[ci];
-        }
+    for (i, v) in y.iter_mut().enumerate() {
+        let ci = (i / sp.max(1)) % c;
+        *v = *v * scale[ci] + bias[ci];
     }
     out(tensor(x.dtype(), x.shape(), y))
 }
@@ -195,11 +193,9 @@ fn group_norm(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     };
     let mut y = flat(x)?;
     normalize_blocks(&mut y, cpg * sp, eps(ctx)?);
-    if sp > 0 {
-        for (i, v) in y.iter_mut().enumerate() {
-            let ci = (i / sp) % c;
-            *v = *v * scale[ci] + bias[ci];
-        }
+    for (i, v) in y.iter_mut().enumerate() {
+        let ci = (i / sp.max(1)) % c;
+        *v = *v * scale[ci] + bias[ci];
     }
     out(tensor(x.dtype(), x.shape(), y))
 }
@@ -260,7 +256,7 @@ fn layer_norm(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     if ctx.n_outputs > 1 {
         let sdt = stash_dtype(ctx)?;
         let mut rshape = shape[..ax].to_vec();
-        rshape.extend(std::iter::repeat(1).take(shape.len() - ax));
+        rshape.extend(std::iter::repeat_n(1, shape.len() - ax));
         res.push(tensor(sdt, &rshape, means));
         res.push(tensor(sdt, &rshape, invs));
         res.truncate(ctx.n_outputs);

@@ -8,7 +8,7 @@ use super::nn::{window, Window, PAD};
 use super::util::{dims, f64s, input, ints, opt_input, out, outs};
 use super::{OpCtx, Registry};
 use crate::ensure;
-use crate::ir::{OpResult, Tensor, Value};
+use crate::ir::{DType, OpResult, Tensor, Value};
 use ndarray::{ArrayD, Dimension, IxDyn};
 
 pub fn register(r: &mut Registry) {
@@ -206,7 +206,7 @@ fn p_attr(ctx: &OpCtx) -> OpResult<f64> {
         Ok(None) => 2.0,
         Err(_) => ctx.attrs.float("p", 2.0)? as f64,
     };
-    ensure!(p > 0.0, "p must be positive, got {p}");
+    ensure!(p.is_finite() && p >= 1e-9, "p must be positive, got {p}");
     Ok(p)
 }
 
@@ -242,7 +242,7 @@ fn global(
     let xv = flat(x)?;
     let y: Vec<f64> = (0..planes).map(|i| f(&xv[i * il..][..il])).collect();
     let mut shape = xs[..2].to_vec();
-    shape.extend(std::iter::repeat(1).take(xs.len() - 2));
+    shape.extend(std::iter::repeat_n(1, xs.len() - 2));
     out(Tensor::from_f64(
         x.dtype(),
         ArrayD::from_shape_vec(IxDyn(&shape), y).expect("sized"),
@@ -361,7 +361,11 @@ fn max_roi_pool(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let nr = rs[0];
     let total = dims(&[nr as i64, c as i64, ph as i64, pw as i64])?;
     let mut y = vec![0f64; total.iter().product()];
-    // C's round(): half away from zero.
+    // Coordinates are computed in the element type, as onnxruntime does (f32 for all
+    // but double inputs); C's round() is half away from zero like f64::round.
+    let single = x.dtype() != DType::F64;
+    let fl = |v: f64| if single { v as f32 as f64 } else { v };
+    let scale = fl(scale);
     for r in 0..nr {
         let roi = &rv[r * 5..][..5];
         let b = roi[0];
@@ -370,27 +374,27 @@ fn max_roi_pool(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
             "roi batch index {b} is out of range"
         );
         let b = b as usize;
-        let x1 = (roi[1] * scale).round() as i64;
-        let y1 = (roi[2] * scale).round() as i64;
-        let x2 = (roi[3] * scale).round() as i64;
-        let y2 = (roi[4] * scale).round() as i64;
+        let x1 = fl(fl(roi[1]) * scale).round() as i64;
+        let y1 = fl(fl(roi[2]) * scale).round() as i64;
+        let x2 = fl(fl(roi[3]) * scale).round() as i64;
+        let y2 = fl(fl(roi[4]) * scale).round() as i64;
         let rh = (y2 - y1 + 1).max(1) as f64;
         let rw = (x2 - x1 + 1).max(1) as f64;
-        let bh = rh / ph as f64;
-        let bw = rw / pw as f64;
+        let bh = fl(rh / ph as f64);
+        let bw = fl(rw / pw as f64);
         for ci in 0..c {
             let plane = &xv[(b * c + ci) * h * w..][..h * w];
             for i in 0..ph {
-                let hs = ((i as f64 * bh).floor() as i64 + y1).clamp(0, h as i64);
-                let he = (((i + 1) as f64 * bh).ceil() as i64 + y1).clamp(0, h as i64);
+                let hs = (fl(i as f64 * bh).floor() as i64 + y1).clamp(0, h as i64);
+                let he = (fl((i + 1) as f64 * bh).ceil() as i64 + y1).clamp(0, h as i64);
                 for j in 0..pw {
-                    let ws = ((j as f64 * bw).floor() as i64 + x1).clamp(0, w as i64);
-                    let we = (((j + 1) as f64 * bw).ceil() as i64 + x1).clamp(0, w as i64);
+                    let ws = (fl(j as f64 * bw).floor() as i64 + x1).clamp(0, w as i64);
+                    let we = (fl((j + 1) as f64 * bw).ceil() as i64 + x1).clamp(0, w as i64);
                     let mut best: Option<f64> = None;
                     for hh in hs..he {
                         for ww in ws..we {
                             let v = plane[hh as usize * w + ww as usize];
-                            if best.map_or(true, |b| v > b) {
+                            if best.is_none_or(|b| v > b) {
                                 best = Some(v);
                             }
                         }
