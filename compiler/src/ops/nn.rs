@@ -1,5 +1,870 @@
-//! nn ops.
+//! nn ops: Conv, ConvTranspose, ConvInteger, QLinearConv, DeformConv,
+//! CausalConvWithState. Also the sliding-window geometry shared with pooling.
+//!
+//! Convolutions are computed in f64: im2col per image and group, then one matrix
+//! product (ndarray's optimised GEMM).
 
-use super::Registry;
+use super::util::{dims, f64s, input, opt_input, out, outs};
+use super::{OpCtx, Registry};
+use crate::ir::{DType, OpResult, Tensor, Value};
+use crate::{bail, ensure};
+use ndarray::{Array2, ArrayD, ArrayView2, IxDyn};
 
-pub fn register(_r: &mut Registry) {}
+pub fn register(r: &mut Registry) {
+    r.add("Conv", conv);
+    r.add("ConvTranspose", conv_transpose);
+    r.add("ConvInteger", conv_integer);
+    r.add("QLinearConv", qlinear_conv);
+    r.add("DeformConv", deform_conv);
+    r.add("CausalConvWithState", causal_conv_with_state);
+}
+
+// ---------------------------------------------------------------------------------------
+// Geometry shared with pool.rs
+
+/// Table code: the window position lies in the explicit padding.
+pub(super) const PAD: usize = usize::MAX - 1;
+/// Table code: the window position lies beyond the padded input (ceil mode).
+pub(super) const OUTSIDE: usize = usize::MAX;
+
+/// The geometry of a sliding window over the spatial dims.
+#[derive(Clone, Debug)]
+pub(super) struct Window {
+    pub in_sp: Vec<usize>,
+    pub k: Vec<usize>,
+    pub s: Vec<usize>,
+    pub d: Vec<usize>,
+    /// Pads at the beginning and end of each spatial dim.
+    pub pb: Vec<i64>,
+    pub pe: Vec<i64>,
+    pub out: Vec<usize>,
+}
+
+impl Window {
+    pub fn kernel_len(&self) -> usize {
+        self.k.iter().product()
+    }
+    pub fn out_len(&self) -> usize {
+        self.out.iter().product()
+    }
+    pub fn in_len(&self) -> usize {
+        self.in_sp.iter().product()
+    }
+
+    /// For each kernel offset `kk` and output position `p` (entry `kk * P + p`), the flat
+    /// spatial index of the input it reads, or [`PAD`] / [`OUTSIDE`].
+    pub fn table(&self) -> OpResult<Vec<usize>> {
+        index_table(
+            &self.out, &self.k, &self.s, &self.d, &self.pb, &self.pe, &self.in_sp,
+        )
+    }
+}
+
+fn positive(v: &[i64], what: &str, n: usize) -> OpResult<Vec<usize>> {
+    ensure!(
+        v.len() == n,
+        "`{what}` has {} values but the input has {n} spatial dims",
+        v.len()
+    );
+    let mut out = Vec::with_capacity(n);
+    for &x in v {
+        ensure!((1..=1 << 20).contains(&x), "`{what}` value {x} must be positive");
+        out.push(x as usize);
+    }
+    Ok(out)
+}
+
+/// Reads strides, dilations, pads and auto_pad, and computes the output spatial shape.
+/// `ceil` enables the pooling `ceil_mode` attribute.
+pub(super) fn window(
+    ctx: &OpCtx,
+    in_sp: &[usize],
+    k: &[usize],
+    ceil: bool,
+) -> OpResult<Window> {
+    let n = in_sp.len();
+    ensure!(
+        k.len() == n,
+        "kernel has {} dims but the input has {n} spatial dims",
+        k.len()
+    );
+    let s = positive(&ctx.attrs.ints("strides", &vec![1; n])?, "strides", n)?;
+    let d = positive(&ctx.attrs.ints("dilations", &vec![1; n])?, "dilations", n)?;
+    let pads = ctx.attrs.ints("pads", &vec![0; 2 * n])?;
+    ensure!(
+        pads.len() == 2 * n,
+        "`pads` has {} values, expected {}",
+        pads.len(),
+        2 * n
+    );
+    for &p in &pads {
+        ensure!((0..=1 << 20).contains(&p), "pad {p} is out of range");
+    }
+    let ceil_mode = ceil && ctx.attrs.int("ceil_mode", 0)? != 0;
+    let auto_pad = ctx.attrs.string("auto_pad", "NOTSET".into())?;
+    let mut pb = pads[..n].to_vec();
+    let mut pe = pads[n..].to_vec();
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let ek = ((k[i] as i64) - 1) * d[i] as i64 + 1;
+        let inn = in_sp[i] as i64;
+        let st = s[i] as i64;
+        match auto_pad.as_str() {
+            "SAME_UPPER" | "SAME_LOWER" => {
+                let o = (inn + st - 1) / st;
+                let total = ((o - 1) * st + ek - inn).max(0);
+                let head = if auto_pad == "SAME_UPPER" {
+                    total / 2
+                } else {
+                    total - total / 2
+                };
+                pb[i] = head;
+                pe[i] = total - head;
+                out.push(o.max(0) as usize);
+            }
+            "VALID" => {
+                pb[i] = 0;
+                pe[i] = 0;
+                let o = if inn >= ek { (inn - ek) / st + 1 } else { 0 };
+                out.push(o as usize);
+            }
+            "NOTSET" | "" => {
+                let span = inn + pb[i] + pe[i] - ek;
+                ensure!(
+                    span >= 0,
+                    "the kernel (extent {ek}) is larger than the padded input ({})",
+                    inn + pb[i] + pe[i]
+                );
+                let mut o = if ceil_mode {
+                    (span + st - 1) / st + 1
+                } else {
+                    span / st + 1
+                };
+                // The last window must start inside the input or its head padding.
+                if ceil_mode && (o - 1) * st >= inn + pb[i] {
+                    o -= 1;
+                }
+                out.push(o as usize);
+            }
+            other => bail!("unknown auto_pad `{other}`"),
+        }
+    }
+    dims(&out.iter().map(|&x| x as i64).collect::<Vec<_>>())?;
+    Ok(Window {
+        in_sp: in_sp.to_vec(),
+        k: k.to_vec(),
+        s,
+        d,
+        pb,
+        pe,
+        out,
+    })
+}
+
+/// For kernel offsets over `k` and positions over `pos`, the flat index into `ext` of
+/// `pos*s - pb + k*d` (entry `kk * P + p`), or PAD inside `[-pb, ext+pe)`, else OUTSIDE.
+pub(super) fn index_table(
+    pos: &[usize],
+    k: &[usize],
+    s: &[usize],
+    d: &[usize],
+    pb: &[i64],
+    pe: &[i64],
+    ext: &[usize],
+) -> OpResult<Vec<usize>> {
+    let n = pos.len();
+    let kl: usize = k.iter().product();
+    let pl: usize = pos.iter().product();
+    dims(&[kl as i64, pl as i64])?;
+    ensure!(
+        kl.saturating_mul(pl) <= 1 << 32,
+        "sliding window table too large ({kl} x {pl})"
+    );
+    // Per dim, per (ki, oi): the coordinate class.
+    let mut per_dim: Vec<Vec<usize>> = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut t = Vec::with_capacity(k[i] * pos[i]);
+        for ki in 0..k[i] {
+            for oi in 0..pos[i] {
+                let c = (oi * s[i]) as i64 - pb[i] + (ki * d[i]) as i64;
+                t.push(if c >= 0 && c < ext[i] as i64 {
+                    c as usize
+                } else if c >= -pb[i] && c < ext[i] as i64 + pe[i] {
+                    PAD
+                } else {
+                    OUTSIDE
+                });
+            }
+        }
+        per_dim.push(t);
+    }
+    let mut table = vec![0usize; kl * pl];
+    let mut kidx = vec![0usize; n];
+    let mut pidx = vec![0usize; n];
+    for kk in 0..kl {
+        // Decode kk into kidx (row-major).
+        let mut r = kk;
+        for i in (0..n).rev() {
+            kidx[i] = r % k[i];
+            r /= k[i];
+        }
+        pidx.iter_mut().for_each(|x| *x = 0);
+        let row = &mut table[kk * pl..(kk + 1) * pl];
+        for slot in row.iter_mut() {
+            let mut flat = 0usize;
+            let mut code = 0usize; // 0 valid, 1 pad, 2 outside
+            for i in 0..n {
+                let c = per_dim[i][kidx[i] * pos[i] + pidx[i]];
+                if c == OUTSIDE {
+                    code = 2;
+                } else if c == PAD {
+                    code = code.max(1);
+                } else {
+                    flat = flat * ext[i] + c;
+                }
+            }
+            *slot = match code {
+                0 => flat,
+                1 => PAD,
+                _ => OUTSIDE,
+            };
+            // Advance the position odometer.
+            for i in (0..n).rev() {
+                pidx[i] += 1;
+                if pidx[i] < pos[i] {
+                    break;
+                }
+                pidx[i] = 0;
+            }
+        }
+    }
+    Ok(table)
+}
+
+fn flat(t: &Tensor) -> OpResult<Vec<f64>> {
+    Ok(f64s(t)?.iter().copied().collect())
+}
+
+fn float_input<'a>(ins: &[Option<&'a Value>], i: usize) -> OpResult<&'a Tensor> {
+    let t = input(ins, i)?;
+    ensure!(
+        t.dtype().is_float(),
+        "input {i} must be a float tensor, got {}",
+        t.dtype()
+    );
+    Ok(t)
+}
+
+fn group_attr(ctx: &OpCtx) -> OpResult<usize> {
+    let g = ctx.attrs.int("group", 1)?;
+    ensure!(g >= 1, "group must be positive, got {g}");
+    Ok(g as usize)
+}
+
+/// Checks X/W shapes of a convolution and returns (N, C, M, Cg, kernel, spatial).
+fn conv_shapes(
+    ctx: &OpCtx,
+    xs: &[usize],
+    ws: &[usize],
+    group: usize,
+) -> OpResult<(usize, usize, usize, Vec<usize>)> {
+    ensure!(
+        xs.len() >= 3,
+        "X must have rank >= 3 (N, C, spatial...), got shape {xs:?}"
+    );
+    ensure!(
+        ws.len() == xs.len(),
+        "W has rank {} but X has rank {}",
+        ws.len(),
+        xs.len()
+    );
+    let (c, m, cg) = (xs[1], ws[0], ws[1]);
+    ensure!(
+        cg * group == c && m % group == 0,
+        "shapes X {xs:?} and W {ws:?} do not fit group={group}"
+    );
+    let k = ws[2..].to_vec();
+    if let Some(ks) = ctx.attrs.get_ints("kernel_shape")? {
+        ensure!(
+            ks.len() == k.len() && ks.iter().zip(&k).all(|(&a, &b)| a == b as i64),
+            "kernel_shape {ks:?} does not match W's shape {ws:?}"
+        );
+    }
+    Ok((xs[0], m, cg, k))
+}
+
+/// The core of a grouped N-d convolution on f64 data. Returns [N, M, out...] flat.
+#[allow(clippy::too_many_arguments)]
+fn conv_core(
+    x: &[f64],
+    xs: &[usize],
+    w: &[f64],
+    m: usize,
+    cg: usize,
+    group: usize,
+    bias: Option<&[f64]>,
+    win: &Window,
+) -> OpResult<Vec<f64>> {
+    let n = xs[0];
+    let c = xs[1];
+    let kl = win.kernel_len();
+    let pl = win.out_len();
+    let il = win.in_len();
+    let mg = m / group;
+    let table = win.table()?;
+    let total = dims(&[n as i64, m as i64, pl as i64])?;
+    let mut y = vec![0f64; total.iter().product()];
+    let rows = cg * kl;
+    let mut cols = vec![0f64; rows * pl];
+    for ni in 0..n {
+        for g in 0..group {
+            for ci in 0..cg {
+                let plane = &x[(ni * c + g * cg + ci) * il..][..il];
+                for kk in 0..kl {
+                    let dst = &mut cols[(ci * kl + kk) * pl..][..pl];
+                    let src = &table[kk * pl..][..pl];
+                    for (o, &t) in dst.iter_mut().zip(src) {
+                        *o = if t < PAD { plane[t] } else { 0.0 };
+                    }
+                }
+            }
+            let cv = ArrayView2::from_shape((rows, pl), &cols[..]).expect("sized");
+            let wv = ArrayView2::from_shape((mg, rows), &w[g * mg * rows..][..mg * rows])
+                .expect("sized");
+            let r: Array2<f64> = wv.dot(&cv);
+            for mi in 0..mg {
+                let oc = g * mg + mi;
+                let b = bias.map(|b| b[oc]).unwrap_or(0.0);
+                let dst = &mut y[(ni * m + oc) * pl..][..pl];
+                for (o, v) in dst.iter_mut().zip(r.row(mi).iter()) {
+                    *o = v + b;
+                }
+            }
+        }
+    }
+    Ok(y)
+}
+
+fn out_shape(n: usize, m: usize, sp: &[usize]) -> Vec<usize> {
+    let mut v = vec![n, m];
+    v.extend_from_slice(sp);
+    v
+}
+
+fn bias_vec(t: Option<&Tensor>, m: usize) -> OpResult<Option<Vec<f64>>> {
+    match t {
+        None => Ok(None),
+        Some(b) => {
+            let v = flat(b)?;
+            if v.len() == 1 && m != 1 {
+                return Ok(Some(vec![v[0]; m]));
+            }
+            ensure!(
+                v.len() == m,
+                "bias has {} values but there are {m} output channels",
+                v.len()
+            );
+            Ok(Some(v))
+        }
+    }
+}
+
+fn conv(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = float_input(ins, 0)?;
+    let w = float_input(ins, 1)?;
+    let group = group_attr(ctx)?;
+    let (n, m, cg, k) = conv_shapes(ctx, x.shape(), w.shape(), group)?;
+    let win = window(ctx, &x.shape()[2..], &k, false)?;
+    let bias = bias_vec(opt_input(ins, 2)?, m)?;
+    let y = conv_core(
+        &flat(x)?,
+        x.shape(),
+        &flat(w)?,
+        m,
+        cg,
+        group,
+        bias.as_deref(),
+        &win,
+    )?;
+    let shape = out_shape(n, m, &win.out);
+    out(Tensor::from_f64(
+        x.dtype(),
+        ArrayD::from_shape_vec(IxDyn(&shape), y).expect("sized"),
+        false,
+    ))
+}
+
+/// Integer values with a zero point subtracted: scalar, or per channel along axis 0.
+fn minus_zero_point(t: &Tensor, zp: Option<&Tensor>, what: &str) -> OpResult<Vec<f64>> {
+    let mut v = flat(t)?;
+    if let Some(z) = zp {
+        let zv = flat(z)?;
+        if zv.len() == 1 {
+            v.iter_mut().for_each(|x| *x -= zv[0]);
+        } else {
+            let c = t.shape().first().copied().unwrap_or(1);
+            ensure!(
+                zv.len() == c && c > 0,
+                "{what} zero point has {} values; expected 1 or {c}",
+                zv.len()
+            );
+            let per = v.len() / c;
+            for (i, x) in v.iter_mut().enumerate() {
+                *x -= zv[i / per];
+            }
+        }
+    }
+    Ok(v)
+}
+
+fn conv_integer(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    let w = input(ins, 1)?;
+    ensure!(
+        x.dtype().is_int() && w.dtype().is_int(),
+        "ConvInteger takes integer inputs, got {} and {}",
+        x.dtype(),
+        w.dtype()
+    );
+    let group = group_attr(ctx)?;
+    let (n, m, cg, k) = conv_shapes(ctx, x.shape(), w.shape(), group)?;
+    let win = window(ctx, &x.shape()[2..], &k, false)?;
+    let xv = {
+        let zp = opt_input(ins, 2)?;
+        if let Some(z) = zp {
+            ensure!(z.len() == 1, "x_zero_point must be a scalar");
+        }
+        minus_zero_point(x, zp, "x")?
+    };
+    let wv = minus_zero_point(w, opt_input(ins, 3)?, "w")?;
+    let y = conv_core(&xv, x.shape(), &wv, m, cg, group, None, &win)?;
+    let shape = out_shape(n, m, &win.out);
+    out(Tensor::from_f64(
+        DType::I32,
+        ArrayD::from_shape_vec(IxDyn(&shape), y).expect("sized"),
+        false,
+    ))
+}
+
+fn per_channel(t: &Tensor, m: usize, what: &str) -> OpResult<Vec<f64>> {
+    let v = flat(t)?;
+    if v.len() == 1 {
+        return Ok(vec![v[0]; m]);
+    }
+    ensure!(
+        v.len() == m,
+        "{what} has {} values; expected 1 or {m}",
+        v.len()
+    );
+    Ok(v)
+}
+
+fn qlinear_conv(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    let x_scale = f64s(input(ins, 1)?)?;
+    let x_zp = opt_input(ins, 2)?;
+    let w = input(ins, 3)?;
+    let w_scale = input(ins, 4)?;
+    let w_zp = opt_input(ins, 5)?;
+    let y_scale = f64s(input(ins, 6)?)?;
+    let y_zp = opt_input(ins, 7)?;
+    let b = opt_input(ins, 8)?;
+    ensure!(
+        x.dtype().is_int() && w.dtype().is_int(),
+        "QLinearConv takes integer x and w, got {} and {}",
+        x.dtype(),
+        w.dtype()
+    );
+    ensure!(
+        x_scale.len() == 1 && y_scale.len() == 1,
+        "x_scale and y_scale must be scalars"
+    );
+    let xs0 = x_scale.iter().next().copied().unwrap_or(1.0);
+    let ys0 = y_scale.iter().next().copied().unwrap_or(1.0);
+    let group = group_attr(ctx)?;
+    let (n, m, cg, k) = conv_shapes(ctx, x.shape(), w.shape(), group)?;
+    let win = window(ctx, &x.shape()[2..], &k, false)?;
+    if let Some(z) = x_zp {
+        ensure!(z.len() == 1, "x_zero_point must be a scalar");
+    }
+    let xv = minus_zero_point(x, x_zp, "x")?;
+    let wv = minus_zero_point(w, w_zp, "w")?;
+    let bias = bias_vec(b, m)?;
+    let y = conv_core(&xv, x.shape(), &wv, m, cg, group, bias.as_deref(), &win)?;
+    let ws = per_channel(w_scale, m, "w_scale")?;
+    let (odt, zp) = match y_zp {
+        Some(z) => {
+            ensure!(z.len() == 1, "y_zero_point must be a scalar");
+            (z.dtype(), flat(z)?[0])
+        }
+        None => (x.dtype(), 0.0),
+    };
+    let (lo, hi) = odt
+        .int_range()
+        .ok_or_else(|| crate::ir::OpError::new(format!("bad output dtype {odt}")))?;
+    let pl = win.out_len();
+    let mut r = y;
+    for (i, v) in r.iter_mut().enumerate() {
+        let oc = (i / pl) % m;
+        let q = *v * (xs0 * ws[oc] / ys0) + zp;
+        *v = q.clamp(lo as f64, hi as f64).round_ties_even();
+    }
+    let shape = out_shape(n, m, &win.out);
+    out(Tensor::from_f64(
+        odt,
+        ArrayD::from_shape_vec(IxDyn(&shape), r).expect("sized"),
+        false,
+    ))
+}
+
+// ---------------------------------------------------------------------------------------
+// ConvTranspose
+
+fn conv_transpose(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = float_input(ins, 0)?;
+    let w = float_input(ins, 1)?;
+    let xs = x.shape();
+    let ws = w.shape();
+    let group = group_attr(ctx)?;
+    ensure!(xs.len() >= 3, "X must have rank >= 3, got shape {xs:?}");
+    ensure!(
+        ws.len() == xs.len(),
+        "W has rank {} but X has rank {}",
+        ws.len(),
+        xs.len()
+    );
+    let (n, c) = (xs[0], xs[1]);
+    ensure!(
+        ws[0] == c && c % group == 0,
+        "shapes X {xs:?} and W {ws:?} do not fit group={group}"
+    );
+    let cg = c / group;
+    let mg = ws[1];
+    let m = mg * group;
+    let k = ws[2..].to_vec();
+    let nsp = k.len();
+    let in_sp = &xs[2..];
+    let s = positive(&ctx.attrs.ints("strides", &vec![1; nsp])?, "strides", nsp)?;
+    let d = positive(
+        &ctx.attrs.ints("dilations", &vec![1; nsp])?,
+        "dilations",
+        nsp,
+    )?;
+    let op = ctx.attrs.ints("output_padding", &vec![0; nsp])?;
+    ensure!(
+        op.len() == nsp,
+        "output_padding has {} values, expected {nsp}",
+        op.len()
+    );
+    let pads = ctx.attrs.ints("pads", &vec![0; 2 * nsp])?;
+    ensure!(
+        pads.len() == 2 * nsp,
+        "`pads` has {} values, expected {}",
+        pads.len(),
+        2 * nsp
+    );
+    for &p in pads.iter().chain(op.iter()) {
+        ensure!((0..=1 << 20).contains(&p), "pad {p} is out of range");
+    }
+    let auto_pad = ctx.attrs.string("auto_pad", "NOTSET".into())?;
+    let same = matches!(auto_pad.as_str(), "SAME_UPPER" | "SAME_LOWER");
+    let mut output_shape = ctx.attrs.get_ints("output_shape")?;
+    if let Some(os) = &output_shape {
+        ensure!(
+            os.len() >= nsp,
+            "output_shape {os:?} has fewer than {nsp} values"
+        );
+        output_shape = Some(os[os.len() - nsp..].to_vec());
+    }
+    if output_shape.is_none() && same {
+        output_shape = Some(in_sp.iter().zip(&s).map(|(&a, &b)| (a * b) as i64).collect());
+    }
+    let mut pb = pads[..nsp].to_vec();
+    let mut pe = pads[nsp..].to_vec();
+    let mut out_sp = Vec::with_capacity(nsp);
+    for i in 0..nsp {
+        let ek = (k[i] as i64 - 1) * d[i] as i64 + 1;
+        let full = s[i] as i64 * (in_sp[i] as i64 - 1) + op[i] + ek;
+        match &output_shape {
+            Some(os) => {
+                let total = full - os[i];
+                let half = total.div_euclid(2);
+                if auto_pad == "SAME_UPPER" {
+                    pb[i] = half;
+                    pe[i] = total - half;
+                } else {
+                    pb[i] = total - half;
+                    pe[i] = half;
+                }
+                out_sp.push(os[i]);
+            }
+            None => out_sp.push(full - pb[i] - pe[i]),
+        }
+    }
+    let out_sp = dims(&out_sp)?;
+    let pin: usize = in_sp.iter().product();
+    let kl: usize = k.iter().product();
+    let pl: usize = out_sp.iter().product();
+    // For each kernel offset and input position, the output position it adds to.
+    let zero = vec![0i64; nsp];
+    let table = index_table(in_sp, &k, &s, &d, &pb, &zero, &out_sp)?;
+    let xv = flat(x)?;
+    let wv = flat(w)?;
+    let bias = bias_vec(opt_input(ins, 2)?, m)?;
+    let total = dims(&[n as i64, m as i64, pl as i64])?;
+    let mut y = vec![0f64; total.iter().product()];
+    for ni in 0..n {
+        for g in 0..group {
+            let xg = ArrayView2::from_shape((cg, pin), &xv[(ni * c + g * cg) * pin..][..cg * pin])
+                .expect("sized");
+            let wg = ArrayView2::from_shape((cg, mg * kl), &wv[g * cg * mg * kl..][..cg * mg * kl])
+                .expect("sized");
+            let cols: Array2<f64> = wg.t().dot(&xg); // (mg*kl, pin)
+            for mi in 0..mg {
+                let oc = g * mg + mi;
+                let dst = &mut y[(ni * m + oc) * pl..][..pl];
+                for kk in 0..kl {
+                    let row = cols.row(mi * kl + kk);
+                    let tr = &table[kk * pin..][..pin];
+                    for (&t, v) in tr.iter().zip(row.iter()) {
+                        if t < PAD {
+                            dst[t] += v;
+                        }
+                    }
+                }
+                if let Some(b) = &bias {
+                    dst.iter_mut().for_each(|v| *v += b[oc]);
+                }
+            }
+        }
+    }
+    let shape = out_shape(n, m, &out_sp);
+    out(Tensor::from_f64(
+        x.dtype(),
+        ArrayD::from_shape_vec(IxDyn(&shape), y).expect("sized"),
+        false,
+    ))
+}
+
+// ---------------------------------------------------------------------------------------
+// DeformConv
+
+fn deform_conv(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = float_input(ins, 0)?;
+    let w = float_input(ins, 1)?;
+    let off = float_input(ins, 2)?;
+    let group = group_attr(ctx)?;
+    let (n, m, cg, k) = conv_shapes(ctx, x.shape(), w.shape(), group)?;
+    let xs = x.shape().to_vec();
+    let c = xs[1];
+    let nsp = k.len();
+    let og = ctx.attrs.int("offset_group", 1)?;
+    ensure!(
+        og >= 1 && c % og as usize == 0,
+        "offset_group {og} must divide the {c} input channels"
+    );
+    let og = og as usize;
+    let win = window(ctx, &xs[2..], &k, false)?;
+    let kl = win.kernel_len();
+    let pl = win.out_len();
+    let il = win.in_len();
+    let mut want = vec![n, og * kl * nsp];
+    want.extend_from_slice(&win.out);
+    ensure!(
+        off.shape() == want.as_slice(),
+        "offset has shape {:?}, expected {want:?}",
+        off.shape()
+    );
+    let mask = match opt_input(ins, 4)? {
+        Some(mt) => {
+            let mut want = vec![n, og * kl];
+            want.extend_from_slice(&win.out);
+            ensure!(
+                mt.shape() == want.as_slice(),
+                "mask has shape {:?}, expected {want:?}",
+                mt.shape()
+            );
+            Some(flat(mt)?)
+        }
+        None => None,
+    };
+    let bias = bias_vec(opt_input(ins, 3)?, m)?;
+    let xv = flat(x)?;
+    let wv = flat(w)?;
+    let ov = flat(off)?;
+    let cpo = c / og;
+    let mg = m / group;
+    let rows = cg * kl;
+    let total = dims(&[n as i64, m as i64, pl as i64])?;
+    dims(&[c as i64, kl as i64, pl as i64])?;
+    let mut y = vec![0f64; total.iter().product()];
+    let mut cols = vec![0f64; c * kl * pl];
+    // Base (undeformed) coordinate per dim, kernel offset and output position.
+    let mut kidx = vec![0usize; nsp];
+    let mut pidx = vec![0usize; nsp];
+    let mut pos = vec![0f64; nsp];
+    for ni in 0..n {
+        for kk in 0..kl {
+            let mut r = kk;
+            for i in (0..nsp).rev() {
+                kidx[i] = r % k[i];
+                r /= k[i];
+            }
+            pidx.iter_mut().for_each(|v| *v = 0);
+            for p in 0..pl {
+                for gi in 0..og {
+                    for i in 0..nsp {
+                        let base = (pidx[i] * win.s[i]) as f64 - win.pb[i] as f64
+                            + (kidx[i] * win.d[i]) as f64;
+                        let ch = (gi * kl + kk) * nsp + i;
+                        pos[i] = base + ov[(ni * og * kl * nsp + ch) * pl + p];
+                    }
+                    let mval = match &mask {
+                        Some(mv) => mv[(ni * og * kl + gi * kl + kk) * pl + p],
+                        None => 1.0,
+                    };
+                    // Multilinear interpolation weights of the 2^nsp corners.
+                    for ci in gi * cpo..(gi + 1) * cpo {
+                        let plane = &xv[(ni * c + ci) * il..][..il];
+                        let v = interpolate(plane, &xs[2..], &pos);
+                        cols[(ci * kl + kk) * pl + p] = v * mval;
+                    }
+                }
+                for i in (0..nsp).rev() {
+                    pidx[i] += 1;
+                    if pidx[i] < win.out[i] {
+                        break;
+                    }
+                    pidx[i] = 0;
+                }
+            }
+        }
+        for g in 0..group {
+            let cv = ArrayView2::from_shape((rows, pl), &cols[g * rows * pl..][..rows * pl])
+                .expect("sized");
+            let wgv = ArrayView2::from_shape((mg, rows), &wv[g * mg * rows..][..mg * rows])
+                .expect("sized");
+            let r: Array2<f64> = wgv.dot(&cv);
+            for mi in 0..mg {
+                let oc = g * mg + mi;
+                let b = bias.as_ref().map(|b| b[oc]).unwrap_or(0.0);
+                let dst = &mut y[(ni * m + oc) * pl..][..pl];
+                for (o, v) in dst.iter_mut().zip(r.row(mi).iter()) {
+                    *o = v + b;
+                }
+            }
+        }
+    }
+    let shape = out_shape(n, m, &win.out);
+    out(Tensor::from_f64(
+        x.dtype(),
+        ArrayD::from_shape_vec(IxDyn(&shape), y).expect("sized"),
+        false,
+    ))
+}
+
+/// Multilinear interpolation of `plane` (row-major over `ext`) at `pos`; points outside
+/// the grid read as zero.
+fn interpolate(plane: &[f64], ext: &[usize], pos: &[f64]) -> f64 {
+    let n = ext.len();
+    if pos.iter().any(|p| !p.is_finite()) {
+        return 0.0;
+    }
+    let mut acc = 0.0;
+    'corner: for mask in 0..(1usize << n) {
+        let mut wgt = 1.0;
+        let mut idx = 0usize;
+        for i in 0..n {
+            let f = pos[i].floor();
+            let frac = pos[i] - f;
+            let bit = (mask >> i) & 1;
+            let c = f as i64 + bit as i64;
+            let wi = if bit == 1 { frac } else { 1.0 - frac };
+            if wi == 0.0 {
+                continue 'corner;
+            }
+            if c < 0 || c >= ext[i] as i64 {
+                continue 'corner;
+            }
+            wgt *= wi;
+            idx = idx * ext[i] + c as usize;
+        }
+        acc += wgt * plane[idx];
+    }
+    acc
+}
+
+// ---------------------------------------------------------------------------------------
+// CausalConvWithState
+
+fn causal_conv_with_state(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = float_input(ins, 0)?;
+    let w = float_input(ins, 1)?;
+    let act = ctx.attrs.string("activation", "none".into())?;
+    let silu = match act.as_str() {
+        "none" => false,
+        "silu" | "swish" => true,
+        other => bail!("unsupported activation `{other}` (expected none, silu or swish)"),
+    };
+    let xs = x.shape();
+    let ws = w.shape();
+    ensure!(xs.len() == 3, "input must be rank 3, got shape {xs:?}");
+    ensure!(
+        ws.len() == 3 && ws[0] == xs[1] && ws[1] == 1 && ws[2] >= 1,
+        "weight must have shape ({}, 1, k), got {ws:?}",
+        xs[1]
+    );
+    let (n, c, l) = (xs[0], xs[1], xs[2]);
+    let k = ws[2];
+    let bias = bias_vec(opt_input(ins, 2)?, c)?;
+    let past = match opt_input(ins, 3)? {
+        Some(p) => {
+            ensure!(
+                p.shape() == [n, c, k - 1],
+                "past_state has shape {:?}, expected {:?}",
+                p.shape(),
+                [n, c, k - 1]
+            );
+            Some(flat(p)?)
+        }
+        None => None,
+    };
+    let xv = flat(x)?;
+    let wv = flat(w)?;
+    let pl = k - 1 + l;
+    let dt = x.dtype();
+    let mut y = vec![0f64; n * c * l];
+    let mut state = vec![0f64; n * c * (k - 1)];
+    let mut padded = vec![0f64; pl];
+    for ni in 0..n {
+        for ci in 0..c {
+            let row = ni * c + ci;
+            match &past {
+                Some(p) => padded[..k - 1].copy_from_slice(&p[row * (k - 1)..][..k - 1]),
+                None => padded[..k - 1].iter_mut().for_each(|v| *v = 0.0),
+            }
+            padded[k - 1..].copy_from_slice(&xv[row * l..][..l]);
+            let wr = &wv[ci * k..][..k];
+            let b = bias.as_ref().map(|b| b[ci]).unwrap_or(0.0);
+            for t in 0..l {
+                let s: f64 = wr.iter().zip(&padded[t..t + k]).map(|(a, b)| a * b).sum();
+                y[row * l + t] = s + b;
+            }
+            state[row * (k - 1)..][..k - 1].copy_from_slice(&padded[pl - (k - 1)..]);
+        }
+    }
+    let mut ya = ArrayD::from_shape_vec(IxDyn(&[n, c, l]), y).expect("sized");
+    if silu {
+        // The reference rounds the convolution to the input dtype first.
+        let r = Tensor::from_f64(dt, ya, false);
+        ya = f64s(&r)?.mapv(|v| v / (1.0 + (-v).exp()));
+    }
+    outs(vec![
+        Tensor::from_f64(dt, ya, false),
+        Tensor::from_f64(
+            dt,
+            ArrayD::from_shape_vec(IxDyn(&[n, c, k - 1]), state).expect("sized"),
+            false,
+        ),
+    ])
+}

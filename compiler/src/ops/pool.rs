@@ -1,5 +1,412 @@
-//! pool ops.
+//! pool ops: MaxPool, AveragePool, LpPool, the global pools, MaxUnpool, MaxRoiPool.
+//!
+//! Windows follow the ONNX spec: explicit pads, auto_pad, dilations and ceil_mode (a
+//! ceil-mode window that would start in the tail padding is dropped; window positions
+//! beyond the padded input never count). Values are computed in f64.
 
-use super::Registry;
+use super::nn::{window, Window, PAD};
+use super::util::{dims, f64s, input, ints, opt_input, out, outs};
+use super::{OpCtx, Registry};
+use crate::ensure;
+use crate::ir::{DType, OpResult, Tensor, Value};
+use ndarray::{ArrayD, Dimension, IxDyn};
 
-pub fn register(_r: &mut Registry) {}
+pub fn register(r: &mut Registry) {
+    r.add("MaxPool", max_pool);
+    r.add("AveragePool", average_pool);
+    r.add("LpPool", lp_pool);
+    r.add("GlobalAveragePool", global_average_pool);
+    r.add("GlobalMaxPool", global_max_pool);
+    r.add("GlobalLpPool", global_lp_pool);
+    r.add_shaped("MaxUnpool", max_unpool, &[2]);
+    r.add("MaxRoiPool", max_roi_pool);
+}
+
+fn flat(t: &Tensor) -> OpResult<Vec<f64>> {
+    Ok(f64s(t)?.iter().copied().collect())
+}
+
+/// Input X (rank >= 3) and the window geometry from kernel_shape and the attributes.
+fn setup<'a>(
+    ctx: &OpCtx,
+    ins: &[Option<&'a Value>],
+) -> OpResult<(&'a Tensor, Window)> {
+    let x = input(ins, 0)?;
+    ensure!(
+        x.dtype().is_numeric(),
+        "X must be numeric, got {}",
+        x.dtype()
+    );
+    let xs = x.shape();
+    ensure!(
+        xs.len() >= 3,
+        "X must have rank >= 3 (N, C, spatial...), got shape {xs:?}"
+    );
+    let k = ctx.attrs.req_ints("kernel_shape")?;
+    ensure!(
+        k.len() == xs.len() - 2,
+        "kernel_shape {k:?} does not match the {} spatial dims of X",
+        xs.len() - 2
+    );
+    ensure!(
+        k.iter().all(|&v| (1..=1 << 20).contains(&v)),
+        "kernel_shape {k:?} must be positive"
+    );
+    let k: Vec<usize> = k.iter().map(|&v| v as usize).collect();
+    let win = window(ctx, &xs[2..], &k, true)?;
+    Ok((x, win))
+}
+
+fn out_shape(xs: &[usize], win: &Window) -> Vec<usize> {
+    let mut v = xs[..2].to_vec();
+    v.extend_from_slice(&win.out);
+    v
+}
+
+fn max_pool(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let (x, win) = setup(ctx, ins)?;
+    let xs = x.shape().to_vec();
+    let storage_order = ctx.attrs.int("storage_order", 0)?;
+    let planes = xs[0] * xs[1];
+    let (kl, pl, il) = (win.kernel_len(), win.out_len(), win.in_len());
+    let table = win.table()?;
+    let xv = flat(x)?;
+    let total = dims(&[planes as i64, pl as i64])?;
+    let mut y = vec![f64::NAN; total.iter().product()];
+    let mut idx = vec![-1i64; y.len()];
+    // Column-major spatial strides, for storage_order = 1.
+    let sp = &xs[2..];
+    for pi in 0..planes {
+        let plane = &xv[pi * il..][..il];
+        let yb = &mut y[pi * pl..][..pl];
+        let ib = &mut idx[pi * pl..][..pl];
+        for kk in 0..kl {
+            let tr = &table[kk * pl..][..pl];
+            for p in 0..pl {
+                let t = tr[p];
+                if t >= PAD {
+                    continue;
+                }
+                let v = plane[t];
+                if v.is_nan() {
+                    continue;
+                }
+                if ib[p] < 0 || v > yb[p] {
+                    yb[p] = v;
+                    ib[p] = t as i64;
+                }
+            }
+        }
+        for v in ib.iter_mut() {
+            if *v < 0 {
+                continue;
+            }
+            let t = *v as usize;
+            let s = if storage_order == 0 {
+                t
+            } else {
+                // Re-linearise the row-major spatial index column-major.
+                let mut r = t;
+                let mut coords = vec![0usize; sp.len()];
+                for i in (0..sp.len()).rev() {
+                    coords[i] = r % sp[i];
+                    r /= sp[i];
+                }
+                let mut s = 0usize;
+                for i in (0..sp.len()).rev() {
+                    s = s * sp[i] + coords[i];
+                }
+                s
+            };
+            *v = (pi * il + s) as i64;
+        }
+    }
+    let shape = out_shape(&xs, &win);
+    let yt = Tensor::from_f64(
+        x.dtype(),
+        ArrayD::from_shape_vec(IxDyn(&shape), y).expect("sized"),
+        false,
+    );
+    if ctx.n_outputs > 1 {
+        outs(vec![
+            yt,
+            Tensor::from_array(ArrayD::from_shape_vec(IxDyn(&shape), idx).expect("sized")),
+        ])
+    } else {
+        out(yt)
+    }
+}
+
+/// Sums `f(x)` over each window; returns (sums, counts) where counts include padding
+/// positions when `include_pad`.
+fn window_sums(
+    xv: &[f64],
+    planes: usize,
+    win: &Window,
+    include_pad: bool,
+    f: impl Fn(f64) -> f64,
+) -> OpResult<(Vec<f64>, Vec<f64>)> {
+    let (kl, pl, il) = (win.kernel_len(), win.out_len(), win.in_len());
+    let table = win.table()?;
+    let mut cnt = vec![0f64; pl];
+    for kk in 0..kl {
+        for (c, &t) in cnt.iter_mut().zip(&table[kk * pl..][..pl]) {
+            if t < PAD || (t == PAD && include_pad) {
+                *c += 1.0;
+            }
+        }
+    }
+    let total = dims(&[planes as i64, pl as i64])?;
+    let mut sum = vec![0f64; total.iter().product()];
+    for pi in 0..planes {
+        let plane = &xv[pi * il..][..il];
+        let sb = &mut sum[pi * pl..][..pl];
+        for kk in 0..kl {
+            for (s, &t) in sb.iter_mut().zip(&table[kk * pl..][..pl]) {
+                if t < PAD {
+                    *s += f(plane[t]);
+                }
+            }
+        }
+    }
+    Ok((sum, cnt))
+}
+
+fn float_x(x: &Tensor) -> OpResult<()> {
+    ensure!(
+        x.dtype().is_float(),
+        "X must be a float tensor, got {}",
+        x.dtype()
+    );
+    Ok(())
+}
+
+fn average_pool(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let (x, win) = setup(ctx, ins)?;
+    float_x(x)?;
+    let xs = x.shape().to_vec();
+    let include = ctx.attrs.int("count_include_pad", 0)? != 0;
+    let pl = win.out_len();
+    let (mut sum, cnt) = window_sums(&flat(x)?, xs[0] * xs[1], &win, include, |v| v)?;
+    for (i, s) in sum.iter_mut().enumerate() {
+        *s /= cnt[i % pl];
+    }
+    let shape = out_shape(&xs, &win);
+    out(Tensor::from_f64(
+        x.dtype(),
+        ArrayD::from_shape_vec(IxDyn(&shape), sum).expect("sized"),
+        false,
+    ))
+}
+
+fn p_attr(ctx: &OpCtx) -> OpResult<f64> {
+    // LpPool-1 had a float `p`; later versions an int.
+    let p = match ctx.attrs.get_int("p") {
+        Ok(Some(v)) => v as f64,
+        Ok(None) => 2.0,
+        Err(_) => ctx.attrs.float("p", 2.0)? as f64,
+    };
+    ensure!(p.is_finite() && p >= 1e-9, "p must be positive, got {p}");
+    Ok(p)
+}
+
+fn lp_pool(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let (x, win) = setup(ctx, ins)?;
+    float_x(x)?;
+    let xs = x.shape().to_vec();
+    let p = p_attr(ctx)?;
+    let (sum, _) = window_sums(&flat(x)?, xs[0] * xs[1], &win, false, |v| v.abs().powf(p))?;
+    let y: Vec<f64> = sum.into_iter().map(|s| s.powf(1.0 / p)).collect();
+    let shape = out_shape(&xs, &win);
+    out(Tensor::from_f64(
+        x.dtype(),
+        ArrayD::from_shape_vec(IxDyn(&shape), y).expect("sized"),
+        false,
+    ))
+}
+
+/// Reduces each (n, c) plane to one value; output shape [N, C, 1, ...].
+fn global(
+    ins: &[Option<&Value>],
+    f: impl Fn(&[f64]) -> f64,
+) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    float_x(x)?;
+    let xs = x.shape();
+    ensure!(
+        xs.len() >= 2,
+        "X must have rank >= 2 (N, C, spatial...), got shape {xs:?}"
+    );
+    let planes = xs[0] * xs[1];
+    let il: usize = xs[2..].iter().product();
+    let xv = flat(x)?;
+    let y: Vec<f64> = (0..planes).map(|i| f(&xv[i * il..][..il])).collect();
+    let mut shape = xs[..2].to_vec();
+    shape.extend(std::iter::repeat_n(1, xs.len() - 2));
+    out(Tensor::from_f64(
+        x.dtype(),
+        ArrayD::from_shape_vec(IxDyn(&shape), y).expect("sized"),
+        false,
+    ))
+}
+
+fn global_average_pool(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    global(ins, |v| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+fn global_max_pool(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    global(ins, |v| {
+        v.iter()
+            .copied()
+            .filter(|x| !x.is_nan())
+            .fold(None, |a: Option<f64>, b| Some(a.map_or(b, |a| a.max(b))))
+            .unwrap_or(f64::NAN)
+    })
+}
+
+fn global_lp_pool(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let p = p_attr(ctx)?;
+    global(ins, |v| {
+        v.iter().map(|x| x.abs().powf(p)).sum::<f64>().powf(1.0 / p)
+    })
+}
+
+fn max_unpool(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    let ind = input(ins, 1)?;
+    let xs = x.shape().to_vec();
+    ensure!(
+        xs.len() >= 3,
+        "X must have rank >= 3 (N, C, spatial...), got shape {xs:?}"
+    );
+    ensure!(
+        ind.shape() == xs.as_slice(),
+        "I has shape {:?} but X has {xs:?}",
+        ind.shape()
+    );
+    let nsp = xs.len() - 2;
+    let k = ctx.attrs.req_ints("kernel_shape")?;
+    ensure!(k.len() == nsp, "kernel_shape {k:?} does not match X");
+    let s = ctx.attrs.ints("strides", &vec![1; nsp])?;
+    let pads = ctx.attrs.ints("pads", &vec![0; 2 * nsp])?;
+    ensure!(
+        s.len() == nsp && pads.len() == 2 * nsp,
+        "strides/pads have the wrong length"
+    );
+    let mut inferred = vec![xs[0] as i64, xs[1] as i64];
+    for i in 0..nsp {
+        inferred.push((xs[i + 2] as i64 - 1) * s[i] - (pads[i] + pads[nsp + i]) + k[i]);
+    }
+    let inferred = dims(&inferred)?;
+    let shape = match opt_input(ins, 2)? {
+        Some(t) => {
+            let v = ints(t)?;
+            ensure!(
+                v.len() == xs.len(),
+                "output_shape {v:?} must have {} values",
+                xs.len()
+            );
+            dims(&v)?
+        }
+        None => inferred.clone(),
+    };
+    let total: usize = inferred.iter().product();
+    let mut y = vec![0f64; total];
+    let xv = flat(x)?;
+    let iv = ints(ind)?;
+    for (&i, &v) in iv.iter().zip(&xv) {
+        ensure!(
+            i >= 0 && (i as usize) < total,
+            "index {i} is out of range for output shape {inferred:?}"
+        );
+        y[i as usize] = v;
+    }
+    let ya = ArrayD::from_shape_vec(IxDyn(&inferred), y).expect("sized");
+    let res = if shape == inferred {
+        ya
+    } else {
+        // Indices refer to the inferred shape; copy it into the top-left corner.
+        let mut r = ArrayD::<f64>::zeros(IxDyn(&shape));
+        for (ix, v) in ya.indexed_iter() {
+            if ix.slice().iter().zip(&shape).all(|(a, b)| a < b) {
+                r[ix.slice()] = *v;
+            }
+        }
+        r
+    };
+    out(Tensor::from_f64(x.dtype(), res, false))
+}
+
+fn max_roi_pool(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    float_x(x)?;
+    let rois = input(ins, 1)?;
+    let xs = x.shape();
+    ensure!(xs.len() == 4, "X must have rank 4, got shape {xs:?}");
+    let rs = rois.shape();
+    ensure!(
+        rs.len() == 2 && rs[1] == 5,
+        "rois must have shape (num_rois, 5), got {rs:?}"
+    );
+    let ps = ctx.attrs.req_ints("pooled_shape")?;
+    ensure!(
+        ps.len() == 2 && ps.iter().all(|&v| (1..=1 << 20).contains(&v)),
+        "pooled_shape {ps:?} must be two positive values"
+    );
+    let (ph, pw) = (ps[0] as usize, ps[1] as usize);
+    let scale = ctx.attrs.float("spatial_scale", 1.0)? as f64;
+    let (n, c, h, w) = (xs[0], xs[1], xs[2], xs[3]);
+    let xv = flat(x)?;
+    let rv = flat(rois)?;
+    let nr = rs[0];
+    let total = dims(&[nr as i64, c as i64, ph as i64, pw as i64])?;
+    let mut y = vec![0f64; total.iter().product()];
+    // Coordinates are computed in the element type, as onnxruntime does (f32 for all
+    // but double inputs); C's round() is half away from zero like f64::round.
+    let single = x.dtype() != DType::F64;
+    let fl = |v: f64| if single { v as f32 as f64 } else { v };
+    let scale = fl(scale);
+    for r in 0..nr {
+        let roi = &rv[r * 5..][..5];
+        let b = roi[0];
+        ensure!(
+            b >= 0.0 && (b as usize) < n,
+            "roi batch index {b} is out of range"
+        );
+        let b = b as usize;
+        let x1 = fl(fl(roi[1]) * scale).round() as i64;
+        let y1 = fl(fl(roi[2]) * scale).round() as i64;
+        let x2 = fl(fl(roi[3]) * scale).round() as i64;
+        let y2 = fl(fl(roi[4]) * scale).round() as i64;
+        let rh = (y2 - y1 + 1).max(1) as f64;
+        let rw = (x2 - x1 + 1).max(1) as f64;
+        let bh = fl(rh / ph as f64);
+        let bw = fl(rw / pw as f64);
+        for ci in 0..c {
+            let plane = &xv[(b * c + ci) * h * w..][..h * w];
+            for i in 0..ph {
+                let hs = (fl(i as f64 * bh).floor() as i64 + y1).clamp(0, h as i64);
+                let he = (fl((i + 1) as f64 * bh).ceil() as i64 + y1).clamp(0, h as i64);
+                for j in 0..pw {
+                    let ws = (fl(j as f64 * bw).floor() as i64 + x1).clamp(0, w as i64);
+                    let we = (fl((j + 1) as f64 * bw).ceil() as i64 + x1).clamp(0, w as i64);
+                    let mut best: Option<f64> = None;
+                    for hh in hs..he {
+                        for ww in ws..we {
+                            let v = plane[hh as usize * w + ww as usize];
+                            if best.is_none_or(|b| v > b) {
+                                best = Some(v);
+                            }
+                        }
+                    }
+                    y[((r * c + ci) * ph + i) * pw + j] = best.unwrap_or(0.0);
+                }
+            }
+        }
+    }
+    out(Tensor::from_f64(
+        x.dtype(),
+        ArrayD::from_shape_vec(IxDyn(&[nr, c, ph, pw]), y).expect("sized"),
+        false,
+    ))
+}
