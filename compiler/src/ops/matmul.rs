@@ -628,46 +628,57 @@ fn matmul_integer(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> 
     out(Tensor::from_array(r.mapv(|v| v as i32)))
 }
 
+/// A scale or zero point of QLinearMatMul as an array broadcastable to the product:
+/// one value, or one per row (`per_row`, shape [M, 1]) or per column (shape [N]).
+fn qparam(t: &Tensor, per_row: bool) -> OpResult<ArrayD<f64>> {
+    let v = f64s(t)?;
+    if v.len() == 1 {
+        return Ok(ArrayD::from_elem(IxDyn(&[]), v.iter().copied().next().unwrap_or(0.0)));
+    }
+    Ok(if per_row && v.ndim() == 1 {
+        v.insert_axis(Axis(1))
+    } else {
+        v
+    })
+}
+
 fn qlinear_matmul(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let a = input(ins, 0)?;
-    let a_scale = f64s(input(ins, 1)?)?;
     let b = input(ins, 3)?;
-    let b_scale = f64s(input(ins, 4)?)?;
     let y_scale_t = input(ins, 6)?;
-    let y_scale = f64s(y_scale_t)?;
     let y_zp = opt_input(ins, 7)?;
     let ai = sub_zero_point(a, opt_input(ins, 2)?, true)?;
     let bi = sub_zero_point(b, opt_input(ins, 5)?, false)?;
     let c = batched(ai.view(), bi.view(), &mm_i64)?.mapv(|v| v as f64);
-    let sdt = y_scale_t.dtype();
     // The reference computes a_scale * b_scale / y_scale in the scales' dtype.
-    let round = |v: f64| Tensor::from_f64(sdt, ArrayD::from_elem(IxDyn(&[]), v), false)
-        .to_f64()
-        .and_then(|a| a.iter().copied().next())
-        .unwrap_or(v);
-    let one = |a: &ArrayD<f64>, what: &str| -> OpResult<f64> {
-        ensure!(a.len() == 1, "QLinearMatMul supports per-tensor {what} only here");
-        Ok(a.iter().copied().next().unwrap_or(0.0))
+    let sdt = y_scale_t.dtype();
+    let round = |v: f64| match sdt {
+        DType::F32 => v as f32 as f64,
+        DType::F16 => half::f16::from_f64(v).to_f64(),
+        DType::BF16 => half::bf16::from_f64(v).to_f64(),
+        _ => v,
     };
-    let (sa, sb, sy) = (
-        one(&a_scale, "a_scale")?,
-        one(&b_scale, "b_scale")?,
-        one(&y_scale, "y_scale")?,
-    );
-    let factor = round(round(sa * sb) / sy);
+    let sa = qparam(input(ins, 1)?, true)?;
+    let sb = qparam(input(ins, 4)?, false)?;
+    let sy = qparam(y_scale_t, true)?;
+    let ab = super::util::zip_broadcast(&sa, &sb, |x, y| round(x * y))?;
+    let factor = super::util::zip_broadcast(&ab, &sy, |x, y| round(x / y))?;
     let (odt, zp) = match y_zp {
-        Some(z) => {
-            let zv = f64s(z)?;
-            (z.dtype(), one(&zv, "y_zero_point")?)
-        }
-        None => (a.dtype(), 0.0),
+        Some(z) => (z.dtype(), qparam(z, true)?),
+        None => (a.dtype(), ArrayD::from_elem(IxDyn(&[]), 0.0)),
     };
     let (lo, hi) = odt
         .int_range()
         .ok_or_else(|| OpError::new(format!("unsupported output dtype {odt}")))?;
-    let r = c.mapv(|v| {
-        let d = round(v * factor) + zp;
-        (d.round_ties_even() as i128).clamp(lo, hi)
-    });
+    let d = super::util::zip_broadcast(&c, &factor, |x, f| x * f)?;
+    let r = super::util::zip_broadcast(&d, &zp, |x, z| {
+        ((x + z).round_ties_even() as i128).clamp(lo, hi)
+    })?;
+    ensure!(
+        r.shape() == c.shape(),
+        "QLinearMatMul scales or zero points of shape {:?} change the output shape {:?}",
+        r.shape(),
+        c.shape()
+    );
     out(Tensor::from_i128(odt, r))
 }
