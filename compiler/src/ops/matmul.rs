@@ -22,12 +22,15 @@ fn err(e: impl std::fmt::Display) -> OpError {
 // ---------------------------------------------------------------------------------------
 // Batched matrix product with NumPy semantics
 
+/// A 2-D matrix product.
+type MatFn<T> = dyn Fn(ArrayView2<T>, ArrayView2<T>) -> Array2<T>;
+
 /// `a @ b` with NumPy's `matmul` rules (1-D operands, broadcast batch dims), using `mm`
 /// for each 2-D product.
 fn batched<T: Clone + Default>(
     a: ArrayViewD<T>,
     b: ArrayViewD<T>,
-    mm: &dyn Fn(ArrayView2<T>, ArrayView2<T>) -> Array2<T>,
+    mm: &MatFn<T>,
 ) -> OpResult<ArrayD<T>> {
     ensure!(
         a.ndim() >= 1 && b.ndim() >= 1,
