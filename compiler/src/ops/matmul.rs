@@ -1,5 +1,687 @@
-//! matmul ops.
+//! Matrix products: MatMul, Gemm, Einsum, Det, MatMulInteger, QLinearMatMul.
 
-use super::Registry;
+use super::util::{f64s, i128s, input, opt_input, out};
+use super::{OpCtx, Registry};
+use crate::ir::{broadcast_shapes, DType, OpError, OpResult, Tensor, Value};
+use crate::{bail, ensure};
+use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewD, Axis, Ix2, IxDyn};
 
-pub fn register(_r: &mut Registry) {}
+pub fn register(r: &mut Registry) {
+    r.add("MatMul", matmul);
+    r.add("Gemm", gemm);
+    r.add("Einsum", einsum);
+    r.add("Det", det);
+    r.add("MatMulInteger", matmul_integer);
+    r.add("QLinearMatMul", qlinear_matmul);
+}
+
+fn err(e: impl std::fmt::Display) -> OpError {
+    OpError::new(format!("internal shape error: {e}"))
+}
+
+// ---------------------------------------------------------------------------------------
+// Batched matrix product with NumPy semantics
+
+/// A 2-D matrix product.
+type MatFn<T> = dyn Fn(ArrayView2<T>, ArrayView2<T>) -> Array2<T>;
+
+/// `a @ b` with NumPy's `matmul` rules (1-D operands, broadcast batch dims), using `mm`
+/// for each 2-D product.
+fn batched<T: Clone + Default>(
+    a: ArrayViewD<T>,
+    b: ArrayViewD<T>,
+    mm: &MatFn<T>,
+) -> OpResult<ArrayD<T>> {
+    ensure!(
+        a.ndim() >= 1 && b.ndim() >= 1,
+        "MatMul operands must have rank >= 1, got shapes {:?} and {:?}",
+        a.shape(),
+        b.shape()
+    );
+    let (a_vec, b_vec) = (a.ndim() == 1, b.ndim() == 1);
+    let a = if a_vec { a.insert_axis(Axis(0)) } else { a };
+    let b = if b_vec { b.insert_axis(Axis(1)) } else { b };
+    let (ra, rb) = (a.ndim(), b.ndim());
+    let (m, k) = (a.shape()[ra - 2], a.shape()[ra - 1]);
+    let (k2, n) = (b.shape()[rb - 2], b.shape()[rb - 1]);
+    ensure!(
+        k == k2,
+        "MatMul inner dimensions differ: {:?} @ {:?}",
+        a.shape(),
+        b.shape()
+    );
+    let abatch = &a.shape()[..ra - 2];
+    let bbatch = &b.shape()[..rb - 2];
+    let batch = broadcast_shapes(abatch, bbatch).ok_or_else(|| {
+        OpError::new(format!(
+            "MatMul batch dimensions {abatch:?} and {bbatch:?} do not broadcast"
+        ))
+    })?;
+    let nb: usize = batch.iter().product();
+    let mut oshape = batch.clone();
+    oshape.push(m);
+    oshape.push(n);
+    let result: ArrayD<T> = if rb == 2 {
+        // The common case (activations times weights): one big product.
+        let a_std = a.as_standard_layout();
+        let rows = abatch.iter().product::<usize>() * m;
+        let a2 = a_std.view().into_shape_with_order((rows, k)).map_err(err)?;
+        let b2 = b.into_dimensionality::<Ix2>().map_err(err)?;
+        let r = mm(a2, b2);
+        r.into_dyn()
+            .into_shape_with_order(IxDyn(&oshape))
+            .map_err(err)?
+    } else {
+        let mut v: Vec<T> = Vec::with_capacity(nb * m * n);
+        let mut idx = vec![0usize; batch.len()];
+        for _ in 0..nb {
+            let av = sub_view(&a, &idx, batch.len())?;
+            let bv = sub_view(&b, &idx, batch.len())?;
+            let r = mm(av, bv);
+            v.extend(r.iter().cloned());
+            // Advance the odometer.
+            for d in (0..batch.len()).rev() {
+                idx[d] += 1;
+                if idx[d] < batch[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        ArrayD::from_shape_vec(IxDyn(&oshape), v).map_err(err)?
+    };
+    let mut fshape = batch;
+    if !a_vec {
+        fshape.push(m);
+    }
+    if !b_vec {
+        fshape.push(n);
+    }
+    result
+        .into_shape_with_order(IxDyn(&fshape))
+        .map_err(err)
+}
+
+/// The 2-D matrix of `x` at (broadcast) batch index `idx` of a batch of rank `nbatch`.
+fn sub_view<'a, T>(
+    x: &ArrayViewD<'a, T>,
+    idx: &[usize],
+    nbatch: usize,
+) -> OpResult<ArrayView2<'a, T>> {
+    let xb = x.ndim() - 2;
+    let mut v = x.clone();
+    // Batch dims of x align to the right of the full batch.
+    for d in 0..xb {
+        let full = idx[nbatch - xb + d];
+        let i = if v.shape()[0] == 1 { 0 } else { full };
+        v = v.index_axis_move(Axis(0), i);
+    }
+    v.into_dimensionality::<Ix2>().map_err(err)
+}
+
+fn mm_f32(a: ArrayView2<f32>, b: ArrayView2<f32>) -> Array2<f32> {
+    a.dot(&b)
+}
+
+fn mm_f64(a: ArrayView2<f64>, b: ArrayView2<f64>) -> Array2<f64> {
+    a.dot(&b)
+}
+
+/// Integer product with wrapping arithmetic (exact in the low bits of any width).
+fn mm_i64(a: ArrayView2<i64>, b: ArrayView2<i64>) -> Array2<i64> {
+    let (m, k) = a.dim();
+    let n = b.dim().1;
+    let mut r = Array2::<i64>::zeros((m, n));
+    for i in 0..m {
+        for p in 0..k {
+            let x = a[(i, p)];
+            if x == 0 {
+                continue;
+            }
+            for j in 0..n {
+                r[(i, j)] = r[(i, j)].wrapping_add(x.wrapping_mul(b[(p, j)]));
+            }
+        }
+    }
+    r
+}
+
+/// A numeric matrix product keeping the dtype of `a` (both must match).
+fn matmul_tensors(a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
+    let dt = a.dtype();
+    ensure!(
+        b.dtype() == dt,
+        "MatMul inputs have dtypes {dt} and {}; they must match",
+        b.dtype()
+    );
+    match dt {
+        DType::F32 => {
+            let (x, y) = (a.array::<f32>(), b.array::<f32>());
+            let (Some(x), Some(y)) = (x, y) else {
+                bail!("float tensors expected")
+            };
+            Ok(Tensor::from_array(batched(x.view(), y.view(), &mm_f32)?))
+        }
+        _ if dt.is_float() => {
+            let (x, y) = (f64s(a)?, f64s(b)?);
+            let r = batched(x.view(), y.view(), &mm_f64)?;
+            Ok(Tensor::from_f64(dt, r, false))
+        }
+        _ if dt.is_int() => {
+            let x = i128s(a)?.mapv(|v| v as i64);
+            let y = i128s(b)?.mapv(|v| v as i64);
+            let r = batched(x.view(), y.view(), &mm_i64)?;
+            Ok(Tensor::from_i128(dt, r.mapv(|v| v as i128)))
+        }
+        _ => bail!("MatMul expects numeric tensors, got {dt}"),
+    }
+}
+
+fn matmul(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    out(matmul_tensors(input(ins, 0)?, input(ins, 1)?)?)
+}
+
+// ---------------------------------------------------------------------------------------
+// Gemm
+
+fn as2<T: Clone>(a: &ArrayD<T>, trans: bool, what: &str) -> OpResult<Array2<T>> {
+    ensure!(
+        a.ndim() == 2,
+        "Gemm input {what} must be 2-D, got shape {:?}",
+        a.shape()
+    );
+    let v = a.view().into_dimensionality::<Ix2>().map_err(err)?;
+    Ok(if trans {
+        v.t().to_owned()
+    } else {
+        v.to_owned()
+    })
+}
+
+fn gemm(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let a = input(ins, 0)?;
+    let b = input(ins, 1)?;
+    let c = opt_input(ins, 2)?;
+    let dt = a.dtype();
+    ensure!(
+        b.dtype() == dt,
+        "Gemm inputs A and B have dtypes {dt} and {}",
+        b.dtype()
+    );
+    let ta = ctx.attrs.int("transA", 0)? != 0;
+    let tb = ctx.attrs.int("transB", 0)? != 0;
+    let alpha = ctx.attrs.float("alpha", 1.0)?;
+    let beta = ctx.attrs.float("beta", 1.0)?;
+    let check = |m: (usize, usize), n: (usize, usize)| -> OpResult<()> {
+        ensure!(
+            m.1 == n.0,
+            "Gemm inner dimensions differ: {:?} and {:?} (after transA/transB)",
+            m,
+            n
+        );
+        Ok(())
+    };
+    if dt == DType::F32 {
+        let (Some(x), Some(y)) = (a.array::<f32>(), b.array::<f32>()) else {
+            bail!("float tensors expected")
+        };
+        let x = as2(x, ta, "A")?;
+        let y = as2(y, tb, "B")?;
+        check(x.dim(), y.dim())?;
+        let mut r = x.dot(&y);
+        if alpha != 1.0 {
+            r.mapv_inplace(|v| v * alpha);
+        }
+        if let Some(c) = c {
+            if beta != 0.0 {
+                let cv = c.cast(DType::F32, false).unwrap_or_else(|| c.clone());
+                let Some(cv) = cv.array::<f32>() else {
+                    bail!("C must be numeric")
+                };
+                let cb = cv.broadcast(IxDyn(r.shape())).ok_or_else(|| {
+                    OpError::new(format!(
+                        "C of shape {:?} does not broadcast to {:?}",
+                        cv.shape(),
+                        r.shape()
+                    ))
+                })?;
+                let mut rd = r.into_dyn();
+                rd.zip_mut_with(&cb, |o, &cc| *o += beta * cc);
+                return out(Tensor::from_array(rd));
+            }
+        }
+        return out(Tensor::from_array(r.into_dyn()));
+    }
+    ensure!(dt.is_numeric(), "Gemm expects numeric tensors, got {dt}");
+    let x = as2(&f64s(a)?, ta, "A")?;
+    let y = as2(&f64s(b)?, tb, "B")?;
+    check(x.dim(), y.dim())?;
+    let (alpha, beta) = (alpha as f64, beta as f64);
+    let mut r = x.dot(&y).into_dyn();
+    r.mapv_inplace(|v| v * alpha);
+    if let Some(c) = c {
+        let cv = f64s(c)?;
+        let cb = cv.broadcast(IxDyn(r.shape())).ok_or_else(|| {
+            OpError::new(format!(
+                "C of shape {:?} does not broadcast to {:?}",
+                cv.shape(),
+                r.shape()
+            ))
+        })?;
+        r.zip_mut_with(&cb, |o, &cc| *o += beta * cc);
+    }
+    if dt.is_int() {
+        return out(Tensor::from_i128(dt, r.mapv(|v| v as i128)));
+    }
+    out(Tensor::from_f64(dt, r, false))
+}
+
+// ---------------------------------------------------------------------------------------
+// Einsum
+
+/// A term's labels; `None` marks the ellipsis.
+fn parse_term(s: &str) -> OpResult<Vec<Option<char>>> {
+    let mut v = Vec::new();
+    let mut rest = s;
+    while !rest.is_empty() {
+        if let Some(r) = rest.strip_prefix("...") {
+            ensure!(!v.contains(&None), "term `{s}` has more than one ellipsis");
+            v.push(None);
+            rest = r;
+        } else {
+            let c = rest.chars().next().unwrap_or(' ');
+            ensure!(
+                c.is_ascii_alphabetic(),
+                "unexpected character `{c}` in einsum term `{s}`"
+            );
+            v.push(Some(c));
+            rest = &rest[c.len_utf8()..];
+        }
+    }
+    Ok(v)
+}
+
+/// Label ids: letters map to 0..52, ellipsis dims to 52.. (one per broadcast dim).
+fn letter_id(c: char) -> usize {
+    if c.is_ascii_lowercase() {
+        c as usize - 'a' as usize
+    } else {
+        26 + c as usize - 'A' as usize
+    }
+}
+
+fn einsum(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let eq: String = ctx
+        .attrs
+        .string("equation", String::new())?
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
+    let nin = ins.len();
+    ensure!(nin >= 1, "Einsum needs at least one input");
+    let tensors: Vec<&Tensor> = (0..nin).map(|i| input(ins, i)).collect::<OpResult<_>>()?;
+    let dt = tensors[0].dtype();
+    for t in &tensors {
+        ensure!(
+            t.dtype() == dt,
+            "Einsum inputs must share a dtype ({dt} vs {})",
+            t.dtype()
+        );
+    }
+    let (lhs, rhs) = match eq.split_once("->") {
+        Some((l, r)) => (l.to_string(), Some(r.to_string())),
+        None => (eq.clone(), None),
+    };
+    let terms: Vec<Vec<Option<char>>> = lhs
+        .split(',')
+        .map(parse_term)
+        .collect::<OpResult<_>>()?;
+    ensure!(
+        terms.len() == nin,
+        "equation `{eq}` names {} operands but {nin} were given",
+        terms.len()
+    );
+    // Ellipsis rank: the largest over operands.
+    let mut ell_rank = 0usize;
+    for (t, x) in terms.iter().zip(&tensors) {
+        let named = t.iter().filter(|l| l.is_some()).count();
+        if t.contains(&None) {
+            ensure!(
+                x.rank() >= named,
+                "operand of rank {} is too small for term with {named} labels",
+                x.rank()
+            );
+            ell_rank = ell_rank.max(x.rank() - named);
+        } else {
+            ensure!(
+                x.rank() == named,
+                "operand of rank {} does not match a term with {named} labels",
+                x.rank()
+            );
+        }
+    }
+    const NL: usize = 52;
+    let nlabels = NL + ell_rank;
+    let mut size: Vec<Option<usize>> = vec![None; nlabels];
+    // Per operand: label id of each of its axes.
+    let mut axis_labels: Vec<Vec<usize>> = Vec::new();
+    let mut count = vec![0usize; nlabels];
+    for (t, x) in terms.iter().zip(&tensors) {
+        let named = t.iter().filter(|l| l.is_some()).count();
+        let er = x.rank() - named;
+        let mut labs = Vec::new();
+        for l in t {
+            match l {
+                Some(c) => labs.push(letter_id(*c)),
+                None => {
+                    for j in 0..er {
+                        labs.push(NL + ell_rank - er + j);
+                    }
+                }
+            }
+        }
+        for (ax, &l) in labs.iter().enumerate() {
+            let d = x.shape()[ax];
+            count[l] += 1;
+            size[l] = Some(match size[l] {
+                None => d,
+                Some(s) if s == d => s,
+                Some(1) if l >= NL => d,
+                Some(s) if l >= NL && d == 1 => s,
+                Some(s) => bail!(
+                    "Einsum label sizes disagree ({s} vs {d}) in equation `{eq}`"
+                ),
+            });
+        }
+        axis_labels.push(labs);
+    }
+    let out_labels: Vec<usize> = match &rhs {
+        Some(r) => {
+            let mut v = Vec::new();
+            for l in parse_term(r)? {
+                match l {
+                    Some(c) => {
+                        let id = letter_id(c);
+                        ensure!(
+                            size[id].is_some(),
+                            "output label `{c}` does not appear in the inputs"
+                        );
+                        ensure!(!v.contains(&id), "output label `{c}` is repeated");
+                        v.push(id);
+                    }
+                    None => v.extend(NL..NL + ell_rank),
+                }
+            }
+            v
+        }
+        None => {
+            let mut v: Vec<usize> = (NL..NL + ell_rank).collect();
+            // Letters used exactly once, in alphabetical order (upper case first, as in
+            // NumPy, which sorts by character code).
+            let mut letters: Vec<usize> = (0..NL).filter(|&l| count[l] == 1).collect();
+            letters.sort_by_key(|&l| if l < 26 { l + 26 } else { l - 26 });
+            v.extend(letters);
+            v
+        }
+    };
+    let used: Vec<usize> = (0..nlabels).filter(|&l| size[l].is_some()).collect();
+    let sizes: Vec<usize> = used.iter().map(|&l| size[l].unwrap_or(0)).collect();
+    let oshape: Vec<usize> = out_labels.iter().map(|&l| size[l].unwrap_or(0)).collect();
+    // Strides per used label for each operand (summed for repeated labels: diagonals;
+    // zero for broadcast dims of size 1) and for the output.
+    let pos = |l: usize| used.iter().position(|&u| u == l).unwrap_or(0);
+    let mut in_strides: Vec<Vec<isize>> = Vec::new();
+    for (labs, x) in axis_labels.iter().zip(&tensors) {
+        let mut st = vec![0isize; used.len()];
+        let shape = x.shape();
+        let mut s = 1isize;
+        for ax in (0..labs.len()).rev() {
+            if !(shape[ax] == 1 && sizes[pos(labs[ax])] != 1) {
+                st[pos(labs[ax])] += s;
+            }
+            s *= shape[ax] as isize;
+        }
+        in_strides.push(st);
+    }
+    let mut out_st = vec![0isize; used.len()];
+    let mut s = 1isize;
+    for &l in out_labels.iter().rev() {
+        out_st[pos(l)] = s;
+        s *= size[l].unwrap_or(0) as isize;
+    }
+    let total: usize = sizes.iter().product();
+    let onum: usize = oshape.iter().product();
+    if dt.is_float() {
+        let data: Vec<Vec<f64>> = tensors
+            .iter()
+            .map(|t| f64s(t).map(|a| a.iter().copied().collect()))
+            .collect::<OpResult<_>>()?;
+        let r = einsum_loop(&data, &in_strides, &out_st, &sizes, total, onum, 0.0, 1.0, |a, b| a + b, |a, b| a * b);
+        let r = ArrayD::from_shape_vec(IxDyn(&oshape), r).map_err(err)?;
+        out(Tensor::from_f64(dt, r, false))
+    } else if dt.is_int() {
+        let data: Vec<Vec<i128>> = tensors
+            .iter()
+            .map(|t| i128s(t).map(|a| a.iter().copied().collect()))
+            .collect::<OpResult<_>>()?;
+        let r = einsum_loop(
+            &data,
+            &in_strides,
+            &out_st,
+            &sizes,
+            total,
+            onum,
+            0i128,
+            1i128,
+            |a, b| a.wrapping_add(b),
+            |a, b| a.wrapping_mul(b),
+        );
+        let r = ArrayD::from_shape_vec(IxDyn(&oshape), r).map_err(err)?;
+        out(Tensor::from_i128(dt, r))
+    } else {
+        bail!("Einsum expects numeric tensors, got {dt}")
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn einsum_loop<T: Copy>(
+    data: &[Vec<T>],
+    in_strides: &[Vec<isize>],
+    out_st: &[isize],
+    sizes: &[usize],
+    total: usize,
+    onum: usize,
+    zero: T,
+    one: T,
+    add: impl Fn(T, T) -> T,
+    mul: impl Fn(T, T) -> T,
+) -> Vec<T> {
+    let mut r = vec![zero; onum];
+    if total == 0 {
+        return r;
+    }
+    let nl = sizes.len();
+    let mut idx = vec![0usize; nl];
+    let mut offs = vec![0isize; data.len()];
+    let mut ooff = 0isize;
+    for _ in 0..total {
+        let mut p = one;
+        for (d, &o) in data.iter().zip(&offs) {
+            p = mul(p, d[o as usize]);
+        }
+        r[ooff as usize] = add(r[ooff as usize], p);
+        // Advance the odometer, keeping offsets in step.
+        for l in (0..nl).rev() {
+            idx[l] += 1;
+            ooff += out_st[l];
+            for (o, st) in offs.iter_mut().zip(in_strides) {
+                *o += st[l];
+            }
+            if idx[l] < sizes[l] {
+                break;
+            }
+            let back = sizes[l] as isize;
+            ooff -= out_st[l] * back;
+            for (o, st) in offs.iter_mut().zip(in_strides) {
+                *o -= st[l] * back;
+            }
+            idx[l] = 0;
+        }
+    }
+    r
+}
+
+// ---------------------------------------------------------------------------------------
+// Det
+
+fn det2(n: usize, m: &mut [f64]) -> f64 {
+    let mut d = 1.0;
+    for c in 0..n {
+        let mut p = c;
+        for r in c + 1..n {
+            if m[r * n + c].abs() > m[p * n + c].abs() {
+                p = r;
+            }
+        }
+        if m[p * n + c] == 0.0 {
+            return 0.0;
+        }
+        if p != c {
+            for j in 0..n {
+                m.swap(p * n + j, c * n + j);
+            }
+            d = -d;
+        }
+        let piv = m[c * n + c];
+        d *= piv;
+        for r in c + 1..n {
+            let f = m[r * n + c] / piv;
+            if f != 0.0 {
+                for j in c..n {
+                    m[r * n + j] -= f * m[c * n + j];
+                }
+            }
+        }
+    }
+    d
+}
+
+fn det(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    let dt = x.dtype();
+    ensure!(dt.is_float(), "Det expects a float tensor, got {dt}");
+    let shape = x.shape().to_vec();
+    let r = shape.len();
+    ensure!(
+        r >= 2 && shape[r - 1] == shape[r - 2],
+        "Det expects [..., M, M], got shape {shape:?}"
+    );
+    let n = shape[r - 1];
+    let v: Vec<f64> = f64s(x)?.iter().copied().collect();
+    let mut res = Vec::new();
+    if n == 0 {
+        let nb: usize = shape[..r - 2].iter().product();
+        res = vec![1.0; nb];
+    } else {
+        for chunk in v.chunks(n * n) {
+            let mut m = chunk.to_vec();
+            res.push(det2(n, &mut m));
+        }
+    }
+    let a = ArrayD::from_shape_vec(IxDyn(&shape[..r - 2]), res).map_err(err)?;
+    out(Tensor::from_f64(dt, a, false))
+}
+
+// ---------------------------------------------------------------------------------------
+// MatMulInteger, QLinearMatMul
+
+/// `x - zero_point` as i64, where a 1-D zero point of length > 1 applies per row of A
+/// (`row_axis`) or per column of B.
+fn sub_zero_point(x: &Tensor, zp: Option<&Tensor>, per_row: bool) -> OpResult<ArrayD<i64>> {
+    let xv = i128s(x)?.mapv(|v| v as i64);
+    let Some(zp) = zp else { return Ok(xv) };
+    ensure!(
+        zp.dtype() == x.dtype(),
+        "zero point dtype {} differs from input dtype {}",
+        zp.dtype(),
+        x.dtype()
+    );
+    let z = i128s(zp)?.mapv(|v| v as i64);
+    if z.len() == 1 {
+        let z0 = z.iter().copied().next().unwrap_or(0);
+        return Ok(xv.mapv(|v| v - z0));
+    }
+    let rank = xv.ndim();
+    ensure!(rank >= 1, "per-axis zero point needs an input of rank >= 1");
+    // Per-row of A: shape [..., M, 1]; per-column of B: shape [..., N] (broadcast).
+    let zz = if per_row && z.ndim() == 1 {
+        z.insert_axis(Axis(1))
+    } else {
+        z
+    };
+    super::util::zip_broadcast(&xv, &zz, |a, b| a - b)
+}
+
+fn matmul_integer(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let a = input(ins, 0)?;
+    let b = input(ins, 1)?;
+    let ai = sub_zero_point(a, opt_input(ins, 2)?, true)?;
+    let bi = sub_zero_point(b, opt_input(ins, 3)?, false)?;
+    let r = batched(ai.view(), bi.view(), &mm_i64)?;
+    out(Tensor::from_array(r.mapv(|v| v as i32)))
+}
+
+/// A scale or zero point of QLinearMatMul as an array broadcastable to the product:
+/// one value, or one per row (`per_row`, shape [M, 1]) or per column (shape [N]).
+fn qparam(t: &Tensor, per_row: bool) -> OpResult<ArrayD<f64>> {
+    let v = f64s(t)?;
+    if v.len() == 1 {
+        return Ok(ArrayD::from_elem(IxDyn(&[]), v.iter().copied().next().unwrap_or(0.0)));
+    }
+    Ok(if per_row && v.ndim() == 1 {
+        v.insert_axis(Axis(1))
+    } else {
+        v
+    })
+}
+
+fn qlinear_matmul(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let a = input(ins, 0)?;
+    let b = input(ins, 3)?;
+    let y_scale_t = input(ins, 6)?;
+    let y_zp = opt_input(ins, 7)?;
+    let ai = sub_zero_point(a, opt_input(ins, 2)?, true)?;
+    let bi = sub_zero_point(b, opt_input(ins, 5)?, false)?;
+    let c = batched(ai.view(), bi.view(), &mm_i64)?.mapv(|v| v as f64);
+    // The reference computes a_scale * b_scale / y_scale in the scales' dtype.
+    let sdt = y_scale_t.dtype();
+    let round = |v: f64| match sdt {
+        DType::F32 => v as f32 as f64,
+        DType::F16 => half::f16::from_f64(v).to_f64(),
+        DType::BF16 => half::bf16::from_f64(v).to_f64(),
+        _ => v,
+    };
+    let sa = qparam(input(ins, 1)?, true)?;
+    let sb = qparam(input(ins, 4)?, false)?;
+    let sy = qparam(y_scale_t, true)?;
+    let ab = super::util::zip_broadcast(&sa, &sb, |x, y| round(x * y))?;
+    let factor = super::util::zip_broadcast(&ab, &sy, |x, y| round(x / y))?;
+    let (odt, zp) = match y_zp {
+        Some(z) => (z.dtype(), qparam(z, true)?),
+        None => (a.dtype(), ArrayD::from_elem(IxDyn(&[]), 0.0)),
+    };
+    let (lo, hi) = odt
+        .int_range()
+        .ok_or_else(|| OpError::new(format!("unsupported output dtype {odt}")))?;
+    let d = super::util::zip_broadcast(&c, &factor, |x, f| x * f)?;
+    let r = super::util::zip_broadcast(&d, &zp, |x, z| {
+        ((x + z).round_ties_even() as i128).clamp(lo, hi)
+    })?;
+    ensure!(
+        r.shape() == c.shape(),
+        "QLinearMatMul scales or zero points of shape {:?} change the output shape {:?}",
+        r.shape(),
+        c.shape()
+    );
+    out(Tensor::from_i128(odt, r))
+}

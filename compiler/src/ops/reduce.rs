@@ -1,5 +1,717 @@
-//! reduce ops.
+//! Reductions (ReduceSum, ReduceMean, ...), index reductions (ArgMax, ArgMin, TopK),
+//! scans (CumSum, CumProd), the softmax family (Softmax, LogSoftmax, Hardmax) and the
+//! losses built on them (NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss).
 
-use super::Registry;
+use super::util::{axis, f64s, i128s, input, ints, opt_input, out, outs, scalar_i64};
+use super::{OpCtx, Registry};
+use crate::ir::{DType, OpResult, Tensor, Value};
+use crate::{bail, ensure, try_map_data};
+use ndarray::{ArrayD, IxDyn};
+use std::cmp::Ordering;
 
-pub fn register(_r: &mut Registry) {}
+pub fn register(r: &mut Registry) {
+    r.add_shaped("ReduceSum", reduce_sum, &[1]);
+    r.add_shaped("ReduceMean", reduce_mean, &[1]);
+    r.add_shaped("ReduceMax", reduce_max, &[1]);
+    r.add_shaped("ReduceMin", reduce_min, &[1]);
+    r.add_shaped("ReduceProd", reduce_prod, &[1]);
+    r.add_shaped("ReduceL1", reduce_l1, &[1]);
+    r.add_shaped("ReduceL2", reduce_l2, &[1]);
+    r.add_shaped("ReduceLogSum", reduce_log_sum, &[1]);
+    r.add_shaped("ReduceLogSumExp", reduce_log_sum_exp, &[1]);
+    r.add_shaped("ReduceSumSquare", reduce_sum_square, &[1]);
+    r.add("ArgMax", argmax);
+    r.add("ArgMin", argmin);
+    r.add_shaped("TopK", topk, &[1]);
+    r.add("CumSum", cumsum);
+    r.add("CumProd", cumprod);
+    r.add("Softmax", softmax);
+    r.add("LogSoftmax", log_softmax);
+    r.add("Hardmax", hardmax);
+    r.add("NegativeLogLikelihoodLoss", nll_loss);
+    r.add("SoftmaxCrossEntropyLoss", sce_loss);
+}
+
+// ---------------------------------------------------------------------------------------
+// Layout helpers
+
+/// Elements in logical (row-major) order.
+fn flat<T: Clone>(a: &ArrayD<T>) -> Vec<T> {
+    match a.as_slice() {
+        Some(s) => s.to_vec(),
+        None => a.iter().cloned().collect(),
+    }
+}
+
+fn from_flat<T>(shape: &[usize], v: Vec<T>) -> OpResult<ArrayD<T>> {
+    ArrayD::from_shape_vec(IxDyn(shape), v)
+        .map_err(|e| crate::ir::OpError::new(format!("internal shape error: {e}")))
+}
+
+/// (outer, n, inner) sizes when working along `ax`.
+fn split3(shape: &[usize], ax: usize) -> (usize, usize, usize) {
+    let outer = shape[..ax].iter().product();
+    let n = shape.get(ax).copied().unwrap_or(1);
+    let inner = shape[(ax + 1).min(shape.len())..].iter().product();
+    (outer, n, inner)
+}
+
+// ---------------------------------------------------------------------------------------
+// Reduce*
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    Sum,
+    Mean,
+    Max,
+    Min,
+    Prod,
+    L1,
+    L2,
+    LogSum,
+    LogSumExp,
+    SumSquare,
+}
+
+/// The axes to reduce: None for all, Some(empty) for none (noop_with_empty_axes).
+fn reduce_axes(ctx: &OpCtx, ins: &[Option<&Value>], rank: usize) -> OpResult<Option<Vec<usize>>> {
+    let given = match opt_input(ins, 1)? {
+        Some(t) => Some(ints(t)?),
+        None => ctx.attrs.get_ints("axes")?,
+    };
+    match given {
+        Some(v) if !v.is_empty() => Ok(Some(super::util::axes(&v, rank.max(1))?)),
+        _ => {
+            if ctx.attrs.int("noop_with_empty_axes", 0)? != 0 {
+                Ok(Some(vec![]))
+            } else {
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// Groups the elements so that each reduction's elements are contiguous.
+struct Groups<T> {
+    data: Vec<T>,
+    groups: usize,
+    size: usize,
+    out_shape: Vec<usize>,
+}
+
+fn group<T: Clone>(a: &ArrayD<T>, axes: &Option<Vec<usize>>, keepdims: bool) -> Groups<T> {
+    let rank = a.ndim();
+    let red: Vec<bool> = (0..rank)
+        .map(|i| match axes {
+            None => true,
+            Some(v) => v.contains(&i),
+        })
+        .collect();
+    let shape = a.shape();
+    let mut perm: Vec<usize> = (0..rank).filter(|&i| !red[i]).collect();
+    perm.extend((0..rank).filter(|&i| red[i]));
+    let groups: usize = (0..rank).filter(|&i| !red[i]).map(|i| shape[i]).product();
+    let size: usize = (0..rank).filter(|&i| red[i]).map(|i| shape[i]).product();
+    let mut out_shape = Vec::new();
+    for i in 0..rank {
+        if red[i] {
+            if keepdims {
+                out_shape.push(1);
+            }
+        } else {
+            out_shape.push(shape[i]);
+        }
+    }
+    let data = if perm.iter().enumerate().all(|(i, &p)| i == p) {
+        flat(a)
+    } else {
+        a.view().permuted_axes(IxDyn(&perm)).iter().cloned().collect()
+    };
+    Groups {
+        data,
+        groups,
+        size,
+        out_shape,
+    }
+}
+
+fn run_groups<T: Clone, R>(g: &Groups<T>, f: impl Fn(&[T]) -> R) -> OpResult<ArrayD<R>> {
+    let mut v = Vec::with_capacity(g.groups);
+    for i in 0..g.groups {
+        let s = &g.data[i * g.size..(i + 1) * g.size];
+        v.push(f(s));
+    }
+    from_flat(&g.out_shape, v)
+}
+
+fn reduce_f64(kind: Kind, s: &[f64]) -> f64 {
+    match kind {
+        Kind::Sum => s.iter().sum(),
+        Kind::Mean => s.iter().sum::<f64>() / s.len() as f64,
+        Kind::Max => s.iter().fold(f64::NEG_INFINITY, |m, &x| {
+            if x.is_nan() || m.is_nan() {
+                f64::NAN
+            } else {
+                m.max(x)
+            }
+        }),
+        Kind::Min => s.iter().fold(f64::INFINITY, |m, &x| {
+            if x.is_nan() || m.is_nan() {
+                f64::NAN
+            } else {
+                m.min(x)
+            }
+        }),
+        Kind::Prod => s.iter().product(),
+        Kind::L1 => s.iter().map(|x| x.abs()).sum(),
+        Kind::L2 => s.iter().map(|x| x * x).sum::<f64>().sqrt(),
+        Kind::LogSum => s.iter().sum::<f64>().ln(),
+        Kind::LogSumExp => {
+            let m = s.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x));
+            if m.is_finite() {
+                m + s.iter().map(|x| (x - m).exp()).sum::<f64>().ln()
+            } else {
+                s.iter().map(|x| x.exp()).sum::<f64>().ln()
+            }
+        }
+        Kind::SumSquare => s.iter().map(|x| x * x).sum(),
+    }
+}
+
+fn reduce_i128(kind: Kind, s: &[i128], dt: DType) -> i128 {
+    let (lo, hi) = dt.int_range().unwrap_or((i64::MIN as i128, i64::MAX as i128));
+    match kind {
+        Kind::Sum => s.iter().fold(0i128, |a, &x| a.wrapping_add(x)),
+        Kind::Max => s.iter().copied().max().unwrap_or(lo),
+        Kind::Min => s.iter().copied().min().unwrap_or(hi),
+        Kind::Prod => s.iter().fold(1i128, |a, &x| a.wrapping_mul(x)),
+        Kind::L1 => s.iter().fold(0i128, |a, &x| a.wrapping_add(x.wrapping_abs())),
+        Kind::SumSquare => s.iter().fold(0i128, |a, &x| a.wrapping_add(x.wrapping_mul(x))),
+        // Not reached: the other kinds go through f64.
+        _ => 0,
+    }
+}
+
+fn reduce(kind: Kind, ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    let dt = x.dtype();
+    let axes = reduce_axes(ctx, ins, x.rank())?;
+    let keepdims = ctx.attrs.int("keepdims", 1)? != 0;
+    if dt == DType::Bool {
+        let a = x.to_bool().unwrap_or_default();
+        let g = group(&a, &axes, keepdims);
+        let r = match kind {
+            Kind::Max => run_groups(&g, |s| s.iter().any(|&b| b))?,
+            Kind::Min => run_groups(&g, |s| s.iter().all(|&b| b))?,
+            _ => bail!("{:?} is not defined for bool tensors", kind),
+        };
+        return out(Tensor::from_array(r));
+    }
+    let int_kind = matches!(
+        kind,
+        Kind::Sum | Kind::Max | Kind::Min | Kind::Prod | Kind::L1 | Kind::SumSquare
+    );
+    if dt.is_int() && int_kind {
+        let a = i128s(x)?;
+        let g = group(&a, &axes, keepdims);
+        let r = run_groups(&g, |s| reduce_i128(kind, s, dt))?;
+        return out(Tensor::from_i128(dt, r));
+    }
+    ensure!(dt.is_numeric(), "expected a numeric tensor, got {dt}");
+    let a = f64s(x)?;
+    let g = group(&a, &axes, keepdims);
+    let r = run_groups(&g, |s| reduce_f64(kind, s))?;
+    if dt.is_int() {
+        // Integer results of float-valued reductions truncate toward zero.
+        return out(Tensor::from_i128(dt, r.mapv(|v| v as i128)));
+    }
+    out(Tensor::from_f64(dt, r, false))
+}
+
+fn reduce_sum(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    reduce(Kind::Sum, ctx, ins)
+}
+fn reduce_mean(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    reduce(Kind::Mean, ctx, ins)
+}
+fn reduce_max(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    reduce(Kind::Max, ctx, ins)
+}
+fn reduce_min(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    reduce(Kind::Min, ctx, ins)
+}
+fn reduce_prod(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    reduce(Kind::Prod, ctx, ins)
+}
+fn reduce_l1(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    reduce(Kind::L1, ctx, ins)
+}
+fn reduce_l2(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    reduce(Kind::L2, ctx, ins)
+}
+fn reduce_log_sum(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    reduce(Kind::LogSum, ctx, ins)
+}
+fn reduce_log_sum_exp(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    reduce(Kind::LogSumExp, ctx, ins)
+}
+fn reduce_sum_square(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    reduce(Kind::SumSquare, ctx, ins)
+}
+
+// ---------------------------------------------------------------------------------------
+// ArgMax / ArgMin
+
+/// Index of the max (or min) of a lane; NaN wins (like NumPy), ties go to the first or
+/// last occurrence.
+fn pick<T: PartialOrd + Copy>(
+    lane: impl Iterator<Item = T>,
+    is_nan: impl Fn(T) -> bool,
+    max: bool,
+    last: bool,
+) -> usize {
+    let mut best: Option<(usize, T)> = None;
+    for (j, x) in lane.enumerate() {
+        let Some((_, b)) = best else {
+            best = Some((j, x));
+            continue;
+        };
+        let (xn, bn) = (is_nan(x), is_nan(b));
+        let take = if bn {
+            xn && last
+        } else if xn {
+            true
+        } else if x == b {
+            last
+        } else if max {
+            x > b
+        } else {
+            x < b
+        };
+        if take {
+            best = Some((j, x));
+        }
+    }
+    best.map(|(j, _)| j).unwrap_or(0)
+}
+
+fn arg_lanes<T: PartialOrd + Copy>(
+    v: &[T],
+    (outer, n, inner): (usize, usize, usize),
+    is_nan: impl Fn(T) -> bool + Copy,
+    max: bool,
+    last: bool,
+) -> Vec<i64> {
+    let mut r = Vec::with_capacity(outer * inner);
+    for o in 0..outer {
+        for i in 0..inner {
+            let lane = (0..n).map(|j| v[(o * n + j) * inner + i]);
+            r.push(pick(lane, is_nan, max, last) as i64);
+        }
+    }
+    r
+}
+
+fn arg(ctx: &OpCtx, ins: &[Option<&Value>], max: bool) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    let rank = x.rank();
+    ensure!(rank >= 1, "ArgMax/ArgMin need an input of rank >= 1");
+    let ax = axis(ctx.attrs.int("axis", 0)?, rank)?;
+    let keepdims = ctx.attrs.int("keepdims", 1)? != 0;
+    let last = ctx.attrs.int("select_last_index", 0)? != 0;
+    let shape = x.shape().to_vec();
+    let s3 = split3(&shape, ax);
+    ensure!(s3.1 > 0, "cannot take ArgMax/ArgMin over an empty axis");
+    let r = if x.dtype().is_float() {
+        arg_lanes(&flat(&f64s(x)?), s3, |v: f64| v.is_nan(), max, last)
+    } else {
+        arg_lanes(&flat(&i128s(x)?), s3, |_| false, max, last)
+    };
+    let mut oshape = shape.clone();
+    if keepdims {
+        oshape[ax] = 1;
+    } else {
+        oshape.remove(ax);
+    }
+    out(Tensor::from_array(from_flat(&oshape, r)?))
+}
+
+fn argmax(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    arg(ctx, ins, true)
+}
+fn argmin(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    arg(ctx, ins, false)
+}
+
+// ---------------------------------------------------------------------------------------
+// TopK
+
+/// Takes elements along an axis laid out as (outer, n, inner) at the given per-lane
+/// indices (laid out as (outer, k, inner)).
+fn take_lanes<T: Clone>(
+    a: &ArrayD<T>,
+    (outer, n, inner): (usize, usize, usize),
+    k: usize,
+    idx: &[usize],
+    oshape: &[usize],
+) -> OpResult<ArrayD<T>> {
+    let v = flat(a);
+    let mut r = Vec::with_capacity(outer * k * inner);
+    for o in 0..outer {
+        for j in 0..k {
+            for i in 0..inner {
+                let src = idx[(o * k + j) * inner + i];
+                r.push(v[(o * n + src) * inner + i].clone());
+            }
+        }
+    }
+    from_flat(oshape, r)
+}
+
+fn topk_indices<T: Copy>(
+    v: &[T],
+    (outer, n, inner): (usize, usize, usize),
+    k: usize,
+    cmp: impl Fn(T, T) -> Ordering,
+    largest: bool,
+) -> Vec<usize> {
+    let mut r = vec![0usize; outer * k * inner];
+    let mut lane: Vec<usize> = Vec::with_capacity(n);
+    for o in 0..outer {
+        for i in 0..inner {
+            lane.clear();
+            lane.extend(0..n);
+            let at = |j: usize| v[(o * n + j) * inner + i];
+            lane.sort_by(|&p, &q| {
+                let c = cmp(at(p), at(q));
+                let c = if largest { c.reverse() } else { c };
+                c.then(p.cmp(&q))
+            });
+            for j in 0..k {
+                r[(o * k + j) * inner + i] = lane[j];
+            }
+        }
+    }
+    r
+}
+
+/// Float order with NaN above everything (NumPy's sort order).
+fn cmp_f64(a: f64, b: f64) -> Ordering {
+    match (a.is_nan(), b.is_nan()) {
+        (true, true) => Ordering::Equal,
+        (true, false) => Ordering::Greater,
+        (false, true) => Ordering::Less,
+        _ => a.partial_cmp(&b).unwrap_or(Ordering::Equal),
+    }
+}
+
+fn topk(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    let rank = x.rank();
+    ensure!(rank >= 1, "TopK needs an input of rank >= 1");
+    let k = match opt_input(ins, 1)? {
+        Some(t) => scalar_i64(t)?,
+        None => ctx.attrs.req_int("k")?,
+    };
+    let ax = axis(ctx.attrs.int("axis", -1)?, rank)?;
+    let largest = ctx.attrs.int("largest", 1)? != 0;
+    let shape = x.shape().to_vec();
+    let s3 = split3(&shape, ax);
+    ensure!(
+        k >= 0 && (k as usize) <= s3.1,
+        "k = {k} is out of range for an axis of size {}",
+        s3.1
+    );
+    let k = k as usize;
+    let idx = if x.dtype().is_float() {
+        topk_indices(&flat(&f64s(x)?), s3, k, cmp_f64, largest)
+    } else if x.dtype().is_int() {
+        topk_indices(&flat(&i128s(x)?), s3, k, |a: i128, b| a.cmp(&b), largest)
+    } else {
+        bail!("TopK expects a numeric tensor, got {}", x.dtype())
+    };
+    let mut oshape = shape.clone();
+    oshape[ax] = k;
+    let values = try_map_data!(x, a => take_lanes(a, s3, k, &idx, &oshape));
+    let indices = from_flat(&oshape, idx.iter().map(|&i| i as i64).collect())?;
+    outs(vec![values, Tensor::from_array(indices)])
+}
+
+// ---------------------------------------------------------------------------------------
+// CumSum / CumProd
+
+fn scan<T: Copy>(
+    v: &[T],
+    (outer, n, inner): (usize, usize, usize),
+    init: T,
+    f: impl Fn(T, T) -> T,
+    exclusive: bool,
+    reverse: bool,
+) -> Vec<T> {
+    let mut r = vec![init; v.len()];
+    for o in 0..outer {
+        for i in 0..inner {
+            let mut acc = init;
+            for step in 0..n {
+                let j = if reverse { n - 1 - step } else { step };
+                let p = (o * n + j) * inner + i;
+                if exclusive {
+                    r[p] = acc;
+                    acc = f(acc, v[p]);
+                } else {
+                    acc = f(acc, v[p]);
+                    r[p] = acc;
+                }
+            }
+        }
+    }
+    r
+}
+
+fn cum(ctx: &OpCtx, ins: &[Option<&Value>], prod: bool) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    let rank = x.rank();
+    let ax = axis(scalar_i64(input(ins, 1)?)?, rank)?;
+    let exclusive = ctx.attrs.int("exclusive", 0)? != 0;
+    let reverse = ctx.attrs.int("reverse", 0)? != 0;
+    let shape = x.shape().to_vec();
+    if rank == 0 {
+        return out(x.clone());
+    }
+    let s3 = split3(&shape, ax);
+    let dt = x.dtype();
+    if dt.is_float() {
+        let v = flat(&f64s(x)?);
+        let r = if prod {
+            scan(&v, s3, 1.0, |a, b| a * b, exclusive, reverse)
+        } else {
+            scan(&v, s3, 0.0, |a, b| a + b, exclusive, reverse)
+        };
+        out(Tensor::from_f64(dt, from_flat(&shape, r)?, false))
+    } else if dt.is_int() {
+        let v = flat(&i128s(x)?);
+        let r = if prod {
+            scan(&v, s3, 1, |a: i128, b| a.wrapping_mul(b), exclusive, reverse)
+        } else {
+            scan(&v, s3, 0, |a: i128, b| a.wrapping_add(b), exclusive, reverse)
+        };
+        out(Tensor::from_i128(dt, from_flat(&shape, r)?))
+    } else {
+        bail!("expected a numeric tensor, got {dt}")
+    }
+}
+
+fn cumsum(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    cum(ctx, ins, false)
+}
+fn cumprod(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    cum(ctx, ins, true)
+}
+
+// ---------------------------------------------------------------------------------------
+// Softmax, LogSoftmax, Hardmax
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SoftKind {
+    Softmax,
+    LogSoftmax,
+    Hardmax,
+}
+
+/// Applies `kind` on each lane of `v` laid out as (outer, n, inner).
+fn soft_lanes(v: &mut [f64], (outer, n, inner): (usize, usize, usize), kind: SoftKind) {
+    let mut lane = vec![0f64; n];
+    for o in 0..outer {
+        for i in 0..inner {
+            for (j, l) in lane.iter_mut().enumerate() {
+                *l = v[(o * n + j) * inner + i];
+            }
+            soft_lane(&mut lane, kind);
+            for (j, l) in lane.iter().enumerate() {
+                v[(o * n + j) * inner + i] = *l;
+            }
+        }
+    }
+}
+
+fn soft_lane(lane: &mut [f64], kind: SoftKind) {
+    if lane.is_empty() {
+        return;
+    }
+    match kind {
+        SoftKind::Hardmax => {
+            let best = pick(lane.iter().copied(), |x: f64| x.is_nan(), true, false);
+            for (j, l) in lane.iter_mut().enumerate() {
+                *l = if j == best { 1.0 } else { 0.0 };
+            }
+        }
+        SoftKind::Softmax | SoftKind::LogSoftmax => {
+            let m = lane.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x));
+            let m = if m.is_finite() { m } else { 0.0 };
+            let sum: f64 = lane.iter().map(|&x| (x - m).exp()).sum();
+            if kind == SoftKind::Softmax {
+                for l in lane.iter_mut() {
+                    *l = (*l - m).exp() / sum;
+                }
+            } else {
+                let ls = sum.ln();
+                for l in lane.iter_mut() {
+                    *l = *l - m - ls;
+                }
+            }
+        }
+    }
+}
+
+fn soft(ctx: &OpCtx, ins: &[Option<&Value>], kind: SoftKind) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    let dt = x.dtype();
+    ensure!(dt.is_float(), "expected a float tensor, got {dt}");
+    let shape = x.shape().to_vec();
+    let rank = shape.len();
+    let new = ctx.opset >= 13;
+    let ax = ctx.attrs.int("axis", if new { -1 } else { 1 })?;
+    if rank == 0 {
+        let v = f64s(x)?;
+        let r = v.mapv(|x| {
+            let mut l = [x];
+            soft_lane(&mut l, kind);
+            l[0]
+        });
+        return out(Tensor::from_f64(dt, r, false));
+    }
+    let ax = if new {
+        axis(ax, rank)?
+    } else {
+        // Opset < 13: the input is coerced to 2-D [prod(dims[..axis]), prod(dims[axis..])]
+        // and the operation runs along the second dimension; axis may equal rank.
+        let r = rank as i64;
+        ensure!(ax >= -r && ax <= r, "axis {ax} is out of range for rank {rank}");
+        if ax < 0 {
+            (ax + r) as usize
+        } else {
+            ax as usize
+        }
+    };
+    let s3 = if new {
+        split3(&shape, ax)
+    } else {
+        (
+            shape[..ax].iter().product(),
+            shape[ax..].iter().product(),
+            1,
+        )
+    };
+    let mut v = flat(&f64s(x)?);
+    soft_lanes(&mut v, s3, kind);
+    out(Tensor::from_f64(dt, from_flat(&shape, v)?, false))
+}
+
+fn softmax(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    soft(ctx, ins, SoftKind::Softmax)
+}
+fn log_softmax(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    soft(ctx, ins, SoftKind::LogSoftmax)
+}
+fn hardmax(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    soft(ctx, ins, SoftKind::Hardmax)
+}
+
+// ---------------------------------------------------------------------------------------
+// NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss
+
+/// The shared loss: `logp` is (N, C, d...) log-probabilities (flat, row-major), `target`
+/// is (N, d...). Returns the reduced (or unreduced) loss.
+fn nll(
+    logp: &[f64],
+    shape: &[usize],
+    target: &Tensor,
+    weight: Option<&Tensor>,
+    ignore_index: Option<i64>,
+    reduction: &str,
+) -> OpResult<ArrayD<f64>> {
+    ensure!(
+        shape.len() >= 2,
+        "the input must have shape (N, C, d1, ...), got {shape:?}"
+    );
+    let (n, c) = (shape[0], shape[1]);
+    let d: usize = shape[2..].iter().product();
+    let tshape = target.shape().to_vec();
+    let mut want = vec![n];
+    want.extend_from_slice(&shape[2..]);
+    ensure!(
+        tshape == want,
+        "target shape {tshape:?} does not match input shape {shape:?}"
+    );
+    let t = ints(target)?;
+    let w = match weight {
+        Some(w) => {
+            let w = flat(&f64s(w)?);
+            ensure!(w.len() == c, "weight has {} elements but C = {c}", w.len());
+            Some(w)
+        }
+        None => None,
+    };
+    let mut loss = vec![0f64; n * d];
+    let mut wsum = 0f64;
+    for i in 0..n {
+        for k in 0..d {
+            let cls = t[i * d + k];
+            if Some(cls) == ignore_index {
+                continue;
+            }
+            ensure!(
+                cls >= 0 && (cls as usize) < c,
+                "target {cls} is out of range for {c} classes"
+            );
+            let cls = cls as usize;
+            let wt = w.as_ref().map(|w| w[cls]).unwrap_or(1.0);
+            loss[i * d + k] = -logp[(i * c + cls) * d + k] * wt;
+            wsum += wt;
+        }
+    }
+    Ok(match reduction {
+        "none" => from_flat(&tshape, loss)?,
+        "sum" => ArrayD::from_elem(IxDyn(&[]), loss.iter().sum()),
+        "mean" => ArrayD::from_elem(IxDyn(&[]), loss.iter().sum::<f64>() / wsum),
+        other => bail!("unknown reduction `{other}` (expected none, sum or mean)"),
+    })
+}
+
+fn loss_attrs(ctx: &OpCtx) -> OpResult<(Option<i64>, String)> {
+    Ok((
+        ctx.attrs.get_int("ignore_index")?,
+        ctx.attrs.string("reduction", "mean".to_string())?,
+    ))
+}
+
+fn nll_loss(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    let dt = x.dtype();
+    ensure!(dt.is_float(), "expected a float input, got {dt}");
+    let (ii, red) = loss_attrs(ctx)?;
+    let v = flat(&f64s(x)?);
+    let r = nll(&v, x.shape(), input(ins, 1)?, opt_input(ins, 2)?, ii, &red)?;
+    out(Tensor::from_f64(dt, r, false))
+}
+
+fn sce_loss(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    let dt = x.dtype();
+    ensure!(dt.is_float(), "expected a float input, got {dt}");
+    let (ii, red) = loss_attrs(ctx)?;
+    let shape = x.shape().to_vec();
+    ensure!(
+        shape.len() >= 2,
+        "the input must have shape (N, C, d1, ...), got {shape:?}"
+    );
+    let d: usize = shape[2..].iter().product();
+    let mut v = flat(&f64s(x)?);
+    soft_lanes(&mut v, (shape[0], shape[1], d), SoftKind::LogSoftmax);
+    let r = nll(&v, &shape, input(ins, 1)?, opt_input(ins, 2)?, ii, &red)?;
+    let mut res = vec![Tensor::from_f64(dt, r, false)];
+    if ctx.n_outputs >= 2 {
+        res.push(Tensor::from_f64(dt, from_flat(&shape, v)?, false));
+    }
+    outs(res)
+}
