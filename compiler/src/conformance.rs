@@ -220,8 +220,33 @@ pub fn counts(results: &[CaseResult]) -> (usize, usize, usize) {
     c
 }
 
-/// The Markdown of `docs/conformance.md`: a summary line, then a table per op.
-pub fn markdown(results: &[CaseResult], onnx_version: &str) -> String {
+/// Runs the wheel's other suites laid out under `dir/<suite>/<case>` (as written by
+/// `tests/conformance/gen_node_cases.py --other`); case names become `suite/case`.
+pub fn run_other_suites(dir: &Path) -> std::io::Result<Vec<CaseResult>> {
+    let mut out = Vec::new();
+    let mut suites: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir())
+        .collect();
+    suites.sort();
+    for s in suites {
+        let suite = s
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string();
+        for mut r in run_suite(&s, None)? {
+            r.name = format!("{suite}/{}", r.name);
+            r.op = suite.clone();
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+/// The Markdown of `docs/conformance.md`: a summary line, then a table per op, then the
+/// wheel's other suites and every case that does not pass.
+pub fn markdown(results: &[CaseResult], other: &[CaseResult], onnx_version: &str) -> String {
     let (p, f, u) = counts(results);
     let n = results.len();
     let mut s = String::new();
@@ -234,8 +259,9 @@ pub fn markdown(results: &[CaseResult], onnx_version: &str) -> String {
     );
     let _ = writeln!(
         s,
-        "Regenerate with `bash tests/conformance.sh --write-doc`. The list of passing cases \
-         (`tests/conformance/reference-pass.txt`) is enforced by `cargo test`.\n"
+        "Regenerate with `bash tests/conformance.sh --write`. The list of passing cases \
+         (`tests/conformance/reference-pass.txt`) is enforced by `cargo test`; the tolerance \
+         is ONNX's own, |a-b| <= 1e-7 + 1e-3*|b|, NaN equal to NaN.\n"
     );
     let mut by_op: BTreeMap<&str, Vec<&CaseResult>> = BTreeMap::new();
     for r in results {
@@ -247,10 +273,28 @@ pub fn markdown(results: &[CaseResult], onnx_version: &str) -> String {
         let (p, f, u) = counts(&rs.iter().map(|r| (*r).clone()).collect::<Vec<_>>());
         let _ = writeln!(s, "| {op} | {p} | {f} | {u} |");
     }
+    if !other.is_empty() {
+        let (p, f, u) = counts(other);
+        let _ = writeln!(
+            s,
+            "\n## The wheel's other suites\n\nReference evaluator: **{p} of {} passed**, {f} failed, {u} unsupported.\n",
+            other.len()
+        );
+        let mut by_suite: BTreeMap<&str, Vec<CaseResult>> = BTreeMap::new();
+        for r in other {
+            by_suite.entry(r.op.as_str()).or_default().push(r.clone());
+        }
+        let _ = writeln!(s, "| suite | passed | failed | unsupported |");
+        let _ = writeln!(s, "|---|---:|---:|---:|");
+        for (suite, rs) in &by_suite {
+            let (p, f, u) = counts(rs);
+            let _ = writeln!(s, "| {suite} | {p} | {f} | {u} |");
+        }
+    }
     let _ = writeln!(s, "\n## Cases that do not pass\n");
     let _ = writeln!(s, "| case | status | reason |");
     let _ = writeln!(s, "|---|---|---|");
-    for r in results {
+    for r in results.iter().chain(other) {
         let (st, why) = match &r.status {
             Status::Passed => continue,
             Status::Failed(w) => ("failed", w),

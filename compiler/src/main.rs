@@ -62,6 +62,10 @@ enum Cmd {
         /// Only cases whose name matches this regular expression.
         #[arg(long)]
         filter: Option<String>,
+        /// Also run the wheel's other suites laid out in this folder (one sub-folder per
+        /// suite, as `tests/conformance/gen_node_cases.py --other` writes them).
+        #[arg(long, value_name = "DIR")]
+        other: Option<PathBuf>,
         /// Print every case, not only the summary and failures.
         #[arg(long, short)]
         verbose: bool,
@@ -231,6 +235,7 @@ fn real_main(cli: Cli) -> Result<()> {
         Some(Cmd::Conformance {
             dir,
             filter,
+            other,
             verbose,
             write_doc,
             write_pass_list,
@@ -243,7 +248,21 @@ fn real_main(cli: Cli) -> Result<()> {
                 path: dir.clone(),
                 source: e,
             })?;
-            for r in &results {
+            let others = match &other {
+                Some(o) => conformance::run_other_suites(o).map_err(|e| Error::Io {
+                    path: o.clone(),
+                    source: e,
+                })?,
+                None => Vec::new(),
+            };
+            if !others.is_empty() {
+                let (p, f, u) = conformance::counts(&others);
+                println!(
+                    "other suites: {} cases: {p} passed, {f} failed, {u} unsupported",
+                    others.len()
+                );
+            }
+            for r in results.iter().chain(&others) {
                 match &r.status {
                     conformance::Status::Passed if verbose => println!("PASS {}", r.name),
                     conformance::Status::Failed(w) => println!("FAIL {}: {w}", r.name),
@@ -259,16 +278,19 @@ fn real_main(cli: Cli) -> Result<()> {
                 results.len()
             );
             if let Some(path) = write_doc {
-                std::fs::write(&path, conformance::markdown(&results, &onnx_version)).map_err(
-                    |e| Error::Io {
-                        path: path.clone(),
-                        source: e,
-                    },
-                )?;
+                std::fs::write(
+                    &path,
+                    conformance::markdown(&results, &others, &onnx_version),
+                )
+                .map_err(|e| Error::Io {
+                    path: path.clone(),
+                    source: e,
+                })?;
             }
             if let Some(path) = write_pass_list {
                 let mut s: String = results
                     .iter()
+                    .chain(&others)
                     .filter(|r| r.status == conformance::Status::Passed)
                     .map(|r| format!("{}\n", r.name))
                     .collect();

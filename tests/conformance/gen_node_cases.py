@@ -8,7 +8,12 @@ layout (and proto kinds: TensorProto, SequenceProto, OptionalProto) of ONNX's ow
 `backend-test-tools generate-data`. It also writes OUT/ops.tsv, mapping each case to the
 operator it tests, and OUT/COUNT with the number of cases.
 
-usage: gen_node_cases.py OUT_DIR
+With --other OTHER_DIR it also lays out the wheel's other suites (pytorch-converted,
+pytorch-operator, simple: copied as they are; light: model plus the dummy input that
+ONNX's runner generates, arange(n)/n, and the stored expected output) as
+OTHER_DIR/<suite>/<case>/.
+
+usage: gen_node_cases.py OUT_DIR [--other OTHER_DIR]
 """
 import os
 import re
@@ -84,6 +89,41 @@ def main():
     with open(os.path.join(out, "COUNT"), "w") as f:
         f.write(f"{len(cases)}\n")
     print(f"wrote {len(cases)} node test cases to {out}")
+    if "--other" in sys.argv:
+        write_other(sys.argv[sys.argv.index("--other") + 1])
+
+
+def write_other(out):
+    import numpy as np
+
+    data = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data")
+    if os.path.exists(out):
+        shutil.rmtree(out)
+    for suite in ("pytorch-converted", "pytorch-operator", "simple"):
+        shutil.copytree(os.path.join(data, suite), os.path.join(out, suite))
+    light = os.path.join(data, "light")
+    for f in sorted(os.listdir(light)):
+        if not f.endswith(".onnx"):
+            continue
+        name = f[: -len(".onnx")]
+        d = os.path.join(out, "light", "test_" + name[len("light_"):])
+        ds = os.path.join(d, "test_data_set_0")
+        os.makedirs(ds)
+        shutil.copy(os.path.join(light, f), os.path.join(d, "model.onnx"))
+        model = onnx.load(os.path.join(light, f))
+        inits = {i.name for i in model.graph.initializer}
+        k = 0
+        for x in model.graph.input:
+            if x.name in inits:
+                continue
+            shape = tuple(dd.dim_value if dd.HasField("dim_value") else 1 for dd in x.type.tensor_type.shape.dim)
+            n = int(np.prod(shape))
+            value = (np.arange(n).reshape(shape) / n).astype(np.float32)
+            with open(os.path.join(ds, f"input_{k}.pb"), "wb") as fh:
+                fh.write(numpy_helper.from_array(value).SerializeToString())
+            k += 1
+        shutil.copy(os.path.join(light, name + "_output_0.pb"), os.path.join(ds, "output_0.pb"))
+    print(f"wrote the other suites to {out}")
 
 
 if __name__ == "__main__":

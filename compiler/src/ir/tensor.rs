@@ -556,7 +556,7 @@ fn py_repr(sci: String, nan: bool, inf: bool, neg: bool) -> String {
         .map(|m| ("-", m))
         .unwrap_or(("", mant));
     let digits: String = mant.chars().filter(|c| *c != '.').collect();
-    if (-5..16).contains(&exp) {
+    if (-4..16).contains(&exp) {
         let point = exp + 1; // position of the decimal point in `digits`
         let s = if point <= 0 {
             format!("0.{}{}", "0".repeat((-point) as usize), digits)

@@ -97,9 +97,7 @@ fn batched<T: Clone + Default>(
     if !b_vec {
         fshape.push(n);
     }
-    result
-        .into_shape_with_order(IxDyn(&fshape))
-        .map_err(err)
+    result.into_shape_with_order(IxDyn(&fshape)).map_err(err)
 }
 
 /// The 2-D matrix of `x` at (broadcast) batch index `idx` of a batch of rank `nbatch`.
@@ -332,10 +330,7 @@ fn einsum(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         Some((l, r)) => (l.to_string(), Some(r.to_string())),
         None => (eq.clone(), None),
     };
-    let terms: Vec<Vec<Option<char>>> = lhs
-        .split(',')
-        .map(parse_term)
-        .collect::<OpResult<_>>()?;
+    let terms: Vec<Vec<Option<char>>> = lhs.split(',').map(parse_term).collect::<OpResult<_>>()?;
     ensure!(
         terms.len() == nin,
         "equation `{eq}` names {} operands but {nin} were given",
@@ -388,9 +383,7 @@ fn einsum(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
                 Some(s) if s == d => s,
                 Some(1) if l >= NL => d,
                 Some(s) if l >= NL && d == 1 => s,
-                Some(s) => bail!(
-                    "Einsum label sizes disagree ({s} vs {d}) in equation `{eq}`"
-                ),
+                Some(s) => bail!("Einsum label sizes disagree ({s} vs {d}) in equation `{eq}`"),
             });
         }
         axis_labels.push(labs);
@@ -456,7 +449,18 @@ fn einsum(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
             .iter()
             .map(|t| f64s(t).map(|a| a.iter().copied().collect()))
             .collect::<OpResult<_>>()?;
-        let r = einsum_loop(&data, &in_strides, &out_st, &sizes, total, onum, 0.0, 1.0, |a, b| a + b, |a, b| a * b);
+        let r = einsum_loop(
+            &data,
+            &in_strides,
+            &out_st,
+            &sizes,
+            total,
+            onum,
+            0.0,
+            1.0,
+            |a, b| a + b,
+            |a, b| a * b,
+        );
         let r = ArrayD::from_shape_vec(IxDyn(&oshape), r).map_err(err)?;
         out(Tensor::from_f64(dt, r, false))
     } else if dt.is_int() {
@@ -636,7 +640,10 @@ fn matmul_integer(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> 
 fn qparam(t: &Tensor, per_row: bool) -> OpResult<ArrayD<f64>> {
     let v = f64s(t)?;
     if v.len() == 1 {
-        return Ok(ArrayD::from_elem(IxDyn(&[]), v.iter().copied().next().unwrap_or(0.0)));
+        return Ok(ArrayD::from_elem(
+            IxDyn(&[]),
+            v.iter().copied().next().unwrap_or(0.0),
+        ));
     }
     Ok(if per_row && v.ndim() == 1 {
         v.insert_axis(Axis(1))

@@ -55,7 +55,13 @@ impl Window {
     /// spatial index of the input it reads, or [`PAD`] / [`OUTSIDE`].
     pub fn table(&self) -> OpResult<Vec<usize>> {
         index_table(
-            &self.out, &self.k, &self.s, &self.d, &self.pb, &self.pe, &self.in_sp,
+            &self.out,
+            &self.k,
+            &self.s,
+            &self.d,
+            &self.pb,
+            &self.pe,
+            &self.in_sp,
         )
     }
 }
@@ -68,7 +74,10 @@ fn positive(v: &[i64], what: &str, n: usize) -> OpResult<Vec<usize>> {
     );
     let mut out = Vec::with_capacity(n);
     for &x in v {
-        ensure!((1..=1 << 20).contains(&x), "`{what}` value {x} must be positive");
+        ensure!(
+            (1..=1 << 20).contains(&x),
+            "`{what}` value {x} must be positive"
+        );
         out.push(x as usize);
     }
     Ok(out)
@@ -76,12 +85,7 @@ fn positive(v: &[i64], what: &str, n: usize) -> OpResult<Vec<usize>> {
 
 /// Reads strides, dilations, pads and auto_pad, and computes the output spatial shape.
 /// `ceil` enables the pooling `ceil_mode` attribute.
-pub(super) fn window(
-    ctx: &OpCtx,
-    in_sp: &[usize],
-    k: &[usize],
-    ceil: bool,
-) -> OpResult<Window> {
+pub(super) fn window(ctx: &OpCtx, in_sp: &[usize], k: &[usize], ceil: bool) -> OpResult<Window> {
     let n = in_sp.len();
     ensure!(
         k.len() == n,
@@ -577,7 +581,13 @@ fn conv_transpose(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         output_shape = Some(os[os.len() - nsp..].to_vec());
     }
     if output_shape.is_none() && same {
-        output_shape = Some(in_sp.iter().zip(&s).map(|(&a, &b)| (a * b) as i64).collect());
+        output_shape = Some(
+            in_sp
+                .iter()
+                .zip(&s)
+                .map(|(&a, &b)| (a * b) as i64)
+                .collect(),
+        );
     }
     let mut pb = pads[..nsp].to_vec();
     let mut pe = pads[nsp..].to_vec();

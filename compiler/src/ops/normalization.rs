@@ -124,11 +124,7 @@ fn batch_norm(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let run_var: Vec<f64> = (0..c)
         .map(|i| var[i] * momentum + use_var[i] * (1.0 - momentum))
         .collect();
-    let mut res = vec![
-        yt,
-        tensor(mdt, &[c], run_mean),
-        tensor(mdt, &[c], run_var),
-    ];
+    let mut res = vec![yt, tensor(mdt, &[c], run_mean), tensor(mdt, &[c], run_var)];
     if ctx.opset < 14 {
         res.push(tensor(mdt, &[c], use_mean));
         res.push(tensor(mdt, &[c], use_var));
@@ -186,10 +182,7 @@ fn group_norm(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
             (0..c).map(|i| b[i / cpg]).collect::<Vec<_>>(),
         )
     } else {
-        (
-            per_channel(st, c, "scale")?,
-            per_channel(bt, c, "bias")?,
-        )
+        (per_channel(st, c, "scale")?, per_channel(bt, c, "bias")?)
     };
     let mut y = flat(x)?;
     normalize_blocks(&mut y, cpg * sp, eps(ctx)?);
@@ -201,11 +194,7 @@ fn group_norm(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
 }
 
 /// Multiplies `y` (shape of X) by `scale` and adds `bias`, broadcasting both to X.
-fn scale_shift(
-    y: ArrayD<f64>,
-    scale: &Tensor,
-    bias: Option<&Tensor>,
-) -> OpResult<ArrayD<f64>> {
+fn scale_shift(y: ArrayD<f64>, scale: &Tensor, bias: Option<&Tensor>) -> OpResult<ArrayD<f64>> {
     let shape = y.shape().to_vec();
     let mut r = zip_broadcast(&y, &f64s(scale)?, |a, b| a * b)?;
     if let Some(b) = bias {

@@ -27,10 +27,7 @@ fn flat(t: &Tensor) -> OpResult<Vec<f64>> {
 }
 
 /// Input X (rank >= 3) and the window geometry from kernel_shape and the attributes.
-fn setup<'a>(
-    ctx: &OpCtx,
-    ins: &[Option<&'a Value>],
-) -> OpResult<(&'a Tensor, Window)> {
+fn setup<'a>(ctx: &OpCtx, ins: &[Option<&'a Value>]) -> OpResult<(&'a Tensor, Window)> {
     let x = input(ins, 0)?;
     ensure!(
         x.dtype().is_numeric(),
@@ -226,10 +223,7 @@ fn lp_pool(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
 }
 
 /// Reduces each (n, c) plane to one value; output shape [N, C, 1, ...].
-fn global(
-    ins: &[Option<&Value>],
-    f: impl Fn(&[f64]) -> f64,
-) -> OpResult<Vec<Value>> {
+fn global(ins: &[Option<&Value>], f: impl Fn(&[f64]) -> f64) -> OpResult<Vec<Value>> {
     let x = input(ins, 0)?;
     float_x(x)?;
     let xs = x.shape();

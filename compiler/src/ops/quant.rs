@@ -216,7 +216,10 @@ fn dequantize_linear(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>
 fn dynamic_quantize_linear(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let x = input(ins, 0)?;
     let dt = x.dtype();
-    ensure!(dt.is_float(), "DynamicQuantizeLinear expects a float input, got {dt}");
+    ensure!(
+        dt.is_float(),
+        "DynamicQuantizeLinear expects a float input, got {dt}"
+    );
     let f = |v: f64| v as f32 as f64;
     let xv = f64s(x)?.mapv(f);
     let maxx = xv.iter().fold(0.0f64, |m, &v| m.max(v));

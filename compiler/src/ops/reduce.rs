@@ -125,7 +125,11 @@ fn group<T: Clone>(a: &ArrayD<T>, axes: &Option<Vec<usize>>, keepdims: bool) -> 
     let data = if perm.iter().enumerate().all(|(i, &p)| i == p) {
         flat(a)
     } else {
-        a.view().permuted_axes(IxDyn(&perm)).iter().cloned().collect()
+        a.view()
+            .permuted_axes(IxDyn(&perm))
+            .iter()
+            .cloned()
+            .collect()
     };
     Groups {
         data,
@@ -179,14 +183,20 @@ fn reduce_f64(kind: Kind, s: &[f64]) -> f64 {
 }
 
 fn reduce_i128(kind: Kind, s: &[i128], dt: DType) -> i128 {
-    let (lo, hi) = dt.int_range().unwrap_or((i64::MIN as i128, i64::MAX as i128));
+    let (lo, hi) = dt
+        .int_range()
+        .unwrap_or((i64::MIN as i128, i64::MAX as i128));
     match kind {
         Kind::Sum => s.iter().fold(0i128, |a, &x| a.wrapping_add(x)),
         Kind::Max => s.iter().copied().max().unwrap_or(lo),
         Kind::Min => s.iter().copied().min().unwrap_or(hi),
         Kind::Prod => s.iter().fold(1i128, |a, &x| a.wrapping_mul(x)),
-        Kind::L1 => s.iter().fold(0i128, |a, &x| a.wrapping_add(x.wrapping_abs())),
-        Kind::SumSquare => s.iter().fold(0i128, |a, &x| a.wrapping_add(x.wrapping_mul(x))),
+        Kind::L1 => s
+            .iter()
+            .fold(0i128, |a, &x| a.wrapping_add(x.wrapping_abs())),
+        Kind::SumSquare => s
+            .iter()
+            .fold(0i128, |a, &x| a.wrapping_add(x.wrapping_mul(x))),
         // Not reached: the other kinds go through f64.
         _ => 0,
     }
@@ -491,9 +501,23 @@ fn cum(ctx: &OpCtx, ins: &[Option<&Value>], prod: bool) -> OpResult<Vec<Value>> 
     } else if dt.is_int() {
         let v = flat(&i128s(x)?);
         let r = if prod {
-            scan(&v, s3, 1, |a: i128, b| a.wrapping_mul(b), exclusive, reverse)
+            scan(
+                &v,
+                s3,
+                1,
+                |a: i128, b| a.wrapping_mul(b),
+                exclusive,
+                reverse,
+            )
         } else {
-            scan(&v, s3, 0, |a: i128, b| a.wrapping_add(b), exclusive, reverse)
+            scan(
+                &v,
+                s3,
+                0,
+                |a: i128, b| a.wrapping_add(b),
+                exclusive,
+                reverse,
+            )
         };
         out(Tensor::from_i128(dt, from_flat(&shape, r)?))
     } else {
@@ -586,7 +610,10 @@ fn soft(ctx: &OpCtx, ins: &[Option<&Value>], kind: SoftKind) -> OpResult<Vec<Val
         // Opset < 13: the input is coerced to 2-D [prod(dims[..axis]), prod(dims[axis..])]
         // and the operation runs along the second dimension; axis may equal rank.
         let r = rank as i64;
-        ensure!(ax >= -r && ax <= r, "axis {ax} is out of range for rank {rank}");
+        ensure!(
+            ax >= -r && ax <= r,
+            "axis {ax} is out of range for rank {rank}"
+        );
         if ax < 0 {
             (ax + r) as usize
         } else {
