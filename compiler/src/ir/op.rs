@@ -55,7 +55,7 @@ pub trait SubgraphRunner {
     fn run(&mut self, g: &Graph, inputs: Vec<Value>) -> OpResult<Vec<Value>>;
 }
 
-/// What shape inference knows of one input: its type, and its value if constant.
+/// What shape inference knows of one present input: its type, and its value if constant.
 #[derive(Clone, Debug)]
 pub struct InferInput {
     pub ty: ValueType,
@@ -93,22 +93,22 @@ pub trait Op: fmt::Debug + Send + Sync {
         Vec::new()
     }
 
-    /// Shape and type inference. The default evaluates the op on zero-filled inputs of
-    /// the right shapes (constant inputs keep their values); heavy ops override it with
-    /// a closed-form rule.
-    fn infer(&self, inputs: &[InferInput]) -> OpResult<Option<Vec<ValueType>>> {
+    /// Shape and type inference; `inputs[i]` is None for an omitted optional input.
+    /// Returns None when the types cannot be known yet. The default evaluates the op on
+    /// zero-filled inputs of the right shapes (constant inputs keep their values); heavy
+    /// ops may override it with a closed-form rule.
+    fn infer(&self, inputs: &[Option<InferInput>]) -> OpResult<Option<Vec<ValueType>>> {
         if self.data_dependent_shape() || !self.subgraphs().is_empty() {
             return Ok(None);
         }
         let mut vals = Vec::with_capacity(inputs.len());
         for (i, inp) in inputs.iter().enumerate() {
+            let Some(inp) = inp else {
+                vals.push(None); // an omitted optional input
+                continue;
+            };
             if let Some(v) = &inp.value {
                 vals.push(Some(v.clone()));
-                continue;
-            }
-            if matches!(inp.ty, ValueType::Unknown) && !self.shape_inputs().contains(&i) {
-                // An omitted optional input.
-                vals.push(None);
                 continue;
             }
             if self.shape_inputs().contains(&i) {
@@ -117,7 +117,7 @@ pub trait Op: fmt::Debug + Send + Sync {
             match (&inp.ty, inp.ty.static_shape()) {
                 (ValueType::Tensor { dt, .. }, Some(shape)) => {
                     let n: usize = shape.iter().product();
-                    if n > (1 << 24) {
+                    if n > (1 << 24) || dt.storage().is_none() {
                         return Ok(None);
                     }
                     vals.push(Some(Value::Tensor(Tensor::zeros(*dt, &shape))));

@@ -129,19 +129,10 @@ pub fn infer_shapes(g: &mut Graph) -> Result<InferReport> {
         .map_err(|c| Error::model(format!("cycle through {}", c.join(", "))))?;
     for n in order {
         let node = g.nodes[n].clone();
-        let inputs: Vec<InferInput> = node
+        let inputs: Vec<Option<InferInput>> = node
             .inputs
             .iter()
-            .map(|i| match i {
-                Some(v) => InferInput {
-                    ty: g.value(*v).ty.clone(),
-                    value: rep.known.get(v).cloned(),
-                },
-                None => InferInput {
-                    ty: ValueType::Unknown,
-                    value: None,
-                },
-            })
+            .map(|i| i.map(|v| InferInput { ty: g.value(v).ty.clone(), value: rep.known.get(&v).cloned() }))
             .collect();
         let all_known = node
             .inputs
@@ -156,7 +147,7 @@ pub fn infer_shapes(g: &mut Graph) -> Result<InferReport> {
                 .any(|v| g.value(*v).source == Source::Outer);
         // Partial evaluation.
         let folded: Option<Vec<Value>> = if all_known && !is_random(&node.op_type) {
-            let refs: Vec<Option<&Value>> = inputs.iter().map(|i| i.value.as_ref()).collect();
+            let refs: Vec<Option<&Value>> = inputs.iter().map(|i| i.as_ref().and_then(|i| i.value.as_ref())).collect();
             node.op.eval(&refs).ok()
         } else if matches!(node.op_type.as_str(), "Shape" | "Size") && node.domain.is_empty() {
             fold_shape_op(&node.op_type, &node.attrs, &inputs)
@@ -182,7 +173,7 @@ pub fn infer_shapes(g: &mut Graph) -> Result<InferReport> {
                 } else if node.op.shape_inputs().iter().any(|&i| {
                     inputs
                         .get(i)
-                        .is_some_and(|x| x.value.is_none() && !matches!(x.ty, ValueType::Unknown))
+                        .is_some_and(|x| x.as_ref().is_some_and(|x| x.value.is_none()))
                 }) {
                     format!(
                         "inputs {:?} decide its output shape and are not constant",
@@ -213,8 +204,8 @@ fn is_random(op: &str) -> bool {
     )
 }
 
-fn fold_shape_op(op: &str, attrs: &crate::ir::Attrs, inputs: &[InferInput]) -> Option<Vec<Value>> {
-    let shape = inputs.first()?.ty.static_shape()?;
+fn fold_shape_op(op: &str, attrs: &crate::ir::Attrs, inputs: &[Option<InferInput>]) -> Option<Vec<Value>> {
+    let shape = inputs.first()?.as_ref()?.ty.static_shape()?;
     let t = if op == "Size" {
         Tensor::scalar(shape.iter().product::<usize>() as i64)
     } else {
