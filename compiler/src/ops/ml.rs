@@ -23,6 +23,7 @@ pub fn register(r: &mut Registry) {
     r.add_with(ONNX_ML, "LinearRegressor", linear_regressor, t());
     r.add_with(ONNX_ML, "FeatureVectorizer", feature_vectorizer, t());
     r.add_with(ONNX_ML, "CategoryMapper", category_mapper, t());
+    r.add_with(ONNX_ML, "SVMRegressor", svm_regressor, t());
 }
 
 fn shaped<T>(shape: &[usize], v: Vec<T>) -> OpResult<ArrayD<T>> {
@@ -1040,4 +1041,62 @@ fn category_mapper(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> 
             .collect();
         out(Tensor::from_array(shaped(x.shape(), y)?))
     }
+}
+
+fn svm_regressor(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    let a = &ctx.attrs;
+    let coef: Vec<f64> = a.floats("coefficients", vec![])?.iter().map(|&v| v as f64).collect();
+    let kp = a.floats("kernel_params", vec![])?;
+    let (gamma, coef0, degree) = match kp.as_slice() {
+        [g, c, d, ..] => (*g as f64, *c as f64, *d as i32),
+        _ => (0.0, 0.0, 0),
+    };
+    let n_sup = a.int("n_supports", 0)?;
+    let one_class = a.int("one_class", 0)? != 0;
+    let post = a.string("post_transform", "NONE".into())?;
+    let rho = a.floats("rho", vec![])?.first().map_or(0.0, |&r| r as f64);
+    let sv: Vec<f64> = a.floats("support_vectors", vec![])?.iter().map(|&v| v as f64).collect();
+    let (n, c, xv) = matrix(x)?;
+    let kernel = if n_sup > 0 {
+        a.string("kernel_type", "LINEAR".into())?.to_lowercase()
+    } else {
+        "linear".into()
+    };
+    let kdot = |p: &[f64], q: &[f64]| -> OpResult<f64> {
+        let dot = || p.iter().zip(q).map(|(a, b)| a * b).sum::<f64>();
+        Ok(match kernel.as_str() {
+            "poly" => (dot() * gamma + coef0).powi(degree),
+            "sigmoid" => (dot() * gamma + coef0).tanh(),
+            "rbf" => (-gamma * p.iter().zip(q).map(|(a, b)| (a - b) * (a - b)).sum::<f64>()).exp(),
+            "linear" => dot(),
+            k => bail!("SVMRegressor: unknown kernel_type {k:?}"),
+        })
+    };
+    let mut res = Vec::with_capacity(n);
+    for r in 0..n {
+        let row = &xv[r * c..(r + 1) * c];
+        let mut s = if n_sup > 0 {
+            let ns = n_sup as usize;
+            ensure!(
+                sv.len() == ns * c && coef.len() >= ns,
+                "SVMRegressor: support_vectors/coefficients do not match n_supports {ns}"
+            );
+            let mut s = 0.0;
+            for j in 0..ns {
+                s += coef[j] * kdot(row, &sv[j * c..(j + 1) * c])?;
+            }
+            s
+        } else {
+            ensure!(coef.len() == c, "SVMRegressor: {} coefficients for {c} features", coef.len());
+            kdot(row, &coef)?
+        } + rho;
+        if one_class {
+            s = if s > 0.0 { 1.0 } else { -1.0 };
+        }
+        let mut one = [s];
+        post_transform(&mut one, &post)?;
+        res.push(one[0]);
+    }
+    out(Tensor::from_f64(DType::F32, shaped(&[n, 1], res)?, false))
 }
