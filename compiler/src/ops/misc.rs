@@ -570,7 +570,7 @@ fn groups<'a>(
     let t = scalar_i64(input(ins, 1)?)?;
     let rest = ins.len().saturating_sub(2);
     ensure!(
-        rest > 0 && rest % groups == 0,
+        rest > 0 && rest.is_multiple_of(groups),
         "{}: expected 2 + {groups}*N inputs, got {}",
         ctx.op_type,
         ins.len()
@@ -598,6 +598,8 @@ fn same_shape(ctx: &OpCtx, ts: &[&Tensor]) -> OpResult<()> {
     Ok(())
 }
 
+// The i-th tensor of each input group belongs to parameter i.
+#[allow(clippy::needless_range_loop)]
 fn momentum(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let alpha = ctx.attrs.float("alpha", 0.0)? as f64;
     let beta = ctx.attrs.float("beta", 0.0)? as f64;
@@ -630,6 +632,8 @@ fn momentum(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     outs(xs)
 }
 
+// The i-th tensor of each input group belongs to parameter i.
+#[allow(clippy::needless_range_loop)]
 fn adam(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let alpha = ctx.attrs.float("alpha", 0.9)? as f64;
     let beta = ctx.attrs.float("beta", 0.999)? as f64;
@@ -662,6 +666,8 @@ fn adam(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     outs(xs)
 }
 
+// The i-th tensor of each input group belongs to parameter i.
+#[allow(clippy::needless_range_loop)]
 fn adagrad(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let decay = ctx.attrs.float("decay_factor", 0.0)? as f64;
     let eps = ctx.attrs.float("epsilon", 1e-6)? as f64;

@@ -268,6 +268,8 @@ fn post_transform(row: &mut [f64], kind: &str) -> OpResult<()> {
                 row.iter_mut().for_each(|v| *v /= s);
             }
         }
+        // The reference (and onnxruntime) use this truncated sqrt(2).
+        #[allow(clippy::approx_constant)]
         "PROBIT" => row
             .iter_mut()
             .for_each(|v| *v = 1.41421356 * erf_inv(*v * 2.0 - 1.0)),
@@ -764,17 +766,13 @@ fn array_feature_extractor(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec
         s.push(cols.len());
         s
     };
+    let ax = ndarray::Axis(shape.len() - 1);
     let t = crate::try_map_data!(x, a => {
-        let a = a.as_standard_layout();
-        let flat: Vec<_> = a.iter().cloned().collect();
-        let rows = if last == 0 { 0 } else { flat.len() / last };
-        let mut v = Vec::with_capacity(rows * cols.len());
-        for r in 0..rows {
-            for &c in &cols {
-                v.push(flat[r * last + c].clone());
-            }
-        }
-        shaped(&oshape, v)
+        a.select(ax, &cols)
+            .as_standard_layout()
+            .into_owned()
+            .into_shape_with_order(IxDyn(&oshape))
+            .map_err(|e| OpError::new(e.to_string()))
     });
     out(t)
 }
