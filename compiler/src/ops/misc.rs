@@ -1,5 +1,692 @@
-//! misc ops.
+//! misc ops: string ops, TfIdfVectorizer, random generators and the training optimizers
+//! of `ai.onnx.preview.training`.
 
-use super::Registry;
+use super::util::{arr, f64s, input, out, outs, scalar_f64, scalar_i64};
+use super::{OpCtx, Registry, Traits};
+use crate::ir::{DType, OpError, OpResult, Tensor, Value};
+use crate::{bail, ensure};
+use ndarray::{ArrayD, IxDyn};
+use std::collections::{HashMap, HashSet};
 
-pub fn register(_r: &mut Registry) {}
+const TRAINING: &str = "ai.onnx.preview.training";
+
+pub fn register(r: &mut Registry) {
+    r.add("StringConcat", string_concat);
+    r.add_dynamic("StringSplit", string_split);
+    r.add_dynamic("StringNormalizer", string_normalizer);
+    r.add("RegexFullMatch", regex_full_match);
+    r.add("TfIdfVectorizer", tfidf);
+    r.add("RandomUniform", random_uniform);
+    r.add("RandomNormal", random_normal);
+    r.add("RandomUniformLike", random_uniform_like);
+    r.add("RandomNormalLike", random_normal_like);
+    r.add("Bernoulli", bernoulli);
+    r.add("Multinomial", multinomial);
+    r.add_with(TRAINING, "Momentum", momentum, Traits::default());
+    r.add_with(TRAINING, "Adam", adam, Traits::default());
+    r.add_with(TRAINING, "Adagrad", adagrad, Traits::default());
+}
+
+fn shaped<T>(shape: &[usize], v: Vec<T>) -> OpResult<ArrayD<T>> {
+    ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| OpError::new(e.to_string()))
+}
+
+// ---------------------------------------------------------------- strings
+
+fn string_concat(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let a = arr::<String>(input(ins, 0)?)?;
+    let b = arr::<String>(input(ins, 1)?)?;
+    let r = super::util::zip_broadcast(a, b, |x, y| x + &y)?;
+    out(Tensor::from_array(r))
+}
+
+/// Python's `str.split(sep, maxsplit)` (sep None: runs of whitespace, no empty parts).
+fn py_split(s: &str, sep: Option<&str>, maxsplit: Option<usize>) -> Vec<String> {
+    let mut parts = Vec::new();
+    match sep {
+        Some(sep) => {
+            let mut rest = s;
+            loop {
+                if maxsplit.is_some_and(|m| parts.len() >= m) {
+                    break;
+                }
+                match rest.find(sep) {
+                    Some(i) => {
+                        parts.push(rest[..i].to_string());
+                        rest = &rest[i + sep.len()..];
+                    }
+                    None => break,
+                }
+            }
+            parts.push(rest.to_string());
+        }
+        None => {
+            let mut rest = s.trim_start();
+            while !rest.is_empty() {
+                if maxsplit.is_some_and(|m| parts.len() >= m) {
+                    parts.push(rest.to_string());
+                    break;
+                }
+                match rest.find(char::is_whitespace) {
+                    Some(i) => {
+                        parts.push(rest[..i].to_string());
+                        rest = rest[i..].trim_start();
+                    }
+                    None => {
+                        parts.push(rest.to_string());
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    parts
+}
+
+fn string_split(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = arr::<String>(input(ins, 0)?)?;
+    let delim = ctx.attrs.get_string("delimiter")?.filter(|d| !d.is_empty());
+    let maxsplit = match ctx.attrs.get_int("maxsplit")? {
+        Some(m) => {
+            ensure!(m >= 0, "StringSplit: maxsplit must be non-negative");
+            Some(m as usize)
+        }
+        None => None,
+    };
+    let splits: Vec<Vec<String>> = x
+        .iter()
+        .map(|s| py_split(s, delim.as_deref(), maxsplit))
+        .collect();
+    let width = splits.iter().map(Vec::len).max().unwrap_or(0);
+    let lens: Vec<i64> = splits.iter().map(|v| v.len() as i64).collect();
+    let mut flat = Vec::with_capacity(splits.len() * width);
+    for mut v in splits {
+        v.resize(width, String::new());
+        flat.extend(v);
+    }
+    let mut shape = x.shape().to_vec();
+    shape.push(width);
+    outs(vec![
+        Tensor::from_array(shaped(&shape, flat)?),
+        Tensor::from_array(shaped(x.shape(), lens)?),
+    ])
+}
+
+fn string_normalizer(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = arr::<String>(input(ins, 0)?)?;
+    let action = ctx.attrs.string("case_change_action", "NONE".into())?;
+    let sensitive = ctx.attrs.int("is_case_sensitive", 0)? != 0;
+    let stopwords = ctx.attrs.strings("stopwords", vec![])?;
+    let change = |s: &str| -> OpResult<String> {
+        Ok(match action.as_str() {
+            "LOWER" => s.to_lowercase(),
+            "UPPER" => s.to_uppercase(),
+            "NONE" => s.to_string(),
+            other => bail!("StringNormalizer: unknown case_change_action {other:?}"),
+        })
+    };
+    let raw_stops: HashSet<&str> = stopwords.iter().map(String::as_str).collect();
+    let stops: HashSet<String> = stopwords
+        .iter()
+        .map(|w| change(w).map(|s| if action == "NONE" { s.to_lowercase() } else { s }))
+        .collect::<OpResult<_>>()?;
+    let remove = |text: &str, keep: &dyn Fn(&str) -> bool| -> String {
+        text.split(' ').filter(|w| keep(w)).collect::<Vec<_>>().join(" ")
+    };
+    let mut res = Vec::with_capacity(x.len());
+    for s in x.iter() {
+        let mut v = s.clone();
+        if sensitive && !raw_stops.is_empty() {
+            v = remove(&v, &|w| !raw_stops.contains(w));
+        }
+        v = change(&v)?;
+        if !sensitive && !stops.is_empty() {
+            let lower = action == "NONE";
+            v = remove(&v, &|w| {
+                if lower {
+                    !stops.contains(&w.to_lowercase())
+                } else {
+                    !stops.contains(w)
+                }
+            });
+        }
+        res.push(v);
+    }
+    let shape = x.shape();
+    let t = match shape.len() {
+        1 => {
+            let mut v: Vec<String> = res.into_iter().filter(|s| !s.is_empty()).collect();
+            if v.is_empty() {
+                v.push(String::new());
+            }
+            let n = v.len();
+            shaped(&[n], v)?
+        }
+        2 if shape[0] == 1 => {
+            let mut v: Vec<String> = res.into_iter().filter(|s| !s.is_empty()).collect();
+            if v.is_empty() {
+                v.push(String::new());
+            }
+            let n = v.len();
+            shaped(&[1, n], v)?
+        }
+        2 => shaped(shape, res)?,
+        _ => bail!("StringNormalizer: input must be [C] or [1, C]"),
+    };
+    out(Tensor::from_array(t))
+}
+
+fn regex_full_match(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = arr::<String>(input(ins, 0)?)?;
+    let pat = ctx
+        .attrs
+        .get_string("pattern")?
+        .ok_or_else(|| OpError::new("RegexFullMatch: attribute `pattern` is required"))?;
+    let re = regex::Regex::new(&format!("^(?:{pat})$"))
+        .map_err(|e| OpError::new(format!("RegexFullMatch: invalid pattern {pat:?}: {e}")))?;
+    out(Tensor::from_array(x.map(|s| re.is_match(s))))
+}
+
+// ---------------------------------------------------------------- TfIdfVectorizer
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Key {
+    I(i64),
+    S(String),
+}
+
+#[derive(Default)]
+struct Gram {
+    id: usize,
+    leaves: Option<HashMap<Key, Gram>>,
+}
+
+fn insert_gram(m: &mut HashMap<Key, Gram>, items: &[Key], id: usize) {
+    let Some((first, rest)) = items.split_first() else {
+        return;
+    };
+    let p = m.entry(first.clone()).or_default();
+    if rest.is_empty() {
+        p.id = id;
+    } else {
+        insert_gram(p.leaves.get_or_insert_with(HashMap::new), rest, id);
+    }
+}
+
+fn tfidf(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    let a = &ctx.attrs;
+    let mode = a.string("mode", "TF".into())?;
+    let min_n = a.req_int("min_gram_length")?;
+    let max_n = a.req_int("max_gram_length")?;
+    let max_skip = a.req_int("max_skip_count")?;
+    let counts = a.req_ints("ngram_counts")?;
+    let indexes = a.req_ints("ngram_indexes")?;
+    let weights = a.floats("weights", vec![])?;
+    let pool: Vec<Key> = match a.get_ints("pool_int64s")? {
+        Some(v) => v.into_iter().map(Key::I).collect(),
+        None => a
+            .strings("pool_strings", vec![])?
+            .into_iter()
+            .map(Key::S)
+            .collect(),
+    };
+    ensure!(
+        min_n >= 1 && max_n >= min_n && max_skip >= 0,
+        "TfIdfVectorizer: bad gram lengths or skip count"
+    );
+    ensure!(
+        indexes.iter().all(|&i| i >= 0),
+        "TfIdfVectorizer: negative ngram index"
+    );
+    let out_size = indexes.iter().copied().max().map_or(0, |m| m as usize + 1);
+    ensure!(
+        weights.is_empty() || weights.len() >= out_size,
+        "TfIdfVectorizer: too few weights"
+    );
+    let (min_n, max_n, max_skip) = (min_n as usize, max_n as usize, max_skip as usize);
+
+    // Build the n-gram trie.
+    let mut root: HashMap<Key, Gram> = HashMap::new();
+    let mut next_id = 1usize;
+    let total = pool.len();
+    for (i, &start) in counts.iter().enumerate() {
+        let n = i + 1;
+        ensure!(start >= 0, "TfIdfVectorizer: negative ngram count");
+        let start = start as usize;
+        let end = match counts.get(i + 1) {
+            Some(&e) => e.max(0) as usize,
+            None => total,
+        };
+        ensure!(
+            start <= end && end <= total,
+            "TfIdfVectorizer: ngram_counts out of range"
+        );
+        let ngrams = (end - start) / n;
+        if n < min_n || n > max_n {
+            next_id += ngrams;
+            continue;
+        }
+        for g in 0..ngrams {
+            let items = &pool[start + g * n..start + (g + 1) * n];
+            insert_gram(&mut root, items, next_id);
+            next_id += 1;
+        }
+    }
+
+    let shape = x.shape().to_vec();
+    let (b, c) = match shape.len() {
+        0 => (0, 1),
+        1 => (0, shape[0]),
+        2 => {
+            ensure!(shape[0] >= 1, "TfIdfVectorizer: batch must be positive");
+            (shape[0], shape[1])
+        }
+        _ => bail!("TfIdfVectorizer: input must be [C] or [B, C]"),
+    };
+    let rows = b.max(1);
+    let keys: Vec<Key> = if x.dtype() == DType::Str {
+        arr::<String>(x)?.iter().cloned().map(Key::S).collect()
+    } else {
+        super::util::ints(x)?.into_iter().map(Key::I).collect()
+    };
+    let mut freq = vec![0i64; rows * out_size];
+    for row in 0..rows {
+        let xs = &keys[row * c..(row + 1) * c];
+        let mut start_n = min_n;
+        for skip in 1..=max_skip + 1 {
+            let mut s = 0;
+            while s < c {
+                if s + skip * (start_n - 1) >= c {
+                    break;
+                }
+                let mut item = s;
+                let mut m = &root;
+                let mut n = 1;
+                while !m.is_empty() && n <= max_n && item < c {
+                    let Some(g) = m.get(&xs[item]) else { break };
+                    if n >= start_n && g.id != 0 {
+                        let idx = indexes.get(g.id - 1).copied().ok_or_else(|| {
+                            OpError::new("TfIdfVectorizer: fewer ngram_indexes than n-grams")
+                        })?;
+                        freq[row * out_size + idx as usize] += 1;
+                    }
+                    match &g.leaves {
+                        Some(l) => m = l,
+                        None => break,
+                    }
+                    n += 1;
+                    item += skip;
+                }
+                s += 1;
+            }
+            if start_n == 1 {
+                start_n += 1;
+                if start_n > max_n {
+                    break;
+                }
+            }
+        }
+    }
+    let y: Vec<f64> = freq
+        .iter()
+        .enumerate()
+        .map(|(p, &f)| {
+            let w = weights.get(p % out_size.max(1)).map(|&w| w as f64);
+            match (mode.as_str(), w) {
+                ("IDF", Some(w)) => {
+                    if f > 0 {
+                        w
+                    } else {
+                        0.0
+                    }
+                }
+                ("IDF", None) => (f > 0) as u8 as f64,
+                ("TFIDF", Some(w)) => w * f as f64,
+                _ => f as f64,
+            }
+        })
+        .collect();
+    ensure!(
+        matches!(mode.as_str(), "TF" | "IDF" | "TFIDF"),
+        "TfIdfVectorizer: unknown mode {mode:?}"
+    );
+    let oshape = if b == 0 {
+        vec![out_size]
+    } else {
+        vec![b, out_size]
+    };
+    out(Tensor::from_f64(DType::F32, shaped(&oshape, y)?, false))
+}
+
+// ---------------------------------------------------------------- random
+
+/// NumPy's legacy MT19937 generator (`np.random.RandomState(seed)`), copied from the
+/// Dropout implementation in shape.rs (private there), plus the legacy Gaussian.
+struct Mt {
+    s: [u32; 624],
+    i: usize,
+    gauss: Option<f64>,
+}
+
+impl Mt {
+    fn new(seed: u32) -> Mt {
+        let mut s = [0u32; 624];
+        s[0] = seed;
+        for i in 1..624 {
+            s[i] = 1812433253u32
+                .wrapping_mul(s[i - 1] ^ (s[i - 1] >> 30))
+                .wrapping_add(i as u32);
+        }
+        Mt {
+            s,
+            i: 624,
+            gauss: None,
+        }
+    }
+
+    /// Seeded from the `seed` attribute (a float), or from the clock when absent.
+    fn from_attr(ctx: &OpCtx) -> OpResult<Mt> {
+        let seed = match ctx.attrs.get_float("seed")? {
+            Some(s) if !s.is_nan() => s as i64 as u32,
+            _ => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32))
+                .unwrap_or(0),
+        };
+        Ok(Mt::new(seed))
+    }
+
+    fn next_u32(&mut self) -> u32 {
+        if self.i >= 624 {
+            for k in 0..624 {
+                let y = (self.s[k] & 0x8000_0000) | (self.s[(k + 1) % 624] & 0x7fff_ffff);
+                let mut v = self.s[(k + 397) % 624] ^ (y >> 1);
+                if y & 1 != 0 {
+                    v ^= 0x9908_b0df;
+                }
+                self.s[k] = v;
+            }
+            self.i = 0;
+        }
+        let mut y = self.s[self.i];
+        self.i += 1;
+        y ^= y >> 11;
+        y ^= (y << 7) & 0x9d2c_5680;
+        y ^= (y << 15) & 0xefc6_0000;
+        y ^= y >> 18;
+        y
+    }
+
+    fn uniform(&mut self) -> f64 {
+        let a = (self.next_u32() >> 5) as f64;
+        let b = (self.next_u32() >> 6) as f64;
+        (a * 67108864.0 + b) / 9007199254740992.0
+    }
+
+    /// `legacy_gauss`: the polar Box-Muller method, caching the second value.
+    fn gauss(&mut self) -> f64 {
+        if let Some(g) = self.gauss.take() {
+            return g;
+        }
+        loop {
+            let x1 = 2.0 * self.uniform() - 1.0;
+            let x2 = 2.0 * self.uniform() - 1.0;
+            let r2 = x1 * x1 + x2 * x2;
+            if r2 < 1.0 && r2 != 0.0 {
+                let f = (-2.0 * r2.ln() / r2).sqrt();
+                self.gauss = Some(f * x1);
+                return f * x2;
+            }
+        }
+    }
+
+    /// `legacy_random_binomial` with n = 1 (the inversion algorithm).
+    fn bernoulli(&mut self, p: f64) -> f64 {
+        let u = self.uniform();
+        if p <= 0.5 {
+            let qn = (1.0 - p).ln().exp();
+            (u > qn) as u8 as f64
+        } else {
+            let q = 1.0 - p;
+            let qn = (1.0 - q).ln().exp();
+            1.0 - (u > qn) as u8 as f64
+        }
+    }
+}
+
+fn random_dtype(ctx: &OpCtx, default: DType) -> OpResult<DType> {
+    match ctx.attrs.get_int("dtype")? {
+        Some(c) => DType::from_onnx(c as i32)
+            .ok_or_else(|| OpError::new(format!("{}: unknown dtype {c}", ctx.op_type))),
+        None => Ok(default),
+    }
+}
+
+fn gen(
+    ctx: &OpCtx,
+    dt: DType,
+    shape: &[usize],
+    normal: bool,
+) -> OpResult<Vec<Value>> {
+    ensure!(
+        dt.is_float(),
+        "{}: dtype must be a float type, got {dt}",
+        ctx.op_type
+    );
+    let mut rng = Mt::from_attr(ctx)?;
+    let n: usize = shape.iter().product();
+    let v: Vec<f64> = if normal {
+        let mean = ctx.attrs.float("mean", 0.0)? as f64;
+        let scale = ctx.attrs.float("scale", 1.0)? as f64;
+        (0..n).map(|_| rng.gauss() * scale + mean).collect()
+    } else {
+        let low = ctx.attrs.float("low", 0.0)? as f64;
+        let high = ctx.attrs.float("high", 1.0)? as f64;
+        (0..n).map(|_| rng.uniform() * (high - low) + low).collect()
+    };
+    out(Tensor::from_f64(dt, shaped(shape, v)?, false))
+}
+
+fn random_uniform(ctx: &OpCtx, _ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let shape = super::util::dims(&ctx.attrs.req_ints("shape")?)?;
+    gen(ctx, random_dtype(ctx, DType::F32)?, &shape, false)
+}
+
+fn random_normal(ctx: &OpCtx, _ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let shape = super::util::dims(&ctx.attrs.req_ints("shape")?)?;
+    gen(ctx, random_dtype(ctx, DType::F32)?, &shape, true)
+}
+
+fn random_uniform_like(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    gen(ctx, random_dtype(ctx, x.dtype())?, x.shape(), false)
+}
+
+fn random_normal_like(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    gen(ctx, random_dtype(ctx, x.dtype())?, x.shape(), true)
+}
+
+fn bernoulli(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    ensure!(x.dtype().is_float(), "Bernoulli: input must be float");
+    let dt = random_dtype(ctx, x.dtype())?;
+    let p = f64s(x)?;
+    ensure!(
+        p.iter().all(|&v| (0.0..=1.0).contains(&v)),
+        "Bernoulli: probabilities must lie in [0, 1]"
+    );
+    let mut rng = Mt::from_attr(ctx)?;
+    let p = p.as_standard_layout();
+    let v: Vec<f64> = p.iter().map(|&q| rng.bernoulli(q)).collect();
+    out(Tensor::from_f64(dt, shaped(x.shape(), v)?, false))
+}
+
+fn multinomial(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    ensure!(
+        x.dtype().is_float() && x.rank() == 2,
+        "Multinomial: input must be a 2-D float tensor [batch, classes]"
+    );
+    let dt = random_dtype(ctx, DType::I32)?;
+    ensure!(
+        matches!(dt, DType::I32 | DType::I64),
+        "Multinomial: dtype must be int32 or int64"
+    );
+    let n = ctx.attrs.int("sample_size", 1)?;
+    let n = super::util::dims(&[n])?[0];
+    let logits = f64s(x)?;
+    let (b, k) = (x.shape()[0], x.shape()[1]);
+    ensure!(k > 0, "Multinomial: no classes");
+    let mut rng = Mt::from_attr(ctx)?;
+    let mut res = Vec::with_capacity(b * n);
+    for row in logits.outer_iter() {
+        let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let mut cum = Vec::with_capacity(k);
+        let mut s = 0.0;
+        for &l in row.iter() {
+            s += (l - m).exp();
+            cum.push(s);
+        }
+        for _ in 0..n {
+            let u = rng.uniform() * s;
+            let c = cum.iter().position(|&c| u < c).unwrap_or(k - 1);
+            res.push(c as i128);
+        }
+    }
+    out(Tensor::from_i128(dt, shaped(&[b, n], res)?))
+}
+
+// ---------------------------------------------------------------- training
+
+/// Splits the optimizer inputs after (R, T) into `groups` lists of `n` tensors.
+fn groups<'a>(
+    ctx: &OpCtx,
+    ins: &[Option<&'a Value>],
+    groups: usize,
+) -> OpResult<(f64, i64, Vec<Vec<&'a Tensor>>)> {
+    let r = scalar_f64(input(ins, 0)?)?;
+    let t = scalar_i64(input(ins, 1)?)?;
+    let rest = ins.len().saturating_sub(2);
+    ensure!(
+        rest > 0 && rest.is_multiple_of(groups),
+        "{}: expected 2 + {groups}*N inputs, got {}",
+        ctx.op_type,
+        ins.len()
+    );
+    let n = rest / groups;
+    let mut gs = Vec::with_capacity(groups);
+    for g in 0..groups {
+        let mut v = Vec::with_capacity(n);
+        for i in 0..n {
+            v.push(input(ins, 2 + g * n + i)?);
+        }
+        gs.push(v);
+    }
+    Ok((r, t, gs))
+}
+
+fn same_shape(ctx: &OpCtx, ts: &[&Tensor]) -> OpResult<()> {
+    for t in ts {
+        ensure!(
+            t.shape() == ts[0].shape(),
+            "{}: the tensors of one parameter must share a shape",
+            ctx.op_type
+        );
+    }
+    Ok(())
+}
+
+// The i-th tensor of each input group belongs to parameter i.
+#[allow(clippy::needless_range_loop)]
+fn momentum(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let alpha = ctx.attrs.float("alpha", 0.0)? as f64;
+    let beta = ctx.attrs.float("beta", 0.0)? as f64;
+    let norm = ctx.attrs.float("norm_coefficient", 0.0)? as f64;
+    let mode = ctx.attrs.string("mode", "standard".into())?;
+    let nesterov = match mode.as_str() {
+        "standard" => false,
+        "nesterov" => true,
+        m => bail!("Momentum: unknown mode {m:?}"),
+    };
+    let (r, t, gs) = groups(ctx, ins, 3)?;
+    let beta_adj = if t > 0 { beta } else { 1.0 };
+    let mut xs = Vec::new();
+    let mut vs = Vec::new();
+    for i in 0..gs[0].len() {
+        let (xt, gt, vt) = (gs[0][i], gs[1][i], gs[2][i]);
+        same_shape(ctx, &[xt, gt, vt])?;
+        let (x, g, v) = (f64s(xt)?, f64s(gt)?, f64s(vt)?);
+        let greg = &x * norm + &g;
+        let vn = &v * alpha + &greg * beta_adj;
+        let xn = if nesterov {
+            &x - &((&greg + &(&vn * alpha)) * r)
+        } else {
+            &x - &(&vn * r)
+        };
+        xs.push(Tensor::from_f64(xt.dtype(), xn, false));
+        vs.push(Tensor::from_f64(vt.dtype(), vn, false));
+    }
+    xs.extend(vs);
+    outs(xs)
+}
+
+// The i-th tensor of each input group belongs to parameter i.
+#[allow(clippy::needless_range_loop)]
+fn adam(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let alpha = ctx.attrs.float("alpha", 0.9)? as f64;
+    let beta = ctx.attrs.float("beta", 0.999)? as f64;
+    let eps = ctx.attrs.float("epsilon", 1e-6)? as f64;
+    let norm = ctx.attrs.float("norm_coefficient", 0.0)? as f64;
+    let norm_post = ctx.attrs.float("norm_coefficient_post", 0.0)? as f64;
+    let (r, t, gs) = groups(ctx, ins, 4)?;
+    let r_adj = if t > 0 {
+        r * (1.0 - beta.powf(t as f64)).sqrt() / (1.0 - alpha.powf(t as f64))
+    } else {
+        r
+    };
+    let (mut xs, mut vs, mut hs) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..gs[0].len() {
+        let (xt, gt, vt, ht) = (gs[0][i], gs[1][i], gs[2][i], gs[3][i]);
+        same_shape(ctx, &[xt, gt, vt, ht])?;
+        let (x, g, v, h) = (f64s(xt)?, f64s(gt)?, f64s(vt)?, f64s(ht)?);
+        let greg = &x * norm + &g;
+        let vn = &v * alpha + &greg * (1.0 - alpha);
+        let hn = &h * beta + &(&greg * &greg) * (1.0 - beta);
+        let hs_ = hn.mapv(|q| q.sqrt() + eps);
+        let xn = &x - &((&vn / &hs_) * r_adj);
+        let xf = xn * (1.0 - norm_post);
+        xs.push(Tensor::from_f64(xt.dtype(), xf, false));
+        vs.push(Tensor::from_f64(vt.dtype(), vn, false));
+        hs.push(Tensor::from_f64(ht.dtype(), hn, false));
+    }
+    xs.extend(vs);
+    xs.extend(hs);
+    outs(xs)
+}
+
+// The i-th tensor of each input group belongs to parameter i.
+#[allow(clippy::needless_range_loop)]
+fn adagrad(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let decay = ctx.attrs.float("decay_factor", 0.0)? as f64;
+    let eps = ctx.attrs.float("epsilon", 1e-6)? as f64;
+    let norm = ctx.attrs.float("norm_coefficient", 0.0)? as f64;
+    let (r, t, gs) = groups(ctx, ins, 3)?;
+    let r_ = r / (1.0 + t as f64 * decay);
+    let (mut xs, mut hs) = (Vec::new(), Vec::new());
+    for i in 0..gs[0].len() {
+        let (xt, gt, ht) = (gs[0][i], gs[1][i], gs[2][i]);
+        same_shape(ctx, &[xt, gt, ht])?;
+        let (x, g, h) = (f64s(xt)?, f64s(gt)?, f64s(ht)?);
+        let greg = &x * norm + &g;
+        let hn = &h + &(&greg * &greg);
+        let hsq = hn.mapv(|q| q.sqrt() + eps);
+        let xn = &x - &((&greg / &hsq) * r_);
+        xs.push(Tensor::from_f64(xt.dtype(), xn, false));
+        hs.push(Tensor::from_f64(ht.dtype(), hn, false));
+    }
+    xs.extend(hs);
+    outs(xs)
+}
+
