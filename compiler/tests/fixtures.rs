@@ -20,12 +20,19 @@ fn fixtures() -> Vec<PathBuf> {
         .filter(|p| p.join("model.onnx").is_file())
         .collect();
     v.sort();
-    assert!(v.len() >= 4, "expected the fixture models in {}", dir.display());
+    assert!(
+        v.len() >= 4,
+        "expected the fixture models in {}",
+        dir.display()
+    );
     v
 }
 
 fn inputs_of(dir: &Path) -> Vec<PathBuf> {
-    (0..).map(|k| dir.join(format!("input_{k}.npy"))).take_while(|p| p.is_file()).collect()
+    (0..)
+        .map(|k| dir.join(format!("input_{k}.npy")))
+        .take_while(|p| p.is_file())
+        .collect()
 }
 
 /// Runs ONNX Runtime on the fixture and returns its outputs.
@@ -35,7 +42,12 @@ fn ort_outputs(dir: &Path, out: &Path) -> Vec<Value> {
     cmd.arg(&script).arg(dir.join("model.onnx")).arg(out);
     cmd.args(inputs_of(dir));
     let r = cmd.output().expect("python3 runs");
-    assert!(r.status.success(), "onnxruntime failed on {}:\n{}", dir.display(), String::from_utf8_lossy(&r.stderr));
+    assert!(
+        r.status.success(),
+        "onnxruntime failed on {}:\n{}",
+        dir.display(),
+        String::from_utf8_lossy(&r.stderr)
+    );
     (0..)
         .map(|k| out.join(format!("output_{k}.npy")))
         .take_while(|p| p.is_file())
@@ -48,7 +60,11 @@ fn rel_err(a: &Value, b: &Value) -> f64 {
     assert_eq!(a.dtype(), b.dtype());
     assert_eq!(a.shape(), b.shape());
     let (a, b) = (a.to_f64().unwrap(), b.to_f64().unwrap());
-    let diff = a.iter().zip(b.iter()).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+    let diff = a
+        .iter()
+        .zip(b.iter())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max);
     let scale = b.iter().map(|y| y.abs()).fold(0.0, f64::max);
     diff / scale.max(1e-30)
 }
@@ -69,7 +85,10 @@ fn fixtures_match_onnxruntime() {
         for (k, (g, e)) in got.iter().zip(&expected).enumerate() {
             let err = rel_err(g, e);
             println!("{name} output {k}: relative error {err:.2e} vs onnxruntime");
-            assert!(err <= 1e-4, "{name} output {k}: relative error {err:.3e} > 1e-4");
+            assert!(
+                err <= 1e-4,
+                "{name} output {k}: relative error {err:.3e} > 1e-4"
+            );
         }
 
         // Shape inference with the inputs' shapes bound.
@@ -78,11 +97,20 @@ fn fixtures_match_onnxruntime() {
             .inputs
             .iter()
             .zip(&inputs)
-            .map(|(&id, v)| (model.graph.value(id).name.clone(), v.as_tensor().unwrap().shape().to_vec()))
+            .map(|(&id, v)| {
+                (
+                    model.graph.value(id).name.clone(),
+                    v.as_tensor().unwrap().shape().to_vec(),
+                )
+            })
             .collect();
         passes::bind_input_shapes(&mut model.graph, &binds).unwrap();
         let rep = passes::infer_shapes(&mut model.graph).unwrap();
-        assert!(rep.unresolved.is_empty(), "{name}: shapes not inferred: {:?}", rep.unresolved);
+        assert!(
+            rep.unresolved.is_empty(),
+            "{name}: shapes not inferred: {:?}",
+            rep.unresolved
+        );
         if let Err(errs) = verify(&model.graph, true) {
             panic!("{name}: verifier: {}", errs.join("\n"));
         }

@@ -128,10 +128,21 @@ fn string_normalizer(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>
     let raw_stops: HashSet<&str> = stopwords.iter().map(String::as_str).collect();
     let stops: HashSet<String> = stopwords
         .iter()
-        .map(|w| change(w).map(|s| if action == "NONE" { s.to_lowercase() } else { s }))
+        .map(|w| {
+            change(w).map(|s| {
+                if action == "NONE" {
+                    s.to_lowercase()
+                } else {
+                    s
+                }
+            })
+        })
         .collect::<OpResult<_>>()?;
     let remove = |text: &str, keep: &dyn Fn(&str) -> bool| -> String {
-        text.split(' ').filter(|w| keep(w)).collect::<Vec<_>>().join(" ")
+        text.split(' ')
+            .filter(|w| keep(w))
+            .collect::<Vec<_>>()
+            .join(" ")
     };
     let mut res = Vec::with_capacity(x.len());
     for s in x.iter() {
@@ -463,12 +474,7 @@ fn random_dtype(ctx: &OpCtx, default: DType) -> OpResult<DType> {
     }
 }
 
-fn gen(
-    ctx: &OpCtx,
-    dt: DType,
-    shape: &[usize],
-    normal: bool,
-) -> OpResult<Vec<Value>> {
+fn gen(ctx: &OpCtx, dt: DType, shape: &[usize], normal: bool) -> OpResult<Vec<Value>> {
     ensure!(
         dt.is_float(),
         "{}: dtype must be a float type, got {dt}",
@@ -689,4 +695,3 @@ fn adagrad(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     xs.extend(hs);
     outs(xs)
 }
-

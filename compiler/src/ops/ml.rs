@@ -14,7 +14,12 @@ pub fn register(r: &mut Registry) {
     r.add_with(ONNX_ML, "TreeEnsembleRegressor", tree_regressor, t());
     r.add_with(ONNX_ML, "TreeEnsembleClassifier", tree_classifier, t());
     r.add_with(ONNX_ML, "Binarizer", binarizer, t());
-    r.add_with(ONNX_ML, "ArrayFeatureExtractor", array_feature_extractor, t());
+    r.add_with(
+        ONNX_ML,
+        "ArrayFeatureExtractor",
+        array_feature_extractor,
+        t(),
+    );
     r.add_with(ONNX_ML, "Scaler", scaler, t());
     r.add_with(ONNX_ML, "Normalizer", normalizer, t());
     r.add_with(ONNX_ML, "Imputer", imputer, t());
@@ -157,7 +162,8 @@ fn label_encoder(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
                     d.dtype() == t.dtype() && d.len() == 1,
                     "LabelEncoder: default_tensor must be one value of the values' dtype"
                 );
-                d.reshape(&[]).ok_or_else(|| OpError::new("LabelEncoder: default"))?
+                d.reshape(&[])
+                    .ok_or_else(|| OpError::new("LabelEncoder: default"))?
             }
             None => {
                 let dt = t.dtype();
@@ -170,7 +176,11 @@ fn label_encoder(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
                 }
             }
         };
-        (t.reshape(&[t.len()]).ok_or_else(|| OpError::new("LabelEncoder: values"))?, def)
+        (
+            t.reshape(&[t.len()])
+                .ok_or_else(|| OpError::new("LabelEncoder: values"))?,
+            def,
+        )
     } else {
         bail!("LabelEncoder: no values attribute")
     };
@@ -187,12 +197,19 @@ fn label_encoder(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     // Index into [values..., default].
     let xk = keys_of(x)?;
     let nv = values.len();
-    let idx: Vec<usize> = xk.iter().map(|k| map.get(k).copied().unwrap_or(nv)).collect();
+    let idx: Vec<usize> = xk
+        .iter()
+        .map(|k| map.get(k).copied().unwrap_or(nv))
+        .collect();
     let dt = values.dtype();
     let shape = x.shape().to_vec();
     let y = if dt == DType::Str {
         let v = arr::<String>(&values)?;
-        let d = arr::<String>(&default)?.iter().next().cloned().unwrap_or_default();
+        let d = arr::<String>(&default)?
+            .iter()
+            .next()
+            .cloned()
+            .unwrap_or_default();
         let r: Vec<String> = idx
             .iter()
             .map(|&i| v.iter().nth(i).cloned().unwrap_or_else(|| d.clone()))
@@ -201,12 +218,18 @@ fn label_encoder(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     } else if dt.is_float() {
         let mut v: Vec<f64> = f64s(&values)?.iter().copied().collect();
         v.extend(f64s(&default)?.iter().copied());
-        let r = idx.iter().map(|&i| get(&v, i, "values")).collect::<OpResult<_>>()?;
+        let r = idx
+            .iter()
+            .map(|&i| get(&v, i, "values"))
+            .collect::<OpResult<_>>()?;
         Tensor::from_f64(dt, shaped(&shape, r)?, false)
     } else {
         let mut v: Vec<i128> = super::util::i128s(&values)?.iter().copied().collect();
         v.extend(super::util::i128s(&default)?.iter().copied());
-        let r = idx.iter().map(|&i| get(&v, i, "values")).collect::<OpResult<_>>()?;
+        let r = idx
+            .iter()
+            .map(|&i| get(&v, i, "values"))
+            .collect::<OpResult<_>>()?;
         Tensor::from_i128(dt, shaped(&shape, r)?)
     };
     out(y)
@@ -303,7 +326,10 @@ enum Cmp {
 
 fn tree_ensemble(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let x = input(ins, 0)?;
-    ensure!(x.dtype().is_float(), "TreeEnsemble: X must be a float tensor");
+    ensure!(
+        x.dtype().is_float(),
+        "TreeEnsemble: X must be a float tensor"
+    );
     let a = &ctx.attrs;
     let tensor_vals = |name: &str| -> OpResult<Vec<f64>> {
         match a.get_tensor(name)? {
@@ -331,9 +357,16 @@ fn tree_ensemble(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let n_targets = super::util::dims(&[n_targets])?[0];
     let nn = modes.len();
     ensure!(
-        [splits.len(), feats.len(), tids.len(), fids.len(), tleaf.len(), fleaf.len()]
-            .iter()
-            .all(|&l| l == nn),
+        [
+            splits.len(),
+            feats.len(),
+            tids.len(),
+            fids.len(),
+            tleaf.len(),
+            fleaf.len()
+        ]
+        .iter()
+        .all(|&l| l == nn),
         "TreeEnsemble: node attributes differ in length"
     );
     ensure!(
@@ -394,7 +427,11 @@ fn tree_ensemble(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
                 Cmp::Neq => v != th,
                 Cmp::Member(s) => s.contains(&(if v == 0.0 { 0.0f64 } else { v }).to_bits()),
             } || (v.is_nan() && missing.get(i).copied().unwrap_or(0) != 0);
-            let (next, leaf) = if r { (tids[i], tleaf[i]) } else { (fids[i], fleaf[i]) };
+            let (next, leaf) = if r {
+                (tids[i], tleaf[i])
+            } else {
+                (fids[i], fleaf[i])
+            };
             ensure!(next >= 0, "TreeEnsemble: negative node id");
             i = next as usize;
             is_leaf = leaf != 0;
@@ -402,7 +439,10 @@ fn tree_ensemble(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
                 ensure!(i < nn, "TreeEnsemble: node id {i} out of range");
             }
         }
-        ensure!(i < leaf_weights.len(), "TreeEnsemble: leaf id {i} out of range");
+        ensure!(
+            i < leaf_weights.len(),
+            "TreeEnsemble: leaf id {i} out of range"
+        );
         Ok(i)
     };
     // MIN and MAX start from the extremes of X's dtype, like the reference.
@@ -440,7 +480,11 @@ fn tree_ensemble(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         }
         post_transform(out_row, post)?;
     }
-    out(Tensor::from_f64(x.dtype(), shaped(&[n, n_targets], res)?, false))
+    out(Tensor::from_f64(
+        x.dtype(),
+        shaped(&[n, n_targets], res)?,
+        false,
+    ))
 }
 
 // ---------------------------------------------------------------- TreeEnsemble{Regressor,Classifier}
@@ -473,9 +517,16 @@ impl Trees {
         let missing = a.ints("nodes_missing_value_tracks_true", &[])?;
         let nn = treeids.len();
         ensure!(
-            [nodeids.len(), feats.len(), modes.len(), values.len(), tids.len(), fids.len()]
-                .iter()
-                .all(|&l| l == nn),
+            [
+                nodeids.len(),
+                feats.len(),
+                modes.len(),
+                values.len(),
+                tids.len(),
+                fids.len()
+            ]
+            .iter()
+            .all(|&l| l == nn),
             "{}: node attributes differ in length",
             ctx.op_type
         );
@@ -610,7 +661,11 @@ fn tree_regressor(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         }
         post_transform(row, &post)?;
     }
-    out(Tensor::from_f64(DType::F32, shaped(&[n, n_targets], res)?, false))
+    out(Tensor::from_f64(
+        DType::F32,
+        shaped(&[n, n_targets], res)?,
+        false,
+    ))
 }
 
 /// Class labels: int64 or strings.
@@ -749,7 +804,10 @@ fn array_feature_extractor(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec
     let x = input(ins, 0)?;
     let idx = ints(input(ins, 1)?)?;
     let shape = x.shape().to_vec();
-    ensure!(!shape.is_empty(), "ArrayFeatureExtractor: X must have rank >= 1");
+    ensure!(
+        !shape.is_empty(),
+        "ArrayFeatureExtractor: X must have rank >= 1"
+    );
     let last = shape[shape.len() - 1];
     let mut cols = Vec::with_capacity(idx.len());
     for &i in &idx {
@@ -848,7 +906,11 @@ fn imputer(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         .iter()
         .enumerate()
         .map(|(i, &v)| {
-            let hit = if replace.is_nan() { v.is_nan() } else { v == replace };
+            let hit = if replace.is_nan() {
+                v.is_nan()
+            } else {
+                v == replace
+            };
             if hit {
                 values[if values.len() == 1 { 0 } else { i % c.max(1) }]
             } else {
@@ -866,7 +928,10 @@ fn one_hot_encoder(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> 
     let cats: Vec<Key> = if !cats_i.is_empty() {
         cats_i.into_iter().map(Key::I).collect()
     } else {
-        a.strings("cats_strings", vec![])?.into_iter().map(Key::S).collect()
+        a.strings("cats_strings", vec![])?
+            .into_iter()
+            .map(Key::S)
+            .collect()
     };
     ensure!(!cats.is_empty(), "OneHotEncoder: no categories");
     let zeros = a.int("zeros", 1)? != 0;
@@ -983,7 +1048,11 @@ fn linear_regressor(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>>
         post_transform(&mut s, &post)?;
         res.extend(s);
     }
-    out(Tensor::from_f64(DType::F32, shaped(&[n, targets], res)?, false))
+    out(Tensor::from_f64(
+        DType::F32,
+        shaped(&[n, targets], res)?,
+        false,
+    ))
 }
 
 fn feature_vectorizer(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
@@ -997,7 +1066,10 @@ fn feature_vectorizer(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value
             _ => matrix(t)?,
         };
         if let Some(m) = n_rows {
-            ensure!(m == n, "FeatureVectorizer: inputs have different row counts");
+            ensure!(
+                m == n,
+                "FeatureVectorizer: inputs have different row counts"
+            );
         }
         n_rows = Some(n);
         ensure!(d >= 0, "FeatureVectorizer: negative input dimension");
@@ -1013,7 +1085,11 @@ fn feature_vectorizer(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value
             }
         }
     }
-    out(Tensor::from_f64(DType::F32, shaped(&[n, total], res)?, false))
+    out(Tensor::from_f64(
+        DType::F32,
+        shaped(&[n, total], res)?,
+        false,
+    ))
 }
 
 fn category_mapper(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
@@ -1027,7 +1103,11 @@ fn category_mapper(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> 
     );
     if x.dtype() == DType::Str {
         let def = a.int("default_int64", -1)?;
-        let m: HashMap<&str, i64> = cs.iter().map(String::as_str).zip(ci.iter().copied()).collect();
+        let m: HashMap<&str, i64> = cs
+            .iter()
+            .map(String::as_str)
+            .zip(ci.iter().copied())
+            .collect();
         let y = arr::<String>(x)?.map(|s| m.get(s.as_str()).copied().unwrap_or(def));
         out(Tensor::from_array(y))
     } else {
@@ -1044,7 +1124,11 @@ fn category_mapper(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> 
 fn svm_regressor(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let x = input(ins, 0)?;
     let a = &ctx.attrs;
-    let coef: Vec<f64> = a.floats("coefficients", vec![])?.iter().map(|&v| v as f64).collect();
+    let coef: Vec<f64> = a
+        .floats("coefficients", vec![])?
+        .iter()
+        .map(|&v| v as f64)
+        .collect();
     let kp = a.floats("kernel_params", vec![])?;
     let (gamma, coef0, degree) = match kp.as_slice() {
         [g, c, d, ..] => (*g as f64, *c as f64, *d as i32),
@@ -1054,7 +1138,11 @@ fn svm_regressor(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let one_class = a.int("one_class", 0)? != 0;
     let post = a.string("post_transform", "NONE".into())?;
     let rho = a.floats("rho", vec![])?.first().map_or(0.0, |&r| r as f64);
-    let sv: Vec<f64> = a.floats("support_vectors", vec![])?.iter().map(|&v| v as f64).collect();
+    let sv: Vec<f64> = a
+        .floats("support_vectors", vec![])?
+        .iter()
+        .map(|&v| v as f64)
+        .collect();
     let (n, c, xv) = matrix(x)?;
     let kernel = if n_sup > 0 {
         a.string("kernel_type", "LINEAR".into())?.to_lowercase()
@@ -1086,7 +1174,11 @@ fn svm_regressor(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
             }
             s
         } else {
-            ensure!(coef.len() == c, "SVMRegressor: {} coefficients for {c} features", coef.len());
+            ensure!(
+                coef.len() == c,
+                "SVMRegressor: {} coefficients for {c} features",
+                coef.len()
+            );
             kdot(row, &coef)?
         } + rho;
         if one_class {

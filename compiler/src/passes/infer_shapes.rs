@@ -132,7 +132,12 @@ pub fn infer_shapes(g: &mut Graph) -> Result<InferReport> {
         let inputs: Vec<Option<InferInput>> = node
             .inputs
             .iter()
-            .map(|i| i.map(|v| InferInput { ty: g.value(v).ty.clone(), value: rep.known.get(&v).cloned() }))
+            .map(|i| {
+                i.map(|v| InferInput {
+                    ty: g.value(v).ty.clone(),
+                    value: rep.known.get(&v).cloned(),
+                })
+            })
             .collect();
         let all_known = node
             .inputs
@@ -147,7 +152,10 @@ pub fn infer_shapes(g: &mut Graph) -> Result<InferReport> {
                 .any(|v| g.value(*v).source == Source::Outer);
         // Partial evaluation.
         let folded: Option<Vec<Value>> = if all_known && !is_random(&node.op_type) {
-            let refs: Vec<Option<&Value>> = inputs.iter().map(|i| i.as_ref().and_then(|i| i.value.as_ref())).collect();
+            let refs: Vec<Option<&Value>> = inputs
+                .iter()
+                .map(|i| i.as_ref().and_then(|i| i.value.as_ref()))
+                .collect();
             node.op.eval(&refs).ok()
         } else if matches!(node.op_type.as_str(), "Shape" | "Size") && node.domain.is_empty() {
             fold_shape_op(&node.op_type, &node.attrs, &inputs)
@@ -204,7 +212,11 @@ fn is_random(op: &str) -> bool {
     )
 }
 
-fn fold_shape_op(op: &str, attrs: &crate::ir::Attrs, inputs: &[Option<InferInput>]) -> Option<Vec<Value>> {
+fn fold_shape_op(
+    op: &str,
+    attrs: &crate::ir::Attrs,
+    inputs: &[Option<InferInput>],
+) -> Option<Vec<Value>> {
     let shape = inputs.first()?.as_ref()?.ty.static_shape()?;
     let t = if op == "Size" {
         Tensor::scalar(shape.iter().product::<usize>() as i64)
