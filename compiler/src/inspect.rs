@@ -134,7 +134,13 @@ pub fn report(
             );
         }
     }
-    if !unresolved.is_empty() {
+    let free = crate::passes::free_input_dims(g);
+    if !free.is_empty() {
+        let _ = writeln!(r, "free dims (bind them with --shape NAME=DxDxD to infer every shape):");
+        for f in &free {
+            let _ = writeln!(r, "  {f}");
+        }
+    } else if !unresolved.is_empty() {
         let _ = writeln!(r, "shapes not inferred ({}):", unresolved.len());
         for u in unresolved {
             let _ = writeln!(r, "  {u}");

@@ -310,6 +310,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 .model
                 .ok_or_else(|| Error::Usage("no model given; see `onnxc --help`".into()))?;
             let mut m = load_bound(&model, &args.shapes)?;
+            passes::check_static_inputs(&m.graph)?;
             let rep = passes::infer_shapes(&mut m.graph)?;
             match args.emit {
                 Emit::Ir => {

@@ -497,6 +497,7 @@ impl Tensor {
         let shown: Vec<String> = match &self.data {
             Data::Str(a) => a.iter().take(max_elems).map(|x| format!("{x:?}")).collect(),
             Data::Bool(a) => a.iter().take(max_elems).map(|x| x.to_string()).collect(),
+            Data::F32(a) => a.iter().take(max_elems).map(|x| format!("{x}")).collect(),
             _ if self.dt.is_float() => self
                 .to_f64()
                 .map(|a| a.iter().take(max_elems).map(|x| format!("{x}")).collect())

@@ -88,6 +88,19 @@ pub fn bind_input_shapes(g: &mut Graph, bindings: &[(String, Vec<usize>)]) -> Re
 
 /// Lists every input dim that is still symbolic, or Ok when all are fixed.
 pub fn check_static_inputs(g: &Graph) -> Result<()> {
+    let free = free_input_dims(g);
+    if free.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Shape(format!(
+            "these dims are not fixed; bind them with --shape NAME=DxDxD:\n  {}",
+            free.join("\n  ")
+        )))
+    }
+}
+
+/// Every graph-input dim that is not a number, described with where it comes from.
+pub fn free_input_dims(g: &Graph) -> Vec<String> {
     let mut free = Vec::new();
     for &id in &g.inputs {
         let info = g.value(id);
@@ -108,14 +121,7 @@ pub fn check_static_inputs(g: &Graph) -> Result<()> {
             _ => {}
         }
     }
-    if free.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::Shape(format!(
-            "these dims are not fixed; bind them with --shape NAME=DxDxD:\n  {}",
-            free.join("\n  ")
-        )))
-    }
+    free
 }
 
 /// Infers the types of every value; folds what is computable at compile time.
