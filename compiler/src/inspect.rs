@@ -136,7 +136,10 @@ pub fn report(
     }
     let free = crate::passes::free_input_dims(g);
     if !free.is_empty() {
-        let _ = writeln!(r, "free dims (bind them with --shape NAME=DxDxD to infer every shape):");
+        let _ = writeln!(
+            r,
+            "free dims (bind them with --shape NAME=DxDxD to infer every shape):"
+        );
         for f in &free {
             let _ = writeln!(r, "  {f}");
         }

@@ -53,6 +53,9 @@ enum Cmd {
         /// Which engine runs the model.
         #[arg(long, value_enum, default_value_t = Engine::Reference)]
         engine: Engine,
+        /// Also print each output (dtype, shape and its first 32 values).
+        #[arg(long)]
+        print: bool,
     },
     /// Run ONNX backend node test cases (folders of model.onnx + test_data_set_0)
     /// through the reference evaluator and report passed/failed/unsupported.
@@ -189,6 +192,7 @@ fn real_main(cli: Cli) -> Result<()> {
             inputs,
             output_dir,
             engine: Engine::Reference,
+            print,
         }) => {
             let m = onnx::load(&model)?;
             let g = &m.graph;
@@ -229,6 +233,12 @@ fn real_main(cli: Cli) -> Result<()> {
                 let path = output_dir.join(format!("{name}.npy"));
                 io::write_npy(&path, v)?;
                 println!("{} -> {}", g.value(id).name, path.display());
+                if print {
+                    match v {
+                        Value::Tensor(t) => println!("  {}", t.summary(32)),
+                        other => println!("  {}", other.value_type()),
+                    }
+                }
             }
             Ok(())
         }
