@@ -543,18 +543,54 @@ enum SoftKind {
 }
 
 /// Applies `kind` on each lane of `v` laid out as (outer, n, inner).
-fn soft_lanes(v: &mut [f64], (outer, n, inner): (usize, usize, usize), kind: SoftKind) {
+fn soft_lanes(
+    v: &mut [f64],
+    (outer, n, inner): (usize, usize, usize),
+    kind: SoftKind,
+    dt: DType,
+) {
     let mut lane = vec![0f64; n];
     for o in 0..outer {
         for i in 0..inner {
             for (j, l) in lane.iter_mut().enumerate() {
                 *l = v[(o * n + j) * inner + i];
             }
-            soft_lane(&mut lane, kind);
+            if kind == SoftKind::Softmax && matches!(dt, DType::F16 | DType::BF16) {
+                softmax_lane_16(&mut lane, dt);
+            } else {
+                soft_lane(&mut lane, kind);
+            }
             for (j, l) in lane.iter().enumerate() {
                 v[(o * n + j) * inner + i] = *l;
             }
         }
+    }
+}
+
+/// Softmax of a float16/bfloat16 lane the way ONNX's reference computes it on such
+/// arrays with numpy (`tmp = X - max; Y = exp(tmp); Y /= Y.sum()`): every step is rounded
+/// to the element type, and a bfloat16 sum rounds each partial sum (float16 sums
+/// accumulate in float32 and round once).
+fn softmax_lane_16(lane: &mut [f64], dt: DType) {
+    let r = |x: f64| -> f64 {
+        if dt == DType::BF16 {
+            half::bf16::from_f64(x).to_f64()
+        } else {
+            half::f16::from_f64(x).to_f64()
+        }
+    };
+    let m = lane.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x));
+    let m = if m.is_finite() { m } else { 0.0 };
+    for l in lane.iter_mut() {
+        *l = r(r(*l - m).exp());
+    }
+    let sum = if dt == DType::BF16 {
+        lane.iter().fold(0.0, |acc, &x| r(acc + x))
+    } else {
+        r(lane.iter().fold(0f32, |acc, &x| acc + x as f32) as f64)
+    };
+    for l in lane.iter_mut() {
+        *l = r(*l / sum);
     }
 }
 
@@ -630,7 +666,7 @@ fn soft(ctx: &OpCtx, ins: &[Option<&Value>], kind: SoftKind) -> OpResult<Vec<Val
         )
     };
     let mut v = flat(&f64s(x)?);
-    soft_lanes(&mut v, s3, kind);
+    soft_lanes(&mut v, s3, kind, dt);
     out(Tensor::from_f64(dt, from_flat(&shape, v)?, false))
 }
 
@@ -734,7 +770,7 @@ fn sce_loss(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     );
     let d: usize = shape[2..].iter().product();
     let mut v = flat(&f64s(x)?);
-    soft_lanes(&mut v, (shape[0], shape[1], d), SoftKind::LogSoftmax);
+    soft_lanes(&mut v, (shape[0], shape[1], d), SoftKind::LogSoftmax, DType::F64);
     let r = nll(&v, &shape, input(ins, 1)?, opt_input(ins, 2)?, ii, &red)?;
     let mut res = vec![Tensor::from_f64(dt, r, false)];
     if ctx.n_outputs >= 2 {

@@ -113,6 +113,7 @@ fn dft_core(
     n: usize,
     inverse: bool,
     onesided: bool,
+    single: bool,
 ) -> OpResult<(ArrayD<C>, bool)> {
     ensure!(n >= 1, "dft_length must be positive, got {n}");
     if inverse && onesided {
@@ -138,6 +139,11 @@ fn dft_core(
         return Ok((r, true));
     }
     let keep = if onesided { n / 2 + 1 } else { n };
+    if inverse && single && !onesided {
+        if let Some(plan) = F32Plan::new(n) {
+            return Ok((map_lanes(x, ax, n, |lane| plan.inverse(lane)), false));
+        }
+    }
     Ok((
         map_lanes(x, ax, keep, |lane| dft_lane(lane, n, keep, inverse)),
         false,
@@ -181,7 +187,10 @@ fn dft(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         }
     };
     dims(&[n as i64, c.len() as i64])?;
-    let (r, real) = dft_core(&c, ax, n, inverse, onesided)?;
+    // ONNX's reference runs `np.fft.ifft` on complex64 data for float32/float16 inputs,
+    // which numpy computes in single precision (pocketfft); reproduce its rounding.
+    let single = matches!(x.dtype(), DType::F32 | DType::F16);
+    let (r, real) = dft_core(&c, ax, n, inverse, onesided, single)?;
     out(from_complex(x.dtype(), &r, real))
 }
 
@@ -355,4 +364,197 @@ fn mel(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         ArrayD::from_shape_vec(IxDyn(&[nspec, nmel_u]), o).expect("sizes match"),
         false,
     ))
+}
+
+/// A single-precision complex number, as pocketfft's `cmplx<float>`.
+#[derive(Clone, Copy, Debug, Default)]
+struct Cf {
+    r: f32,
+    i: f32,
+}
+
+impl Cf {
+    fn add(self, o: Cf) -> Cf {
+        Cf { r: self.r + o.r, i: self.i + o.i }
+    }
+    fn sub(self, o: Cf) -> Cf {
+        Cf { r: self.r - o.r, i: self.i - o.i }
+    }
+    fn scale(self, f: f32) -> Cf {
+        Cf { r: self.r * f, i: self.i * f }
+    }
+    /// pocketfft's `special_mul<bwd>`: multiplication by `w` (backward) or by its conjugate.
+    fn special_mul(self, w: Cf, bwd: bool) -> Cf {
+        if bwd {
+            Cf { r: self.r * w.r - self.i * w.i, i: self.r * w.i + self.i * w.r }
+        } else {
+            Cf { r: self.r * w.r + self.i * w.i, i: self.i * w.r - self.r * w.i }
+        }
+    }
+    /// Multiplication by +i (`ROT90`).
+    fn rot90(self) -> Cf {
+        Cf { r: -self.i, i: self.r }
+    }
+    /// Multiplication by -i (`ROTM90`).
+    fn rotm90(self) -> Cf {
+        Cf { r: self.i, i: -self.r }
+    }
+}
+
+/// A reproduction of pocketfft's single-precision complex FFT (`cfftp`, as used by
+/// numpy >= 2 for complex64 data) for lengths whose prime factors are 2, 3 and 5: the same
+/// factorization, radix passes and operation order, so the float32 rounding matches.
+struct F32Plan {
+    n: usize,
+    factors: Vec<usize>,
+    /// exp(2*pi*i*k/n) rounded to f32, k in 0..n.
+    twiddle: Vec<Cf>,
+}
+
+impl F32Plan {
+    fn new(n: usize) -> Option<F32Plan> {
+        if n == 0 || n > (1 << 24) {
+            return None;
+        }
+        let mut len = n;
+        let mut factors = Vec::new();
+        while len % 4 == 0 {
+            factors.push(4);
+            len /= 4;
+        }
+        if len % 2 == 0 {
+            len /= 2;
+            factors.push(2);
+            let last = factors.len() - 1;
+            factors.swap(0, last);
+        }
+        for d in [3, 5] {
+            while len % d == 0 {
+                factors.push(d);
+                len /= d;
+            }
+        }
+        if len != 1 {
+            return None;
+        }
+        let twiddle = (0..n)
+            .map(|k| {
+                let ang = 2.0 * std::f64::consts::PI * k as f64 / n as f64;
+                Cf { r: ang.cos() as f32, i: ang.sin() as f32 }
+            })
+            .collect();
+        Some(F32Plan { n, factors, twiddle })
+    }
+
+    /// `np.fft.ifft` of one lane (zero-padded or truncated to n), in f32.
+    fn inverse(&self, lane: &[C]) -> Vec<C> {
+        let n = self.n;
+        let mut c: Vec<Cf> = (0..n)
+            .map(|k| match lane.get(k) {
+                Some(&(re, im)) => Cf { r: re as f32, i: im as f32 },
+                None => Cf::default(),
+            })
+            .collect();
+        let fct = 1.0f32 / n as f32;
+        self.pass_all(&mut c, true);
+        c.iter()
+            .map(|v| {
+                let v = v.scale(fct);
+                (v.r as f64, v.i as f64)
+            })
+            .collect()
+    }
+
+    fn pass_all(&self, c: &mut Vec<Cf>, bwd: bool) {
+        let n = self.n;
+        let mut l1 = 1;
+        for &ip in &self.factors {
+            let ido = n / (l1 * ip);
+            let mut ch = vec![Cf::default(); n];
+            // CC(a,b,c) = cc[a+ido*(b+ip*c)], CH(a,b,c) = ch[a+ido*(b+l1*c)],
+            // WA(x,i) = twiddle[(x+1)*l1*i].
+            let cc = |a: usize, b: usize, k: usize| c[a + ido * (b + ip * k)];
+            let wa = |x: usize, i: usize| self.twiddle[((x + 1) * l1 * i) % n];
+            let hidx = |a: usize, b: usize, k: usize| a + ido * (b + l1 * k);
+            for k in 0..l1 {
+                for i in 0..ido {
+                    match ip {
+                        2 => {
+                            let (a, b) = (cc(i, 0, k), cc(i, 1, k));
+                            ch[hidx(i, k, 0)] = a.add(b);
+                            let d = a.sub(b);
+                            ch[hidx(i, k, 1)] = if i == 0 { d } else { d.special_mul(wa(0, i), bwd) };
+                        }
+                        3 => {
+                            let tw1r = -0.5f32;
+                            let tw1i = if bwd { 1.0 } else { -1.0 } * 0.866_025_403_784_438_6_f64 as f32;
+                            let t0 = cc(i, 0, k);
+                            let (t1, t2) = (cc(i, 1, k).add(cc(i, 2, k)), cc(i, 1, k).sub(cc(i, 2, k)));
+                            ch[hidx(i, k, 0)] = t0.add(t1);
+                            let ca = t0.add(t1.scale(tw1r));
+                            let cb = t2.scale(tw1i).rot90();
+                            let (mut da, mut db) = (ca.add(cb), ca.sub(cb));
+                            if i > 0 {
+                                da = da.special_mul(wa(0, i), bwd);
+                                db = db.special_mul(wa(1, i), bwd);
+                            }
+                            ch[hidx(i, k, 1)] = da;
+                            ch[hidx(i, k, 2)] = db;
+                        }
+                        4 => {
+                            let (c0, c1, c2, c3) = (cc(i, 0, k), cc(i, 1, k), cc(i, 2, k), cc(i, 3, k));
+                            let (t2, t1) = (c0.add(c2), c0.sub(c2));
+                            let (t3, mut t4) = (c1.add(c3), c1.sub(c3));
+                            t4 = if bwd { t4.rot90() } else { t4.rotm90() };
+                            let (o0, o2) = (t2.add(t3), t2.sub(t3));
+                            let (o1, o3) = (t1.add(t4), t1.sub(t4));
+                            ch[hidx(i, k, 0)] = o0;
+                            if i == 0 {
+                                ch[hidx(i, k, 1)] = o1;
+                                ch[hidx(i, k, 2)] = o2;
+                                ch[hidx(i, k, 3)] = o3;
+                            } else {
+                                ch[hidx(i, k, 1)] = o1.special_mul(wa(0, i), bwd);
+                                ch[hidx(i, k, 2)] = o2.special_mul(wa(1, i), bwd);
+                                ch[hidx(i, k, 3)] = o3.special_mul(wa(2, i), bwd);
+                            }
+                        }
+                        _ => {
+                            // ip == 5
+                            let s = if bwd { 1.0f32 } else { -1.0 };
+                            let tw1r = 0.309_016_994_374_947_4_f64 as f32;
+                            let tw1i = s * 0.951_056_516_295_153_5_f64 as f32;
+                            let tw2r = -0.809_016_994_374_947_4_f64 as f32;
+                            let tw2i = s * 0.587_785_252_292_473_1_f64 as f32;
+                            let t0 = cc(i, 0, k);
+                            let (t1, t4) = (cc(i, 1, k).add(cc(i, 4, k)), cc(i, 1, k).sub(cc(i, 4, k)));
+                            let (t2, t3) = (cc(i, 2, k).add(cc(i, 3, k)), cc(i, 2, k).sub(cc(i, 3, k)));
+                            ch[hidx(i, k, 0)] = Cf { r: t0.r + t1.r + t2.r, i: t0.i + t1.i + t2.i };
+                            for (u1, u2, twar, twbr, twai, twbi) in
+                                [(1, 4, tw1r, tw2r, tw1i, tw2i), (2, 3, tw2r, tw1r, tw2i, -tw1i)]
+                            {
+                                let ca = Cf {
+                                    r: t0.r + twar * t1.r + twbr * t2.r,
+                                    i: t0.i + twar * t1.i + twbr * t2.i,
+                                };
+                                let cb = Cf {
+                                    r: -(twai * t4.i + twbi * t3.i),
+                                    i: twai * t4.r + twbi * t3.r,
+                                };
+                                let (mut da, mut db) = (ca.add(cb), ca.sub(cb));
+                                if i > 0 {
+                                    da = da.special_mul(wa(u1 - 1, i), bwd);
+                                    db = db.special_mul(wa(u2 - 1, i), bwd);
+                                }
+                                ch[hidx(i, k, u1)] = da;
+                                ch[hidx(i, k, u2)] = db;
+                            }
+                        }
+                    }
+                }
+            }
+            *c = ch;
+            l1 *= ip;
+        }
+    }
 }
