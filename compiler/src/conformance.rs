@@ -115,6 +115,188 @@ fn run_case_inner(case: &Path) -> Status {
     Status::Passed
 }
 
+/// Where compiled cases are built and run.
+pub struct CompiledEnv {
+    pub target: String,
+    pub triple: String,
+    pub toolchain: crate::runner::Toolchain,
+    pub harness: PathBuf,
+    pub scratch: PathBuf,
+}
+
+impl CompiledEnv {
+    /// Prepares the C harness for `target` in `scratch`.
+    pub fn new(target: &str, scratch: &Path) -> Result<CompiledEnv, String> {
+        let t = crate::targets::Target::load(target)?;
+        let tc = crate::runner::Toolchain::for_triple(&t.triple);
+        if !tc.available() {
+            return Err(format!(
+                "the toolchain for {} is not installed ({} {:?})",
+                t.triple, tc.cc, tc.exec
+            ));
+        }
+        std::fs::create_dir_all(scratch).map_err(|e| e.to_string())?;
+        let harness =
+            crate::runner::build_harness(&tc, scratch, "model").map_err(|e| e.to_string())?;
+        Ok(CompiledEnv {
+            target: target.to_string(),
+            triple: t.triple,
+            toolchain: tc,
+            harness,
+            scratch: scratch.to_path_buf(),
+        })
+    }
+}
+
+/// Runs one case compiled for `env`'s target. Graph inputs that decide shapes (Reshape's
+/// shape, TopK's k, ...) are bound as constants for the compile.
+pub fn run_case_compiled(case: &Path, env: &CompiledEnv, worker: usize) -> Status {
+    let r = std::panic::catch_unwind(|| run_case_compiled_inner(case, env, worker));
+    r.unwrap_or_else(|_| Status::Failed("panic".into()))
+}
+
+fn run_case_compiled_inner(case: &Path, env: &CompiledEnv, worker: usize) -> Status {
+    let name = case
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    if NONDETERMINISTIC.iter().any(|p| name.starts_with(p)) {
+        return Status::Unsupported("non-deterministic expected output".into());
+    }
+    let model = match onnx::load(&case.join("model.onnx")) {
+        Ok(m) => m,
+        Err(Error::Unsupported(v)) => return Status::Unsupported(v.join("; ")),
+        Err(e) => return Status::Failed(format!("import: {e}")),
+    };
+    let g = model.graph;
+    let data = case.join("test_data_set_0");
+    let mut inputs = Vec::new();
+    for (k, &id) in g.inputs.iter().enumerate() {
+        match crate::io::read_value(&data.join(format!("input_{k}.pb")), &g.value(id).ty) {
+            Ok(Value::Tensor(t)) => inputs.push((g.value(id).name.clone(), t)),
+            Ok(_) => {
+                return Status::Unsupported("sequence or optional inputs are not compiled".into())
+            }
+            Err(e) => return Status::Failed(e.to_string()),
+        }
+    }
+    // Inputs that feed a shape-deciding slot become constants.
+    let mut shape_inputs = std::collections::HashSet::new();
+    for n in g.nodes.node_indices() {
+        let node = &g.nodes[n];
+        for &i in node.op.shape_inputs() {
+            if let Some(Some(v)) = node.inputs.get(i) {
+                if g.inputs.contains(v) {
+                    shape_inputs.insert(g.value(*v).name.clone());
+                }
+            }
+        }
+    }
+    let mut opts = crate::driver::Options {
+        target: env.target.clone(),
+        ..Default::default()
+    };
+    let mut run_inputs = Vec::new();
+    for (n, t) in inputs {
+        if shape_inputs.contains(&n) {
+            opts.constants.push((n, t));
+        } else {
+            opts.shapes.push((n.clone(), t.shape().to_vec()));
+            run_inputs.push(Value::Tensor(t));
+        }
+    }
+    let c = match crate::driver::compile_graph(g, "model", &opts) {
+        Ok(c) => c,
+        Err(Error::Unsupported(v)) => return Status::Unsupported(v.join("; ")),
+        Err(Error::Shape(m)) => return Status::Unsupported(format!("shapes: {m}")),
+        Err(e) => return Status::Failed(format!("compile: {e}")),
+    };
+    let dir = env.scratch.join(format!("w{worker}"));
+    let _ = std::fs::create_dir_all(&dir);
+    let obj = dir.join("model.o");
+    let exe = dir.join("model.exe");
+    if let Err(e) = std::fs::write(&obj, &c.artifacts.object) {
+        return Status::Failed(e.to_string());
+    }
+    if let Err(e) = crate::runner::link(&env.toolchain, &env.harness, &obj, &exe) {
+        return Status::Failed(e.to_string());
+    }
+    let ins: Vec<Tensor> = run_inputs
+        .into_iter()
+        .filter_map(|v| v.into_tensor())
+        .collect();
+    let outs: Vec<(DType, Vec<usize>)> = c
+        .graph
+        .outputs
+        .iter()
+        .map(|&o| {
+            (
+                c.graph.value(o).ty.dtype().unwrap_or(DType::F32),
+                c.graph.value(o).ty.static_shape().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let got = match crate::runner::execute(&env.toolchain, &exe, &dir, &ins, &outs) {
+        Ok(v) => v,
+        Err(e) => return Status::Failed(e.to_string()),
+    };
+    for (k, &id) in c.graph.outputs.iter().enumerate() {
+        let expected = match crate::io::read_value(
+            &data.join(format!("output_{k}.pb")),
+            &c.graph.value(id).ty,
+        ) {
+            Ok(v) => v,
+            Err(e) => return Status::Failed(e.to_string()),
+        };
+        if let Err(e) = compare_values(&Value::Tensor(got[k].clone()), &expected) {
+            return Status::Failed(format!("output {k} `{}`: {e}", c.graph.value(id).name));
+        }
+    }
+    Status::Passed
+}
+
+/// Runs every case matching `filter` compiled, on `threads` workers.
+pub fn run_suite_compiled(
+    dir: &Path,
+    filter: Option<&regex::Regex>,
+    env: &CompiledEnv,
+    threads: usize,
+) -> std::io::Result<Vec<CaseResult>> {
+    let ops = case_ops(dir);
+    let cases: Vec<PathBuf> = list_cases(dir)?
+        .into_iter()
+        .filter(|c| {
+            let n = c.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            filter.is_none_or(|f| f.is_match(n))
+        })
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for w in 0..threads.max(1) {
+            let (next, results, cases, ops) = (&next, &results, &cases, &ops);
+            s.spawn(move || loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(case) = cases.get(i) else { break };
+                let name = case
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or_default()
+                    .to_string();
+                let status = run_case_compiled(case, env, w);
+                let op = ops.get(&name).cloned().unwrap_or_else(|| "?".into());
+                results
+                    .lock()
+                    .expect("no poisoning")
+                    .push((i, CaseResult { name, op, status }));
+            });
+        }
+    });
+    let mut v = results.into_inner().expect("no poisoning");
+    v.sort_by_key(|(i, _)| *i);
+    Ok(v.into_iter().map(|(_, r)| r).collect())
+}
+
 /// Compares an actual value with an expected one.
 pub fn compare_values(got: &Value, want: &Value) -> Result<(), String> {
     match (got, want) {

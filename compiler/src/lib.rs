@@ -5,14 +5,21 @@
 //! [`ops`] module holds every operator's inference and reference evaluation, and
 //! [`eval`] runs a graph with them (the oracle for tests and for constant folding).
 
+pub mod backend;
 pub mod conformance;
+pub mod driver;
+pub mod emit;
 pub mod error;
 pub mod eval;
 pub mod inspect;
 pub mod io;
 pub mod ir;
+pub mod kir;
+pub mod lower;
 pub mod onnx;
 pub mod ops;
 pub mod passes;
+pub mod runner;
+pub mod targets;
 
 pub use error::{Error, Result};

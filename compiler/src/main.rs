@@ -3,7 +3,7 @@
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use onnxc::error::{Error, Result};
 use onnxc::ir::{print_graph, Value};
-use onnxc::{conformance, eval, inspect, io, onnx, passes};
+use onnxc::{conformance, driver, eval, inspect, io, onnx, passes};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -78,16 +78,25 @@ enum Cmd {
         /// Write the names of the passing cases, one per line, to this file.
         #[arg(long, value_name = "FILE")]
         write_pass_list: Option<PathBuf>,
+        /// Run the cases compiled (object + C harness) instead of through the reference
+        /// evaluator.
+        #[arg(long)]
+        compiled: bool,
+        /// Target for --compiled (aarch64 targets run under qemu-aarch64-static).
+        #[arg(long, default_value = "host")]
+        target: String,
         /// The ONNX version the cases come from (for the report).
         #[arg(long, default_value = "1.23.2")]
         onnx_version: String,
     },
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
 enum Engine {
     /// The ndarray reference evaluator (every supported op).
     Reference,
+    /// Compile for the host, link with the system C compiler and run natively.
+    Compiled,
 }
 
 #[derive(Args, Debug, Default)]
@@ -101,6 +110,15 @@ struct ShapeArgs {
 struct CompileArgs {
     /// The .onnx model to compile.
     model: Option<PathBuf>,
+    /// Target name (see --list-targets) or path to a target .toml file.
+    #[arg(long, default_value = "host")]
+    target: String,
+    /// Symbol prefix of the generated API (default: the model file's stem).
+    #[arg(long)]
+    name: Option<String>,
+    /// List the bundled targets and exit.
+    #[arg(long)]
+    list_targets: bool,
     /// What to produce.
     #[arg(long, value_enum, default_value_t = Emit::Obj)]
     emit: Emit,
@@ -113,11 +131,15 @@ struct CompileArgs {
 
 #[derive(Clone, Copy, Debug, Default, ValueEnum, PartialEq)]
 enum Emit {
-    /// A native object file and C header (the native back end is not built yet).
+    /// A native object file (-o model.o) plus its C header (model.h).
     #[default]
     Obj,
     /// The graph IR as readable text, after shape inference.
     Ir,
+    /// The kernel IR as readable text, after lowering and memory planning.
+    Kir,
+    /// The compile report: arena bytes and lower bound, weights, code, per-tensor offsets (JSON).
+    Report,
 }
 
 fn parse_shape(s: &str) -> Result<(String, Vec<usize>)> {
@@ -191,7 +213,7 @@ fn real_main(cli: Cli) -> Result<()> {
             model,
             inputs,
             output_dir,
-            engine: Engine::Reference,
+            engine,
             print,
         }) => {
             let m = onnx::load(&model)?;
@@ -223,7 +245,32 @@ fn real_main(cli: Cli) -> Result<()> {
                     "--input `{extra}` is not an input of the model"
                 )));
             }
-            let outs = eval::run(g, vals)?;
+            eval::check_inputs(g, &vals)?;
+            let outs = if engine == Engine::Compiled {
+                let shapes = g
+                    .inputs
+                    .iter()
+                    .zip(&vals)
+                    .filter_map(|(&id, v)| {
+                        Some((g.value(id).name.clone(), v.as_tensor()?.shape().to_vec()))
+                    })
+                    .collect();
+                let opts = driver::Options {
+                    shapes,
+                    ..driver::Options::default()
+                };
+                let c = driver::compile_graph(m.graph.clone(), "model", &opts)?;
+                let dir = std::env::temp_dir().join(format!("onnxc-run-{}", std::process::id()));
+                std::fs::create_dir_all(&dir).map_err(|e| Error::Io {
+                    path: dir.clone(),
+                    source: e,
+                })?;
+                let r = onnxc::runner::run_compiled(&c, &vals, &dir);
+                let _ = std::fs::remove_dir_all(&dir);
+                r?
+            } else {
+                eval::run(g, vals)?
+            };
             std::fs::create_dir_all(&output_dir).map_err(|e| Error::Io {
                 path: output_dir.clone(),
                 source: e,
@@ -250,14 +297,31 @@ fn real_main(cli: Cli) -> Result<()> {
             write_doc,
             write_pass_list,
             onnx_version,
+            compiled,
+            target,
         }) => {
             let re = filter
                 .map(|f| regex::Regex::new(&f).map_err(|e| Error::Usage(format!("--filter: {e}"))))
                 .transpose()?;
-            let results = conformance::run_suite(&dir, re.as_ref()).map_err(|e| Error::Io {
-                path: dir.clone(),
-                source: e,
-            })?;
+            let results = if compiled {
+                let scratch =
+                    std::env::temp_dir().join(format!("onnxc-conf-{}", std::process::id()));
+                let env = conformance::CompiledEnv::new(&target, &scratch).map_err(Error::Usage)?;
+                let threads = std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(1);
+                let r = conformance::run_suite_compiled(&dir, re.as_ref(), &env, threads);
+                let _ = std::fs::remove_dir_all(&scratch);
+                r.map_err(|e| Error::Io {
+                    path: dir.clone(),
+                    source: e,
+                })?
+            } else {
+                conformance::run_suite(&dir, re.as_ref()).map_err(|e| Error::Io {
+                    path: dir.clone(),
+                    source: e,
+                })?
+            };
             let others = match &other {
                 Some(o) => conformance::run_other_suites(o).map_err(|e| Error::Io {
                     path: o.clone(),
@@ -314,30 +378,103 @@ fn real_main(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        None => compile(cli.compile),
+    }
+}
+
+fn compile(args: CompileArgs) -> Result<()> {
+    if args.list_targets {
+        for (name, desc) in onnxc::targets::Target::list() {
+            println!("{name:16} {desc}");
+        }
+        return Ok(());
+    }
+    let model = args
+        .model
+        .ok_or_else(|| Error::Usage("no model given; see `onnxc --help`".into()))?;
+    let binds = args
+        .shapes
+        .shapes
+        .iter()
+        .map(|s| parse_shape(s))
+        .collect::<Result<Vec<_>>>()?;
+    if args.emit == Emit::Ir {
+        let mut m = load_bound(&model, &args.shapes)?;
+        passes::check_static_inputs(&m.graph)?;
+        let rep = passes::infer_shapes(&mut m.graph)?;
+        let mut text = print_graph(&m.graph);
+        if !rep.unresolved.is_empty() {
+            text.push_str(&format!(
+                "# shapes not inferred:\n#   {}\n",
+                rep.unresolved.join("\n#   ")
+            ));
+        }
+        return write_text(args.output.as_deref(), &text);
+    }
+    let opts = driver::Options {
+        name: args.name.clone(),
+        target: args.target.clone(),
+        shapes: binds,
+        constants: vec![],
+    };
+    let c = driver::compile_file(&model, &opts)?;
+    match args.emit {
+        Emit::Kir => write_text(
+            args.output.as_deref(),
+            &onnxc::kir::print_program(&c.lowered.program),
+        ),
+        Emit::Report => {
+            let json = serde_json::to_string_pretty(&c.artifacts.report).expect("json");
+            let plan = &c.lowered.plan;
+            eprintln!(
+                "arena {} bytes (lower bound {}), {} kernels, object {} bytes",
+                plan.arena_bytes,
+                plan.lower_bound,
+                c.lowered.program.kernels.len(),
+                c.artifacts.object.len()
+            );
+            write_text(args.output.as_deref(), &format!("{json}\n"))
+        }
+        _ => {
+            let out = args.output.unwrap_or_else(|| model.with_extension("o"));
+            let header = out.with_extension("h");
+            std::fs::write(&out, &c.artifacts.object).map_err(|e| Error::Io {
+                path: out.clone(),
+                source: e,
+            })?;
+            std::fs::write(&header, &c.artifacts.header).map_err(|e| Error::Io {
+                path: header.clone(),
+                source: e,
+            })?;
+            let rt = header.with_file_name("onnxc_runtime.h");
+            std::fs::write(&rt, onnxc::runner::RUNTIME_H).map_err(|e| Error::Io {
+                path: rt.clone(),
+                source: e,
+            })?;
+            eprintln!(
+                "wrote {} ({} bytes), {} and {} for target {}: arena {} bytes, call {}_run()",
+                out.display(),
+                c.artifacts.object.len(),
+                header.display(),
+                rt.display(),
+                c.target.name,
+                c.lowered.plan.arena_bytes,
+                c.prefix
+            );
+            Ok(())
+        }
+    }
+}
+
+fn write_text(path: Option<&Path>, text: &str) -> Result<()> {
+    match path {
+        Some(p) => std::fs::write(p, text).map_err(|e| Error::Io {
+            path: p.to_path_buf(),
+            source: e,
+        }),
         None => {
-            let args = cli.compile;
-            let model = args
-                .model
-                .ok_or_else(|| Error::Usage("no model given; see `onnxc --help`".into()))?;
-            let mut m = load_bound(&model, &args.shapes)?;
-            passes::check_static_inputs(&m.graph)?;
-            let rep = passes::infer_shapes(&mut m.graph)?;
-            match args.emit {
-                Emit::Ir => {
-                    let mut text = print_graph(&m.graph);
-                    if !rep.unresolved.is_empty() {
-                        text.push_str(&format!("# shapes not inferred:\n#   {}\n", rep.unresolved.join("\n#   ")));
-                    }
-                    match args.output {
-                        Some(p) => std::fs::write(&p, text).map_err(|e| Error::Io { path: p, source: e })?,
-                        None => print!("{text}"),
-                    }
-                    Ok(())
-                }
-                Emit::Obj => Err(Error::Usage(
-                    "the native back end (object + header) is not implemented yet; use --emit ir, `onnxc inspect` or `onnxc run`".into(),
-                )),
-            }
+            print!("{text}");
+            Ok(())
         }
     }
 }

@@ -41,6 +41,8 @@ pub struct Node {
     pub name: String,
     pub op_type: String,
     pub domain: String,
+    /// The opset version of `domain` the node was imported under.
+    pub opset: i64,
     pub attrs: Attrs,
     pub op: Arc<dyn Op>,
     /// Inputs in order; None for an omitted optional input.

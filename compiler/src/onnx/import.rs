@@ -235,6 +235,7 @@ impl<'a> Importer<'a> {
             }
             g.add_node(Node {
                 implicit,
+                opset,
                 name: np.name().to_string(),
                 op_type: np.op_type().to_string(),
                 domain,

@@ -88,6 +88,7 @@ pub fn register(r: &mut Registry) {
     r.add("Swish", swish);
     r.add("SwiGLU", swiglu);
     r.add("Identity", identity);
+    lower::register(r);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -904,5 +905,508 @@ mod tests {
         assert_eq!(py_fmod(1.0, -3.0), -2.0);
         assert_eq!(py_fmod(-1.0, f64::INFINITY), f64::INFINITY);
         assert!(py_fmod(1.0, 0.0).is_nan());
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Lowering to kernel IR.
+
+mod lower {
+    use crate::ir::OpResult;
+    use crate::kir::{BinOp, CmpOp, Expr, MathFn, Ty, UnOp};
+    use crate::ops::lowering::{elementwise, lit, LowerCtx};
+    use crate::ops::{Lowering, Registry};
+    use crate::{bail, ensure};
+
+    fn un(op: UnOp, a: Expr) -> Expr {
+        Expr::un(op, a)
+    }
+    fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
+        Expr::bin(op, a, b)
+    }
+    fn call(f: MathFn, a: Expr) -> Expr {
+        Expr::call(f, vec![a])
+    }
+    fn sigmoid(x: Expr, t: Ty) -> Expr {
+        bin(
+            BinOp::Div,
+            lit(1.0, t),
+            bin(BinOp::Add, lit(1.0, t), call(MathFn::Exp, un(UnOp::Neg, x))),
+        )
+    }
+    fn is_nan(x: Expr) -> Expr {
+        Expr::cmp(CmpOp::Ne, x.clone(), x)
+    }
+
+    /// Float attribute `name` (default `d`).
+    fn fattr(lw: &LowerCtx, name: &str, d: f32) -> OpResult<f64> {
+        Ok(lw.op.attrs.float(name, d)? as f64)
+    }
+
+    fn unary(lw: &mut LowerCtx) -> OpResult<()> {
+        let t = lw.input(0)?.ty().compute();
+        let f = t.is_float();
+        let op = lw.op.op_type.clone();
+        let alpha = |lw: &LowerCtx, d| fattr(lw, "alpha", d);
+        let (a1, a2, g1) = match op.as_str() {
+            "LeakyRelu" => (alpha(lw, 0.01)?, 0.0, 0.0),
+            "Elu" | "Celu" | "ThresholdedRelu" => (alpha(lw, 1.0)?, 0.0, 0.0),
+            "Selu" => (alpha(lw, 1.673_263_2)?, 0.0, fattr(lw, "gamma", 1.050_701)?),
+            "HardSigmoid" => (alpha(lw, 0.2)?, fattr(lw, "beta", 0.5)?, 0.0),
+            "Shrink" => (fattr(lw, "bias", 0.0)?, fattr(lw, "lambd", 0.5)?, 0.0),
+            "Swish" => (alpha(lw, 1.0)?, 0.0, 0.0),
+            _ => (0.0, 0.0, 0.0),
+        };
+        let approximate = if op == "Gelu" {
+            lw.op.attrs.string("approximate", "none".into())?
+        } else {
+            String::new()
+        };
+        let float_only = !matches!(
+            op.as_str(),
+            "Abs" | "Neg" | "Sign" | "Not" | "BitwiseNot" | "Relu" | "Identity"
+        );
+        ensure!(f || !float_only, "{op} of {t} is not compiled");
+        elementwise(lw, 0, |_, a| {
+            let x = a[0].clone();
+            let l = |v: f64| lit(v, t);
+            Ok(match op.as_str() {
+                "Identity" => x,
+                "Abs" => un(UnOp::Abs, x),
+                "Neg" => un(UnOp::Neg, x),
+                "Not" => bin(BinOp::Xor, x, lit(1.0, Ty::U8)),
+                "BitwiseNot" => un(UnOp::Not, x),
+                "Sign" => {
+                    let pos = Expr::cast(t, Expr::cmp(CmpOp::Gt, x.clone(), l(0.0)));
+                    let neg = Expr::cast(t, Expr::cmp(CmpOp::Lt, x.clone(), l(0.0)));
+                    let s = bin(BinOp::Sub, pos, neg);
+                    if f {
+                        Expr::select(is_nan(x.clone()), x, s)
+                    } else {
+                        s
+                    }
+                }
+                "Relu" => {
+                    if f {
+                        // max(x, 0) that keeps NaN.
+                        Expr::select(Expr::cmp(CmpOp::Lt, x.clone(), l(0.0)), l(0.0), x)
+                    } else {
+                        bin(BinOp::Max, x, l(0.0))
+                    }
+                }
+                "Ceil" => un(UnOp::Ceil, x),
+                "Floor" => un(UnOp::Floor, x),
+                "Round" => un(UnOp::Nearest, x),
+                "Sqrt" => un(UnOp::Sqrt, x),
+                "Reciprocal" => bin(BinOp::Div, l(1.0), x),
+                "Exp" => call(MathFn::Exp, x),
+                "Log" => call(MathFn::Log, x),
+                "Sin" => call(MathFn::Sin, x),
+                "Cos" => call(MathFn::Cos, x),
+                "Tan" => call(MathFn::Tan, x),
+                "Asin" => call(MathFn::Asin, x),
+                "Acos" => call(MathFn::Acos, x),
+                "Atan" => call(MathFn::Atan, x),
+                "Sinh" => call(MathFn::Sinh, x),
+                "Cosh" => call(MathFn::Cosh, x),
+                "Tanh" => call(MathFn::Tanh, x),
+                "Asinh" => call(MathFn::Asinh, x),
+                "Acosh" => call(MathFn::Acosh, x),
+                "Atanh" => call(MathFn::Atanh, x),
+                "Erf" => call(MathFn::Erf, x),
+                "Sigmoid" => sigmoid(x, t),
+                "Swish" => bin(BinOp::Mul, x.clone(), sigmoid(bin(BinOp::Mul, l(a1), x), t)),
+                "HardSigmoid" => bin(
+                    BinOp::Max,
+                    l(0.0),
+                    bin(
+                        BinOp::Min,
+                        l(1.0),
+                        bin(BinOp::Add, bin(BinOp::Mul, l(a1), x), l(a2)),
+                    ),
+                ),
+                "HardSwish" => bin(
+                    BinOp::Mul,
+                    x.clone(),
+                    bin(
+                        BinOp::Max,
+                        l(0.0),
+                        bin(
+                            BinOp::Min,
+                            l(1.0),
+                            bin(BinOp::Add, bin(BinOp::Mul, l(1.0 / 6.0), x), l(0.5)),
+                        ),
+                    ),
+                ),
+                "LeakyRelu" => Expr::select(
+                    Expr::cmp(CmpOp::Lt, x.clone(), l(0.0)),
+                    bin(BinOp::Mul, l(a1), x.clone()),
+                    x,
+                ),
+                "ThresholdedRelu" => {
+                    Expr::select(Expr::cmp(CmpOp::Gt, x.clone(), l(a1)), x, l(0.0))
+                }
+                "Elu" => Expr::select(
+                    Expr::cmp(CmpOp::Lt, x.clone(), l(0.0)),
+                    bin(
+                        BinOp::Mul,
+                        l(a1),
+                        bin(BinOp::Sub, call(MathFn::Exp, x.clone()), l(1.0)),
+                    ),
+                    x,
+                ),
+                "Celu" => bin(
+                    BinOp::Add,
+                    bin(BinOp::Max, l(0.0), x.clone()),
+                    bin(
+                        BinOp::Min,
+                        l(0.0),
+                        bin(
+                            BinOp::Mul,
+                            l(a1),
+                            bin(
+                                BinOp::Sub,
+                                call(MathFn::Exp, bin(BinOp::Div, x, l(a1))),
+                                l(1.0),
+                            ),
+                        ),
+                    ),
+                ),
+                "Selu" => Expr::select(
+                    Expr::cmp(CmpOp::Le, x.clone(), l(0.0)),
+                    bin(
+                        BinOp::Mul,
+                        l(g1 * a1),
+                        bin(BinOp::Sub, call(MathFn::Exp, x.clone()), l(1.0)),
+                    ),
+                    bin(BinOp::Mul, l(g1), x),
+                ),
+                "Softplus" => call(MathFn::Log, bin(BinOp::Add, call(MathFn::Exp, x), l(1.0))),
+                "Softsign" => bin(
+                    BinOp::Div,
+                    x.clone(),
+                    bin(BinOp::Add, l(1.0), un(UnOp::Abs, x)),
+                ),
+                "Mish" => bin(
+                    BinOp::Mul,
+                    x.clone(),
+                    call(
+                        MathFn::Tanh,
+                        call(MathFn::Log, bin(BinOp::Add, call(MathFn::Exp, x), l(1.0))),
+                    ),
+                ),
+                "Shrink" => Expr::select(
+                    Expr::cmp(CmpOp::Lt, x.clone(), l(-a2)),
+                    bin(BinOp::Add, x.clone(), l(a1)),
+                    Expr::select(
+                        Expr::cmp(CmpOp::Gt, x.clone(), l(a2)),
+                        bin(BinOp::Sub, x, l(a1)),
+                        l(0.0),
+                    ),
+                ),
+                "Gelu" if approximate == "tanh" => {
+                    let inner = bin(
+                        BinOp::Mul,
+                        l((2.0 / std::f64::consts::PI).sqrt()),
+                        bin(
+                            BinOp::Add,
+                            x.clone(),
+                            bin(
+                                BinOp::Mul,
+                                l(0.044715),
+                                bin(BinOp::Mul, x.clone(), bin(BinOp::Mul, x.clone(), x.clone())),
+                            ),
+                        ),
+                    );
+                    bin(
+                        BinOp::Mul,
+                        bin(BinOp::Mul, l(0.5), x),
+                        bin(BinOp::Add, l(1.0), call(MathFn::Tanh, inner)),
+                    )
+                }
+                "Gelu" => bin(
+                    BinOp::Mul,
+                    bin(BinOp::Mul, l(0.5), x.clone()),
+                    bin(
+                        BinOp::Add,
+                        l(1.0),
+                        call(
+                            MathFn::Erf,
+                            bin(BinOp::Mul, x, l(std::f64::consts::FRAC_1_SQRT_2)),
+                        ),
+                    ),
+                ),
+                "IsNaN" => is_nan(x),
+                _ => bail!("no lowering for {op}"),
+            })
+        })
+    }
+
+    fn binary(lw: &mut LowerCtx) -> OpResult<()> {
+        let t = lw.input(0)?.ty().compute();
+        let f = t.is_float();
+        let op = lw.op.op_type.clone();
+        let fmod = if op == "Mod" {
+            lw.op.attrs.int("fmod", 0)? != 0
+        } else {
+            false
+        };
+        let direction = if op == "BitShift" {
+            lw.op.attrs.string("direction", String::new())?
+        } else {
+            String::new()
+        };
+        for i in 1..lw.inputs.len() {
+            if let Some(x) = lw.opt_input(i) {
+                ensure!(
+                    x.ty().compute() == t || op == "Pow",
+                    "{op}: mixed input types are not compiled"
+                );
+            }
+        }
+        let t1 = lw.opt_input(1).map(|x| x.ty().compute()).unwrap_or(t);
+        elementwise(lw, 0, |_, a| {
+            let (x, y) = (a[0].clone(), a.get(1).cloned().unwrap_or(Expr::Int(0)));
+            Ok(match op.as_str() {
+                "Add" => bin(BinOp::Add, x, y),
+                "Sub" => bin(BinOp::Sub, x, y),
+                "Mul" => bin(BinOp::Mul, x, y),
+                "Div" => bin(BinOp::Div, x, y),
+                "Pow" if f => {
+                    let y = if t1 == t { y } else { Expr::cast(t, y) };
+                    Expr::call(MathFn::Pow, vec![x, y])
+                }
+                "Mod" if f && fmod => Expr::call(MathFn::Fmod, vec![x, y]),
+                "Mod" if f => {
+                    // Python-style: the result takes the divisor's sign.
+                    let r = Expr::call(MathFn::Fmod, vec![x, y.clone()]);
+                    let adjust = Expr::cmp(
+                        CmpOp::Ne,
+                        Expr::cmp(CmpOp::Lt, r.clone(), lit(0.0, t)),
+                        Expr::cmp(CmpOp::Lt, y.clone(), lit(0.0, t)),
+                    );
+                    let nz = Expr::cmp(CmpOp::Ne, r.clone(), lit(0.0, t));
+                    Expr::select(
+                        bin(BinOp::And, adjust, nz),
+                        bin(BinOp::Add, r.clone(), y),
+                        r,
+                    )
+                }
+                "Mod" if fmod || !t.is_signed() => bin(BinOp::Rem, x, y),
+                "Mod" => {
+                    let r = bin(BinOp::Rem, x, y.clone());
+                    let adjust = Expr::cmp(
+                        CmpOp::Ne,
+                        Expr::cmp(CmpOp::Lt, r.clone(), lit(0.0, t)),
+                        Expr::cmp(CmpOp::Lt, y.clone(), lit(0.0, t)),
+                    );
+                    let nz = Expr::cmp(CmpOp::Ne, r.clone(), lit(0.0, t));
+                    Expr::select(
+                        bin(BinOp::And, adjust, nz),
+                        bin(BinOp::Add, r.clone(), y),
+                        r,
+                    )
+                }
+                "And" | "BitwiseAnd" => bin(BinOp::And, x, y),
+                "Or" | "BitwiseOr" => bin(BinOp::Or, x, y),
+                "Xor" | "BitwiseXor" => bin(BinOp::Xor, x, y),
+                "BitShift" => {
+                    // Shifts by a negative amount or by the width or more give 0 (or -1
+                    // for a right shift of a negative value), as the reference does.
+                    let width = lit((t.bytes() * 8) as f64, t);
+                    let shifted = if direction == "LEFT" {
+                        bin(BinOp::Shl, x.clone(), y.clone())
+                    } else {
+                        bin(BinOp::Shr, x.clone(), y.clone())
+                    };
+                    let out_of_range = bin(
+                        BinOp::Or,
+                        Expr::cmp(CmpOp::Ge, y.clone(), width),
+                        if t.is_signed() {
+                            Expr::cmp(CmpOp::Lt, y, lit(0.0, t))
+                        } else {
+                            lit(0.0, Ty::U8)
+                        },
+                    );
+                    let sat = if direction != "LEFT" && t.is_signed() {
+                        Expr::select(
+                            Expr::cmp(CmpOp::Lt, x, lit(0.0, t)),
+                            lit(-1.0, t),
+                            lit(0.0, t),
+                        )
+                    } else {
+                        lit(0.0, t)
+                    };
+                    Expr::select(out_of_range, sat, shifted)
+                }
+                "Equal" => Expr::cmp(CmpOp::Eq, x, y),
+                "Less" => Expr::cmp(CmpOp::Lt, x, y),
+                "LessOrEqual" => Expr::cmp(CmpOp::Le, x, y),
+                "Greater" => Expr::cmp(CmpOp::Gt, x, y),
+                "GreaterOrEqual" => Expr::cmp(CmpOp::Ge, x, y),
+                "PRelu" => Expr::select(
+                    Expr::cmp(CmpOp::Lt, x.clone(), lit(0.0, t)),
+                    bin(BinOp::Mul, x.clone(), y),
+                    x,
+                ),
+                _ => bail!("no lowering for {op} on {t}"),
+            })
+        })
+    }
+
+    fn variadic(lw: &mut LowerCtx) -> OpResult<()> {
+        let t = lw.input(0)?.ty().compute();
+        let op = lw.op.op_type.clone();
+        let n = lw.inputs.iter().flatten().count();
+        elementwise(lw, 0, |_, a| {
+            let mut acc = a[0].clone();
+            for x in &a[1..] {
+                acc = match op.as_str() {
+                    "Max" if t.is_float() => {
+                        // NaN-propagating.
+                        Expr::select(
+                            is_nan(x.clone()),
+                            x.clone(),
+                            Expr::select(
+                                Expr::cmp(CmpOp::Lt, acc.clone(), x.clone()),
+                                x.clone(),
+                                acc,
+                            ),
+                        )
+                    }
+                    "Min" if t.is_float() => Expr::select(
+                        is_nan(x.clone()),
+                        x.clone(),
+                        Expr::select(Expr::cmp(CmpOp::Gt, acc.clone(), x.clone()), x.clone(), acc),
+                    ),
+                    "Max" => bin(BinOp::Max, acc, x.clone()),
+                    "Min" => bin(BinOp::Min, acc, x.clone()),
+                    _ => bin(BinOp::Add, acc, x.clone()),
+                };
+            }
+            if op == "Mean" {
+                acc = bin(BinOp::Div, acc, lit(n as f64, t));
+            }
+            Ok(acc)
+        })
+    }
+
+    fn where_(lw: &mut LowerCtx) -> OpResult<()> {
+        elementwise(lw, 0, |_, a| {
+            Ok(Expr::select(a[0].clone(), a[1].clone(), a[2].clone()))
+        })
+    }
+
+    fn clip(lw: &mut LowerCtx) -> OpResult<()> {
+        let t = lw.input(0)?.ty().compute();
+        let (lo, hi) = if lw.op.opset < 11 {
+            (
+                Some(fattr(lw, "min", f32::MIN)?),
+                Some(fattr(lw, "max", f32::MAX)?),
+            )
+        } else {
+            (None, None)
+        };
+        let has_min = lw.opt_input(1).is_some();
+        let has_max = lw.opt_input(2).is_some();
+        elementwise(lw, 0, |_, a| {
+            let mut x = a[0].clone();
+            let mut k = 1;
+            let min = if has_min {
+                k += 1;
+                Some(a[1].clone())
+            } else {
+                lo.map(|v| lit(v, t))
+            };
+            let max = if has_max {
+                Some(a[k].clone())
+            } else {
+                hi.map(|v| lit(v, t))
+            };
+            if let Some(m) = min {
+                x = Expr::select(Expr::cmp(CmpOp::Lt, x.clone(), m.clone()), m, x);
+            }
+            if let Some(m) = max {
+                x = Expr::select(Expr::cmp(CmpOp::Gt, x.clone(), m.clone()), m, x);
+            }
+            Ok(x)
+        })
+    }
+
+    pub fn register(r: &mut Registry) {
+        for op in [
+            "Identity",
+            "Abs",
+            "Neg",
+            "Sign",
+            "Not",
+            "BitwiseNot",
+            "Relu",
+            "Ceil",
+            "Floor",
+            "Round",
+            "Sqrt",
+            "Reciprocal",
+            "Exp",
+            "Log",
+            "Sin",
+            "Cos",
+            "Tan",
+            "Asin",
+            "Acos",
+            "Atan",
+            "Sinh",
+            "Cosh",
+            "Tanh",
+            "Asinh",
+            "Acosh",
+            "Atanh",
+            "Erf",
+            "Sigmoid",
+            "Swish",
+            "HardSigmoid",
+            "HardSwish",
+            "LeakyRelu",
+            "ThresholdedRelu",
+            "Elu",
+            "Celu",
+            "Selu",
+            "Softplus",
+            "Softsign",
+            "Mish",
+            "Shrink",
+            "Gelu",
+            "IsNaN",
+        ] {
+            r.lower(op, Lowering::Custom(unary));
+        }
+        for op in [
+            "Add",
+            "Sub",
+            "Mul",
+            "Div",
+            "Pow",
+            "Mod",
+            "And",
+            "Or",
+            "Xor",
+            "BitwiseAnd",
+            "BitwiseOr",
+            "BitwiseXor",
+            "BitShift",
+            "Equal",
+            "Less",
+            "LessOrEqual",
+            "Greater",
+            "GreaterOrEqual",
+            "PRelu",
+        ] {
+            r.lower(op, Lowering::Custom(binary));
+        }
+        for op in ["Max", "Min", "Sum", "Mean"] {
+            r.lower(op, Lowering::Custom(variadic));
+        }
+        r.lower("Where", Lowering::Custom(where_));
+        r.lower("Clip", Lowering::Custom(clip));
     }
 }

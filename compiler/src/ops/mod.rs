@@ -6,6 +6,7 @@
 //! opset version it was imported under. Ops that need more (subgraphs, closed-form shape
 //! inference) implement [`Op`] themselves and register a builder.
 
+pub mod lowering;
 pub mod util;
 
 mod attention;
@@ -45,6 +46,19 @@ pub struct OpCtx {
 }
 
 pub type EvalFn = fn(&OpCtx, &[Option<&Value>]) -> OpResult<Vec<Value>>;
+/// Lowers one node to kernel IR (see [`lowering`]).
+pub type LowerFn = fn(&mut lowering::LowerCtx) -> OpResult<()>;
+
+/// How an op is compiled.
+#[derive(Clone, Copy)]
+pub enum Lowering {
+    /// A dedicated lowering.
+    Custom(LowerFn),
+    /// Pure data movement of the listed inputs, through index tables computed by the
+    /// op's own evaluation (see [`lowering::lower_by_index_map`]); other inputs must be
+    /// constant. Fill positions get zero.
+    Movement(&'static [usize]),
+}
 pub type Builder = fn(&OpCtx) -> OpResult<Arc<dyn Op>>;
 
 /// How an evaluation function behaves for shape inference.
@@ -89,6 +103,7 @@ enum Entry {
 /// Op implementations by (domain, op type).
 pub struct Registry {
     map: HashMap<(String, String), Entry>,
+    lower: HashMap<(String, String), Lowering>,
 }
 
 /// The default ONNX domain, as the registry spells it.
@@ -100,6 +115,7 @@ impl Registry {
     fn empty() -> Registry {
         Registry {
             map: HashMap::new(),
+            lower: HashMap::new(),
         }
     }
 
@@ -172,6 +188,19 @@ impl Registry {
     pub fn add_builder(&mut self, domain: &str, op_type: &str, b: Builder) {
         self.map
             .insert((domain.to_string(), op_type.to_string()), Entry::Build(b));
+    }
+
+    /// Registers the lowering of a default-domain op.
+    pub fn lower(&mut self, op_type: &str, l: Lowering) {
+        self.lower
+            .insert((ONNX.to_string(), op_type.to_string()), l);
+    }
+
+    /// How an op is compiled, if it can be.
+    pub fn lowering(&self, domain: &str, op_type: &str) -> Option<Lowering> {
+        self.lower
+            .get(&(normalize_domain(domain).to_string(), op_type.to_string()))
+            .copied()
     }
 
     pub fn contains(&self, domain: &str, op_type: &str) -> bool {

@@ -543,12 +543,7 @@ enum SoftKind {
 }
 
 /// Applies `kind` on each lane of `v` laid out as (outer, n, inner).
-fn soft_lanes(
-    v: &mut [f64],
-    (outer, n, inner): (usize, usize, usize),
-    kind: SoftKind,
-    dt: DType,
-) {
+fn soft_lanes(v: &mut [f64], (outer, n, inner): (usize, usize, usize), kind: SoftKind, dt: DType) {
     let mut lane = vec![0f64; n];
     for o in 0..outer {
         for i in 0..inner {
@@ -770,7 +765,12 @@ fn sce_loss(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     );
     let d: usize = shape[2..].iter().product();
     let mut v = flat(&f64s(x)?);
-    soft_lanes(&mut v, (shape[0], shape[1], d), SoftKind::LogSoftmax, DType::F64);
+    soft_lanes(
+        &mut v,
+        (shape[0], shape[1], d),
+        SoftKind::LogSoftmax,
+        DType::F64,
+    );
     let r = nll(&v, &shape, input(ins, 1)?, opt_input(ins, 2)?, ii, &red)?;
     let mut res = vec![Tensor::from_f64(dt, r, false)];
     if ctx.n_outputs >= 2 {

@@ -375,29 +375,50 @@ struct Cf {
 
 impl Cf {
     fn add(self, o: Cf) -> Cf {
-        Cf { r: self.r + o.r, i: self.i + o.i }
+        Cf {
+            r: self.r + o.r,
+            i: self.i + o.i,
+        }
     }
     fn sub(self, o: Cf) -> Cf {
-        Cf { r: self.r - o.r, i: self.i - o.i }
+        Cf {
+            r: self.r - o.r,
+            i: self.i - o.i,
+        }
     }
     fn scale(self, f: f32) -> Cf {
-        Cf { r: self.r * f, i: self.i * f }
+        Cf {
+            r: self.r * f,
+            i: self.i * f,
+        }
     }
     /// pocketfft's `special_mul<bwd>`: multiplication by `w` (backward) or by its conjugate.
     fn special_mul(self, w: Cf, bwd: bool) -> Cf {
         if bwd {
-            Cf { r: self.r * w.r - self.i * w.i, i: self.r * w.i + self.i * w.r }
+            Cf {
+                r: self.r * w.r - self.i * w.i,
+                i: self.r * w.i + self.i * w.r,
+            }
         } else {
-            Cf { r: self.r * w.r + self.i * w.i, i: self.i * w.r - self.r * w.i }
+            Cf {
+                r: self.r * w.r + self.i * w.i,
+                i: self.i * w.r - self.r * w.i,
+            }
         }
     }
     /// Multiplication by +i (`ROT90`).
     fn rot90(self) -> Cf {
-        Cf { r: -self.i, i: self.r }
+        Cf {
+            r: -self.i,
+            i: self.r,
+        }
     }
     /// Multiplication by -i (`ROTM90`).
     fn rotm90(self) -> Cf {
-        Cf { r: self.i, i: -self.r }
+        Cf {
+            r: self.i,
+            i: -self.r,
+        }
     }
 }
 
@@ -440,10 +461,17 @@ impl F32Plan {
         let twiddle = (0..n)
             .map(|k| {
                 let ang = 2.0 * std::f64::consts::PI * k as f64 / n as f64;
-                Cf { r: ang.cos() as f32, i: ang.sin() as f32 }
+                Cf {
+                    r: ang.cos() as f32,
+                    i: ang.sin() as f32,
+                }
             })
             .collect();
-        Some(F32Plan { n, factors, twiddle })
+        Some(F32Plan {
+            n,
+            factors,
+            twiddle,
+        })
     }
 
     /// `np.fft.ifft` of one lane (zero-padded or truncated to n), in f32.
@@ -451,7 +479,10 @@ impl F32Plan {
         let n = self.n;
         let mut c: Vec<Cf> = (0..n)
             .map(|k| match lane.get(k) {
-                Some(&(re, im)) => Cf { r: re as f32, i: im as f32 },
+                Some(&(re, im)) => Cf {
+                    r: re as f32,
+                    i: im as f32,
+                },
                 None => Cf::default(),
             })
             .collect();
@@ -483,13 +514,19 @@ impl F32Plan {
                             let (a, b) = (cc(i, 0, k), cc(i, 1, k));
                             ch[hidx(i, k, 0)] = a.add(b);
                             let d = a.sub(b);
-                            ch[hidx(i, k, 1)] = if i == 0 { d } else { d.special_mul(wa(0, i), bwd) };
+                            ch[hidx(i, k, 1)] = if i == 0 {
+                                d
+                            } else {
+                                d.special_mul(wa(0, i), bwd)
+                            };
                         }
                         3 => {
                             let tw1r = -0.5f32;
-                            let tw1i = if bwd { 1.0 } else { -1.0 } * 0.866_025_403_784_438_6_f64 as f32;
+                            let tw1i =
+                                if bwd { 1.0 } else { -1.0 } * 0.866_025_403_784_438_6_f64 as f32;
                             let t0 = cc(i, 0, k);
-                            let (t1, t2) = (cc(i, 1, k).add(cc(i, 2, k)), cc(i, 1, k).sub(cc(i, 2, k)));
+                            let (t1, t2) =
+                                (cc(i, 1, k).add(cc(i, 2, k)), cc(i, 1, k).sub(cc(i, 2, k)));
                             ch[hidx(i, k, 0)] = t0.add(t1);
                             let ca = t0.add(t1.scale(tw1r));
                             let cb = t2.scale(tw1i).rot90();
@@ -502,7 +539,8 @@ impl F32Plan {
                             ch[hidx(i, k, 2)] = db;
                         }
                         4 => {
-                            let (c0, c1, c2, c3) = (cc(i, 0, k), cc(i, 1, k), cc(i, 2, k), cc(i, 3, k));
+                            let (c0, c1, c2, c3) =
+                                (cc(i, 0, k), cc(i, 1, k), cc(i, 2, k), cc(i, 3, k));
                             let (t2, t1) = (c0.add(c2), c0.sub(c2));
                             let (t3, mut t4) = (c1.add(c3), c1.sub(c3));
                             t4 = if bwd { t4.rot90() } else { t4.rotm90() };
@@ -527,12 +565,18 @@ impl F32Plan {
                             let tw2r = -0.809_016_994_374_947_4_f64 as f32;
                             let tw2i = s * 0.587_785_252_292_473_1_f64 as f32;
                             let t0 = cc(i, 0, k);
-                            let (t1, t4) = (cc(i, 1, k).add(cc(i, 4, k)), cc(i, 1, k).sub(cc(i, 4, k)));
-                            let (t2, t3) = (cc(i, 2, k).add(cc(i, 3, k)), cc(i, 2, k).sub(cc(i, 3, k)));
-                            ch[hidx(i, k, 0)] = Cf { r: t0.r + t1.r + t2.r, i: t0.i + t1.i + t2.i };
-                            for (u1, u2, twar, twbr, twai, twbi) in
-                                [(1, 4, tw1r, tw2r, tw1i, tw2i), (2, 3, tw2r, tw1r, tw2i, -tw1i)]
-                            {
+                            let (t1, t4) =
+                                (cc(i, 1, k).add(cc(i, 4, k)), cc(i, 1, k).sub(cc(i, 4, k)));
+                            let (t2, t3) =
+                                (cc(i, 2, k).add(cc(i, 3, k)), cc(i, 2, k).sub(cc(i, 3, k)));
+                            ch[hidx(i, k, 0)] = Cf {
+                                r: t0.r + t1.r + t2.r,
+                                i: t0.i + t1.i + t2.i,
+                            };
+                            for (u1, u2, twar, twbr, twai, twbi) in [
+                                (1, 4, tw1r, tw2r, tw1i, tw2i),
+                                (2, 3, tw2r, tw1r, tw2i, -tw1i),
+                            ] {
                                 let ca = Cf {
                                     r: t0.r + twar * t1.r + twbr * t2.r,
                                     i: t0.i + twar * t1.i + twbr * t2.i,

@@ -1,0 +1,565 @@
+//! One kernel of kernel IR -> one Cranelift function.
+
+use crate::kir::verify::type_of;
+use crate::kir::{BinOp, BufId, BufKind, CmpOp, Expr, Kernel, MathFn, Program, Stmt, Ty, UnOp};
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{
+    types, AbiParam, Function, InstBuilder, MemFlagsData, Signature, Type, Value,
+};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
+use cranelift_module::{DataId, FuncId, Linkage, Module};
+use cranelift_object::ObjectModule;
+use std::collections::HashMap;
+
+pub fn clty(t: Ty) -> Type {
+    match t {
+        Ty::F32 => types::F32,
+        Ty::F64 => types::F64,
+        Ty::I8 | Ty::U8 => types::I8,
+        Ty::I16 | Ty::U16 | Ty::F16 | Ty::BF16 => types::I16,
+        Ty::I32 | Ty::U32 => types::I32,
+        Ty::I64 | Ty::U64 => types::I64,
+    }
+}
+
+struct Gen<'a, 'b> {
+    b: FunctionBuilder<'b>,
+    module: &'a mut ObjectModule,
+    k: &'a Kernel,
+    p: &'a Program,
+    vars: Vec<Variable>,
+    bases: HashMap<BufId, Value>,
+    libm: &'a mut HashMap<&'static str, FuncId>,
+}
+
+/// Emits kernel `k` into `func` (whose signature is `(inputs, outputs, arena)`).
+pub fn kernel(
+    module: &mut ObjectModule,
+    func: &mut Function,
+    fbc: &mut FunctionBuilderContext,
+    k: &Kernel,
+    p: &Program,
+    consts: &HashMap<usize, DataId>,
+    libm: &mut HashMap<&'static str, FuncId>,
+) -> Result<(), String> {
+    if let Err(e) = crate::kir::verify::verify_program(&Program {
+        buffers: p.buffers.clone(),
+        kernels: vec![k.clone()],
+        arena_bytes: p.arena_bytes,
+        inputs: vec![],
+        outputs: vec![],
+    }) {
+        return Err(e.join("\n"));
+    }
+    let ptr = module.isa().pointer_type();
+    let cfg = module.isa().frontend_config();
+    let mut b = FunctionBuilder::new(func, fbc);
+    let entry = b.create_block();
+    b.append_block_params_for_function_params(entry);
+    b.switch_to_block(entry);
+    b.seal_block(entry);
+    let (ins, outs, arena) = {
+        let v = b.block_params(entry);
+        (v[0], v[1], v[2])
+    };
+    // Base address of every buffer the kernel touches, computed once in the entry block.
+    let mut used = Vec::new();
+    collect_bufs(&k.body, &mut used);
+    let mut bases = HashMap::new();
+    for id in used {
+        let buf = &p.buffers[id];
+        let v = match &buf.kind {
+            BufKind::Input(i) => b
+                .ins()
+                .load(ptr, MemFlagsData::trusted(), ins, (8 * i) as i32),
+            BufKind::Output(i) => b
+                .ins()
+                .load(ptr, MemFlagsData::trusted(), outs, (8 * i) as i32),
+            BufKind::Arena { offset } => b.ins().iadd_imm_s(arena, *offset as i64),
+            BufKind::Const { .. } => {
+                let gv = module.declare_data_in_func(consts[&id], b.func);
+                b.ins().symbol_value(ptr, gv)
+            }
+        };
+        bases.insert(id, v);
+    }
+    let vars: Vec<Variable> = k.vars.iter().map(|t| b.declare_var(clty(*t))).collect();
+    for (i, t) in k.vars.iter().enumerate() {
+        let z = zero(&mut b, *t);
+        b.def_var(vars[i], z);
+    }
+    let mut g = Gen {
+        b,
+        module,
+        k,
+        p,
+        vars,
+        bases,
+        libm,
+    };
+    g.stmts(&k.body)?;
+    g.b.ins().return_(&[]);
+    g.b.seal_all_blocks();
+    g.b.finalize(cfg);
+    Ok(())
+}
+
+fn zero(b: &mut FunctionBuilder, t: Ty) -> Value {
+    match t {
+        Ty::F32 => b.ins().f32const(0.0),
+        Ty::F64 => b.ins().f64const(0.0),
+        t => b.ins().iconst(clty(t), 0),
+    }
+}
+
+fn collect_bufs(body: &[Stmt], out: &mut Vec<BufId>) {
+    fn e(x: &Expr, out: &mut Vec<BufId>) {
+        match x {
+            Expr::Load(b, i) => {
+                if !out.contains(b) {
+                    out.push(*b);
+                }
+                e(i, out);
+            }
+            Expr::Un(_, a) | Expr::Cast(_, a) => e(a, out),
+            Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => {
+                e(a, out);
+                e(b, out);
+            }
+            Expr::Select(c, a, b) => {
+                e(c, out);
+                e(a, out);
+                e(b, out);
+            }
+            Expr::Call(_, args) => args.iter().for_each(|a| e(a, out)),
+            Expr::Var(_) | Expr::Int(_) | Expr::Float(..) => {}
+        }
+    }
+    for s in body {
+        match s {
+            Stmt::For { body, .. } => collect_bufs(body, out),
+            Stmt::Store { buf, index, value } => {
+                if !out.contains(buf) {
+                    out.push(*buf);
+                }
+                e(index, out);
+                e(value, out);
+            }
+            Stmt::Set { value, .. } => e(value, out),
+            Stmt::If { cond, then, els } => {
+                e(cond, out);
+                collect_bufs(then, out);
+                collect_bufs(els, out);
+            }
+        }
+    }
+}
+
+impl Gen<'_, '_> {
+    fn ty(&self, e: &Expr) -> Result<Ty, String> {
+        type_of(e, self.k, self.p).map_err(|m| format!("kernel `{}`: {m}", self.k.name))
+    }
+
+    fn stmts(&mut self, body: &[Stmt]) -> Result<(), String> {
+        for s in body {
+            self.stmt(s)?;
+        }
+        Ok(())
+    }
+
+    fn stmt(&mut self, s: &Stmt) -> Result<(), String> {
+        match s {
+            Stmt::For { var, extent, body } => {
+                let v = self.vars[*var];
+                let zero = self.b.ins().iconst(types::I64, 0);
+                self.b.def_var(v, zero);
+                let header = self.b.create_block();
+                let body_blk = self.b.create_block();
+                let exit = self.b.create_block();
+                self.b.ins().jump(header, &[]);
+                self.b.switch_to_block(header);
+                let i = self.b.use_var(v);
+                let c = self
+                    .b
+                    .ins()
+                    .icmp_imm_s(IntCC::UnsignedLessThan, i, *extent as i64);
+                self.b.ins().brif(c, body_blk, &[], exit, &[]);
+                self.b.switch_to_block(body_blk);
+                self.stmts(body)?;
+                let i = self.b.use_var(v);
+                let n = self.b.ins().iadd_imm_s(i, 1);
+                self.b.def_var(v, n);
+                self.b.ins().jump(header, &[]);
+                self.b.switch_to_block(exit);
+            }
+            Stmt::Store { buf, index, value } => {
+                let elem = self.p.buffers[*buf].elem;
+                let addr = self.addr(*buf, index)?;
+                let v = self.expr(value)?;
+                let v = self.to_storage(v, elem);
+                self.b.ins().store(MemFlagsData::trusted(), v, addr, 0);
+            }
+            Stmt::Set { var, value } => {
+                let v = self.expr(value)?;
+                self.b.def_var(self.vars[*var], v);
+            }
+            Stmt::If { cond, then, els } => {
+                let c = self.expr(cond)?;
+                let t = self.b.create_block();
+                let e = self.b.create_block();
+                let m = self.b.create_block();
+                self.b.ins().brif(c, t, &[], e, &[]);
+                self.b.switch_to_block(t);
+                self.stmts(then)?;
+                self.b.ins().jump(m, &[]);
+                self.b.switch_to_block(e);
+                self.stmts(els)?;
+                self.b.ins().jump(m, &[]);
+                self.b.switch_to_block(m);
+            }
+        }
+        Ok(())
+    }
+
+    fn addr(&mut self, buf: BufId, index: &Expr) -> Result<Value, String> {
+        let size = self.p.buffers[buf].elem.bytes() as i64;
+        let i = self.expr(index)?;
+        let off = self.b.ins().imul_imm_s(i, size);
+        Ok(self.b.ins().iadd(self.bases[&buf], off))
+    }
+
+    fn expr(&mut self, e: &Expr) -> Result<Value, String> {
+        Ok(match e {
+            Expr::Var(v) => self.b.use_var(self.vars[*v]),
+            Expr::Int(i) => self.b.ins().iconst(types::I64, *i),
+            Expr::Float(x, Ty::F32) => self.b.ins().f32const(*x as f32),
+            Expr::Float(x, _) => self.b.ins().f64const(*x),
+            Expr::Load(buf, idx) => {
+                let elem = self.p.buffers[*buf].elem;
+                let addr = self.addr(*buf, idx)?;
+                let raw = self
+                    .b
+                    .ins()
+                    .load(clty(elem), MemFlagsData::trusted(), addr, 0);
+                self.from_storage(raw, elem)
+            }
+            Expr::Un(op, a) => {
+                let t = self.ty(a)?;
+                let x = self.expr(a)?;
+                let f = t.is_float();
+                let ins = self.b.ins();
+                match op {
+                    UnOp::Neg if f => ins.fneg(x),
+                    UnOp::Neg => ins.ineg(x),
+                    UnOp::Abs if f => ins.fabs(x),
+                    UnOp::Abs if t.is_signed() => ins.iabs(x),
+                    UnOp::Abs => x,
+                    UnOp::Sqrt => ins.sqrt(x),
+                    UnOp::Floor => ins.floor(x),
+                    UnOp::Ceil => ins.ceil(x),
+                    UnOp::Nearest => ins.nearest(x),
+                    UnOp::Trunc => ins.trunc(x),
+                    UnOp::Not => ins.bnot(x),
+                }
+            }
+            Expr::Bin(op, a, bx) => {
+                let t = self.ty(a)?;
+                let x = self.expr(a)?;
+                let y = self.expr(bx)?;
+                self.bin(*op, t, x, y)
+            }
+            Expr::Cmp(op, a, bx) => {
+                let t = self.ty(a)?;
+                let x = self.expr(a)?;
+                let y = self.expr(bx)?;
+                if t.is_float() {
+                    let cc = match op {
+                        CmpOp::Eq => FloatCC::Equal,
+                        CmpOp::Ne => FloatCC::NotEqual,
+                        CmpOp::Lt => FloatCC::LessThan,
+                        CmpOp::Le => FloatCC::LessThanOrEqual,
+                        CmpOp::Gt => FloatCC::GreaterThan,
+                        CmpOp::Ge => FloatCC::GreaterThanOrEqual,
+                    };
+                    self.b.ins().fcmp(cc, x, y)
+                } else {
+                    let s = t.is_signed();
+                    let cc = match op {
+                        CmpOp::Eq => IntCC::Equal,
+                        CmpOp::Ne => IntCC::NotEqual,
+                        CmpOp::Lt if s => IntCC::SignedLessThan,
+                        CmpOp::Le if s => IntCC::SignedLessThanOrEqual,
+                        CmpOp::Gt if s => IntCC::SignedGreaterThan,
+                        CmpOp::Ge if s => IntCC::SignedGreaterThanOrEqual,
+                        CmpOp::Lt => IntCC::UnsignedLessThan,
+                        CmpOp::Le => IntCC::UnsignedLessThanOrEqual,
+                        CmpOp::Gt => IntCC::UnsignedGreaterThan,
+                        CmpOp::Ge => IntCC::UnsignedGreaterThanOrEqual,
+                    };
+                    self.b.ins().icmp(cc, x, y)
+                }
+            }
+            Expr::Select(c, a, bx) => {
+                let c = self.expr(c)?;
+                let x = self.expr(a)?;
+                let y = self.expr(bx)?;
+                self.b.ins().select(c, x, y)
+            }
+            Expr::Cast(to, a) => {
+                let from = self.ty(a)?;
+                let x = self.expr(a)?;
+                self.cast(x, from, *to)
+            }
+            Expr::Call(f, args) => {
+                let t = self.ty(&args[0])?;
+                let vals = args
+                    .iter()
+                    .map(|a| self.expr(a))
+                    .collect::<Result<Vec<_>, _>>()?;
+                self.call(*f, t, &vals)?
+            }
+        })
+    }
+
+    fn bin(&mut self, op: BinOp, t: Ty, x: Value, y: Value) -> Value {
+        let ins = self.b.ins();
+        if t.is_float() {
+            return match op {
+                BinOp::Add => ins.fadd(x, y),
+                BinOp::Sub => ins.fsub(x, y),
+                BinOp::Mul => ins.fmul(x, y),
+                BinOp::Div => ins.fdiv(x, y),
+                BinOp::Min => ins.fmin(x, y),
+                BinOp::Max => ins.fmax(x, y),
+                _ => unreachable!("verified: {op:?} on floats"),
+            };
+        }
+        let s = t.is_signed();
+        match op {
+            BinOp::Add => ins.iadd(x, y),
+            BinOp::Sub => ins.isub(x, y),
+            BinOp::Mul => ins.imul(x, y),
+            BinOp::Div | BinOp::Rem => {
+                // Never trap: a zero divisor gives 0, and MIN / -1 wraps (as the
+                // reference evaluator does).
+                let ct = clty(t);
+                let zero = self.b.ins().iconst(ct, 0);
+                let one = self.b.ins().iconst(ct, 1);
+                let is_zero = self.b.ins().icmp(IntCC::Equal, y, zero);
+                let mut safe_y = self.b.ins().select(is_zero, one, y);
+                if s {
+                    let minus1 = self.b.ins().iconst(ct, -1);
+                    let is_m1 = self.b.ins().icmp(IntCC::Equal, safe_y, minus1);
+                    safe_y = self.b.ins().select(is_m1, one, safe_y);
+                    let r = if op == BinOp::Div {
+                        self.b.ins().sdiv(x, safe_y)
+                    } else {
+                        self.b.ins().srem(x, safe_y)
+                    };
+                    let neg = if op == BinOp::Div {
+                        self.b.ins().ineg(x)
+                    } else {
+                        zero
+                    };
+                    let r = self.b.ins().select(is_m1, neg, r);
+                    self.b.ins().select(is_zero, zero, r)
+                } else {
+                    let r = if op == BinOp::Div {
+                        self.b.ins().udiv(x, safe_y)
+                    } else {
+                        self.b.ins().urem(x, safe_y)
+                    };
+                    self.b.ins().select(is_zero, zero, r)
+                }
+            }
+            BinOp::Min if s => ins.smin(x, y),
+            BinOp::Min => ins.umin(x, y),
+            BinOp::Max if s => ins.smax(x, y),
+            BinOp::Max => ins.umax(x, y),
+            BinOp::And => ins.band(x, y),
+            BinOp::Or => ins.bor(x, y),
+            BinOp::Xor => ins.bxor(x, y),
+            BinOp::Shl => ins.ishl(x, y),
+            BinOp::Shr if s => ins.sshr(x, y),
+            BinOp::Shr => ins.ushr(x, y),
+        }
+    }
+
+    fn cast(&mut self, x: Value, from: Ty, to: Ty) -> Value {
+        if from == to {
+            return x;
+        }
+        let (ft, tt) = (clty(from), clty(to));
+        let ins = self.b.ins();
+        match (from.is_float(), to.is_float()) {
+            (true, true) => {
+                if to == Ty::F64 {
+                    ins.fpromote(types::F64, x)
+                } else {
+                    ins.fdemote(types::F32, x)
+                }
+            }
+            (true, false) => {
+                // Truncate toward zero, saturating (NaN -> 0), via i64 then wrap.
+                let wide = if to.is_signed() || to.bytes() < 8 {
+                    ins.fcvt_to_sint_sat(types::I64, x)
+                } else {
+                    ins.fcvt_to_uint_sat(types::I64, x)
+                };
+                if tt == types::I64 {
+                    wide
+                } else {
+                    self.b.ins().ireduce(tt, wide)
+                }
+            }
+            (false, true) => {
+                if from.is_signed() {
+                    ins.fcvt_from_sint(tt, x)
+                } else {
+                    ins.fcvt_from_uint(tt, x)
+                }
+            }
+            (false, false) => {
+                if ft.bits() == tt.bits() {
+                    x
+                } else if ft.bits() > tt.bits() {
+                    ins.ireduce(tt, x)
+                } else if from.is_signed() {
+                    ins.sextend(tt, x)
+                } else {
+                    ins.uextend(tt, x)
+                }
+            }
+        }
+    }
+
+    fn call(&mut self, f: MathFn, t: Ty, args: &[Value]) -> Result<Value, String> {
+        let name = f.symbol(t);
+        let ct = clty(t);
+        let fid = match self.libm.get(name) {
+            Some(id) => *id,
+            None => {
+                let mut sig = Signature::new(self.module.isa().default_call_conv());
+                for _ in 0..f.arity() {
+                    sig.params.push(AbiParam::new(ct));
+                }
+                sig.returns.push(AbiParam::new(ct));
+                let id = self
+                    .module
+                    .declare_function(name, Linkage::Import, &sig)
+                    .map_err(|e| format!("declare {name}: {e}"))?;
+                self.libm.insert(name, id);
+                id
+            }
+        };
+        let fr = self.module.declare_func_in_func(fid, self.b.func);
+        let call = self.b.ins().call(fr, args);
+        Ok(self.b.inst_results(call)[0])
+    }
+
+    /// Widens a loaded storage value to its compute type (f16/bf16 -> f32).
+    fn from_storage(&mut self, raw: Value, elem: Ty) -> Value {
+        match elem {
+            Ty::BF16 => {
+                let w = self.b.ins().uextend(types::I32, raw);
+                let s = self.b.ins().ishl_imm_u(w, 16);
+                self.b.ins().bitcast(types::F32, MemFlagsData::new(), s)
+            }
+            Ty::F16 => self.f16_to_f32(raw),
+            _ => raw,
+        }
+    }
+
+    /// Narrows a compute value to storage (f32 -> f16/bf16, round to nearest even).
+    fn to_storage(&mut self, v: Value, elem: Ty) -> Value {
+        match elem {
+            Ty::BF16 => {
+                let b = &mut self.b;
+                let bits = b.ins().bitcast(types::I32, MemFlagsData::new(), v);
+                let lsb = b.ins().ushr_imm_u(bits, 16);
+                let lsb = b.ins().band_imm_s(lsb, 1);
+                let r = b.ins().iadd_imm_s(bits, 0x7fff);
+                let r = b.ins().iadd(r, lsb);
+                let r = b.ins().ushr_imm_u(r, 16);
+                let is_nan = b.ins().fcmp(FloatCC::Unordered, v, v);
+                let nan = b.ins().iconst(types::I32, 0x7fc0);
+                let r = b.ins().select(is_nan, nan, r);
+                b.ins().ireduce(types::I16, r)
+            }
+            Ty::F16 => self.f32_to_f16(v),
+            _ => v,
+        }
+    }
+
+    fn f16_to_f32(&mut self, raw: Value) -> Value {
+        let b = &mut self.b;
+        let h = b.ins().uextend(types::I32, raw);
+        let sign = b.ins().band_imm_s(h, 0x8000);
+        let sign = b.ins().ishl_imm_u(sign, 16);
+        let exp = b.ins().ushr_imm_u(h, 10);
+        let exp = b.ins().band_imm_s(exp, 0x1f);
+        let mant = b.ins().band_imm_s(h, 0x3ff);
+        // Normal numbers.
+        let e = b.ins().iadd_imm_s(exp, 112);
+        let e = b.ins().ishl_imm_u(e, 23);
+        let m = b.ins().ishl_imm_u(mant, 13);
+        let normal = b.ins().bor(e, m);
+        // Inf/NaN.
+        let infnan = b.ins().bor_imm_s(m, 0x7f80_0000);
+        let is_max = b.ins().icmp_imm_s(IntCC::Equal, exp, 0x1f);
+        let bits = b.ins().select(is_max, infnan, normal);
+        let bits = b.ins().bor(bits, sign);
+        let f = b.ins().bitcast(types::F32, MemFlagsData::new(), bits);
+        // Zero and subnormals: mant * 2^-24, with the sign.
+        let mf = b.ins().fcvt_from_uint(types::F32, mant);
+        let scale = b.ins().f32const(5.960_464_5e-8);
+        let sub = b.ins().fmul(mf, scale);
+        let sign_f = b.ins().bitcast(types::F32, MemFlagsData::new(), sign);
+        let sub = b.ins().fcopysign(sub, sign_f);
+        let is_sub = b.ins().icmp_imm_s(IntCC::Equal, exp, 0);
+        b.ins().select(is_sub, sub, f)
+    }
+
+    fn f32_to_f16(&mut self, v: Value) -> Value {
+        // Round to nearest even, after F. Giesen's float_to_half_fast3_rtne.
+        let b = &mut self.b;
+        let bits = b.ins().bitcast(types::I32, MemFlagsData::new(), v);
+        let sign = b.ins().band_imm_s(bits, 0x8000_0000u32 as i64);
+        let f = b.ins().bxor(bits, sign);
+        // Inf or NaN (f >= 0x47800000 means overflow to inf).
+        let is_nan = b
+            .ins()
+            .icmp_imm_s(IntCC::UnsignedGreaterThan, f, 0x7f80_0000);
+        let c7e00 = b.ins().iconst(types::I32, 0x7e00);
+        let c7c00 = b.ins().iconst(types::I32, 0x7c00);
+        let big = b.ins().select(is_nan, c7e00, c7c00);
+        // Subnormal results.
+        let denorm_magic: u32 = ((127 - 15) + (23 - 10) + 1) << 23;
+        let ff = b.ins().bitcast(types::F32, MemFlagsData::new(), f);
+        let magic = b.ins().f32const(f32::from_bits(denorm_magic));
+        let sum = b.ins().fadd(ff, magic);
+        let sb = b.ins().bitcast(types::I32, MemFlagsData::new(), sum);
+        let sub = b.ins().iadd_imm_s(sb, -(denorm_magic as i64));
+        // Normal results.
+        let odd = b.ins().ushr_imm_u(f, 13);
+        let odd = b.ins().band_imm_s(odd, 1);
+        let n = b
+            .ins()
+            .iadd_imm_s(f, (((15i64 - 127) << 23) + 0xfff) & 0xffff_ffff);
+        let n = b.ins().iadd(n, odd);
+        let n = b.ins().ushr_imm_u(n, 13);
+        let is_big = b.ins().icmp_imm_s(
+            IntCC::UnsignedGreaterThanOrEqual,
+            f,
+            ((127 + 16) << 23) as i64,
+        );
+        let is_sub = b
+            .ins()
+            .icmp_imm_s(IntCC::UnsignedLessThan, f, (113 << 23) as i64);
+        let r = b.ins().select(is_sub, sub, n);
+        let r = b.ins().select(is_big, big, r);
+        let s16 = b.ins().ushr_imm_u(sign, 16);
+        let r = b.ins().bor(r, s16);
+        b.ins().ireduce(types::I16, r)
+    }
+}

@@ -1,0 +1,3 @@
+//! Back ends: kernel IR to machine code.
+
+pub mod cranelift;

@@ -1,0 +1,102 @@
+//! The compile pipeline in one call: load -> bind shapes -> infer -> lower -> emit.
+
+use crate::emit::{emit, Artifacts};
+use crate::error::{Error, Result};
+use crate::ir::{Graph, Source, Tensor, ValueId};
+use crate::lower::{lower, Lowered};
+use crate::targets::Target;
+use crate::{onnx, passes};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Options of one compile.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Symbol prefix (`PREFIX_run`); default the file stem.
+    pub name: Option<String>,
+    /// Target name or path of a target TOML file.
+    pub target: String,
+    /// `NAME=dims` bindings for symbolic input dims.
+    pub shapes: Vec<(String, Vec<usize>)>,
+    /// Inputs fixed to constant values for this compile (shape-only inputs in tests).
+    pub constants: Vec<(String, Tensor)>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            name: None,
+            target: "host".into(),
+            shapes: Vec::new(),
+            constants: Vec::new(),
+        }
+    }
+}
+
+/// Everything a compile produced.
+pub struct Compiled {
+    pub graph: Graph,
+    pub lowered: Lowered,
+    pub artifacts: Artifacts,
+    pub target: Target,
+    pub prefix: String,
+}
+
+/// Replaces graph inputs by constants (their value fixed for this compile).
+pub fn bind_constants(g: &mut Graph, constants: &[(String, Tensor)]) -> Result<()> {
+    for (name, t) in constants {
+        let pos = g
+            .inputs
+            .iter()
+            .position(|&i| g.value(i).name == *name)
+            .ok_or_else(|| Error::Usage(format!("`{name}` is not an input of the model")))?;
+        let id = g.inputs.remove(pos);
+        g.value_mut(id).source = Source::Const;
+        g.value_mut(id).ty = crate::ir::ValueType::tensor(t.dtype(), t.shape());
+        g.consts.insert(id, t.clone());
+    }
+    Ok(())
+}
+
+/// Prepares a model's graph for lowering; returns the known (folded) values.
+pub fn prepare(g: &mut Graph, opts: &Options) -> Result<HashMap<ValueId, crate::ir::Value>> {
+    bind_constants(g, &opts.constants)?;
+    passes::bind_input_shapes(g, &opts.shapes)?;
+    passes::check_static_inputs(g)?;
+    let rep = passes::infer_shapes(g)?;
+    if !rep.unresolved.is_empty() {
+        return Err(Error::Shape(format!(
+            "these values have no static shape, so the model cannot be compiled:\n  {}",
+            rep.unresolved.join("\n  ")
+        )));
+    }
+    if cfg!(debug_assertions) {
+        if let Err(errs) = crate::ir::verify(g, true) {
+            return Err(Error::model(format!("IR verifier:\n{}", errs.join("\n"))));
+        }
+    }
+    Ok(rep.known)
+}
+
+/// Compiles a graph (already imported) for a target.
+pub fn compile_graph(mut g: Graph, prefix: &str, opts: &Options) -> Result<Compiled> {
+    let target = Target::load(&opts.target).map_err(Error::Usage)?;
+    let known = prepare(&mut g, opts)?;
+    let lowered = lower(&g, &known)?;
+    let artifacts = emit(&g, &lowered, prefix, &target.triple, &target.features)?;
+    Ok(Compiled {
+        graph: g,
+        lowered,
+        artifacts,
+        target,
+        prefix: prefix.to_string(),
+    })
+}
+
+/// Compiles a model file.
+pub fn compile_file(path: &Path, opts: &Options) -> Result<Compiled> {
+    let m = onnx::load(path)?;
+    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
+    let prefix = crate::emit::c_ident(opts.name.as_deref().unwrap_or(stem));
+    compile_graph(m.graph, &prefix, opts)
+}

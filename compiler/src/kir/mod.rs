@@ -1,0 +1,345 @@
+//! Kernel IR: target-independent kernels over flat buffers. A [`Program`] is the list of
+//! buffers (model inputs and outputs, arena slices, constant data) and the kernels that
+//! run in order; each kernel is a loop nest of scalar statements. The native back end
+//! turns every kernel into one function; buffers are named by id, never by ONNX node.
+
+mod print;
+pub mod verify;
+
+pub use print::print_program;
+
+use std::fmt;
+
+/// Scalar types kernels compute with and buffers hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Ty {
+    F32,
+    F64,
+    I8,
+    I16,
+    I32,
+    I64,
+    U8,
+    U16,
+    U32,
+    U64,
+    /// Storage only: loads widen to F32, stores round to nearest even.
+    F16,
+    /// Storage only: loads widen to F32, stores round to nearest even.
+    BF16,
+}
+
+impl Ty {
+    pub fn bytes(self) -> u64 {
+        match self {
+            Ty::F64 | Ty::I64 | Ty::U64 => 8,
+            Ty::F32 | Ty::I32 | Ty::U32 => 4,
+            Ty::I16 | Ty::U16 | Ty::F16 | Ty::BF16 => 2,
+            Ty::I8 | Ty::U8 => 1,
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, Ty::F32 | Ty::F64 | Ty::F16 | Ty::BF16)
+    }
+
+    pub fn is_signed(self) -> bool {
+        matches!(self, Ty::I8 | Ty::I16 | Ty::I32 | Ty::I64)
+    }
+
+    /// The type a load of this storage type produces.
+    pub fn compute(self) -> Ty {
+        match self {
+            Ty::F16 | Ty::BF16 => Ty::F32,
+            t => t,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Ty::F32 => "f32",
+            Ty::F64 => "f64",
+            Ty::I8 => "i8",
+            Ty::I16 => "i16",
+            Ty::I32 => "i32",
+            Ty::I64 => "i64",
+            Ty::U8 => "u8",
+            Ty::U16 => "u16",
+            Ty::U32 => "u32",
+            Ty::U64 => "u64",
+            Ty::F16 => "f16",
+            Ty::BF16 => "bf16",
+        }
+    }
+}
+
+impl fmt::Display for Ty {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+pub type BufId = usize;
+pub type VarId = usize;
+
+/// Where a buffer's memory is.
+#[derive(Clone, Debug, PartialEq)]
+pub enum BufKind {
+    /// The k-th model input (read-only).
+    Input(usize),
+    /// The k-th model output.
+    Output(usize),
+    /// A slice of the caller's arena, at a byte offset the memory plan fixes.
+    Arena { offset: u64 },
+    /// Read-only data placed in the object (weights, index tables).
+    Const { data: Vec<u8> },
+}
+
+#[derive(Clone, Debug)]
+pub struct Buffer {
+    pub name: String,
+    pub kind: BufKind,
+    pub elem: Ty,
+    /// Number of elements.
+    pub len: u64,
+}
+
+impl Buffer {
+    pub fn bytes(&self) -> u64 {
+        self.len * self.elem.bytes()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnOp {
+    Neg,
+    Abs,
+    Sqrt,
+    Floor,
+    Ceil,
+    /// Round half to even.
+    Nearest,
+    Trunc,
+    /// Bitwise not (integers).
+    Not,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BinOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    /// Integer remainder with the sign of the dividend (C's %).
+    Rem,
+    Min,
+    Max,
+    And,
+    Or,
+    Xor,
+    Shl,
+    /// Arithmetic for signed types, logical for unsigned.
+    Shr,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CmpOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+/// Math functions the back end calls (libm on the target).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MathFn {
+    Exp,
+    Log,
+    Pow,
+    Sin,
+    Cos,
+    Tan,
+    Asin,
+    Acos,
+    Atan,
+    Sinh,
+    Cosh,
+    Tanh,
+    Asinh,
+    Acosh,
+    Atanh,
+    Erf,
+    Fmod,
+}
+
+impl MathFn {
+    pub fn arity(self) -> usize {
+        match self {
+            MathFn::Pow | MathFn::Fmod => 2,
+            _ => 1,
+        }
+    }
+
+    /// The libm symbol for the given float type.
+    pub fn symbol(self, t: Ty) -> &'static str {
+        let f32 = t == Ty::F32;
+        macro_rules! pick {
+            ($a:literal, $b:literal) => {
+                if f32 {
+                    $a
+                } else {
+                    $b
+                }
+            };
+        }
+        match self {
+            MathFn::Exp => pick!("expf", "exp"),
+            MathFn::Log => pick!("logf", "log"),
+            MathFn::Pow => pick!("powf", "pow"),
+            MathFn::Sin => pick!("sinf", "sin"),
+            MathFn::Cos => pick!("cosf", "cos"),
+            MathFn::Tan => pick!("tanf", "tan"),
+            MathFn::Asin => pick!("asinf", "asin"),
+            MathFn::Acos => pick!("acosf", "acos"),
+            MathFn::Atan => pick!("atanf", "atan"),
+            MathFn::Sinh => pick!("sinhf", "sinh"),
+            MathFn::Cosh => pick!("coshf", "cosh"),
+            MathFn::Tanh => pick!("tanhf", "tanh"),
+            MathFn::Asinh => pick!("asinhf", "asinh"),
+            MathFn::Acosh => pick!("acoshf", "acosh"),
+            MathFn::Atanh => pick!("atanhf", "atanh"),
+            MathFn::Erf => pick!("erff", "erf"),
+            MathFn::Fmod => pick!("fmodf", "fmod"),
+        }
+    }
+}
+
+/// A scalar expression. Integer literals and loop variables are i64.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Expr {
+    Var(VarId),
+    Int(i64),
+    Float(f64, Ty),
+    /// `buf[index]`; yields the buffer's compute type.
+    Load(BufId, Box<Expr>),
+    Un(UnOp, Box<Expr>),
+    Bin(BinOp, Box<Expr>, Box<Expr>),
+    /// Yields a U8 that is 0 or 1.
+    Cmp(CmpOp, Box<Expr>, Box<Expr>),
+    /// `cond != 0 ? a : b`.
+    Select(Box<Expr>, Box<Expr>, Box<Expr>),
+    /// Numeric conversion: float->int truncates (saturating), int->int wraps.
+    Cast(Ty, Box<Expr>),
+    Call(MathFn, Vec<Expr>),
+}
+
+/// Shorthands for building expressions.
+impl Expr {
+    pub fn load(buf: BufId, idx: Expr) -> Expr {
+        Expr::Load(buf, Box::new(idx))
+    }
+    pub fn un(op: UnOp, a: Expr) -> Expr {
+        Expr::Un(op, Box::new(a))
+    }
+    pub fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
+        Expr::Bin(op, Box::new(a), Box::new(b))
+    }
+    pub fn cmp(op: CmpOp, a: Expr, b: Expr) -> Expr {
+        Expr::Cmp(op, Box::new(a), Box::new(b))
+    }
+    pub fn select(c: Expr, a: Expr, b: Expr) -> Expr {
+        Expr::Select(Box::new(c), Box::new(a), Box::new(b))
+    }
+    pub fn cast(t: Ty, a: Expr) -> Expr {
+        Expr::Cast(t, Box::new(a))
+    }
+    pub fn call(f: MathFn, args: Vec<Expr>) -> Expr {
+        Expr::Call(f, args)
+    }
+    pub fn add(a: Expr, b: Expr) -> Expr {
+        Expr::bin(BinOp::Add, a, b)
+    }
+    pub fn mul(a: Expr, b: Expr) -> Expr {
+        Expr::bin(BinOp::Mul, a, b)
+    }
+    pub fn f(x: f64, t: Ty) -> Expr {
+        Expr::Float(x, t)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Stmt {
+    /// `for var in 0..extent { body }` (var is i64).
+    For {
+        var: VarId,
+        extent: u64,
+        body: Vec<Stmt>,
+    },
+    /// `buf[index] = value` (converted to the buffer's storage type).
+    Store {
+        buf: BufId,
+        index: Expr,
+        value: Expr,
+    },
+    /// `var = value`.
+    Set { var: VarId, value: Expr },
+    If {
+        cond: Expr,
+        then: Vec<Stmt>,
+        els: Vec<Stmt>,
+    },
+}
+
+/// One kernel: a function over the program's buffers.
+#[derive(Clone, Debug, Default)]
+pub struct Kernel {
+    pub name: String,
+    /// Type of each variable (loop variables are I64).
+    pub vars: Vec<Ty>,
+    pub body: Vec<Stmt>,
+}
+
+impl Kernel {
+    pub fn new(name: impl Into<String>) -> Kernel {
+        Kernel {
+            name: name.into(),
+            ..Default::default()
+        }
+    }
+
+    pub fn var(&mut self, t: Ty) -> VarId {
+        self.vars.push(t);
+        self.vars.len() - 1
+    }
+}
+
+/// A whole compiled model in kernel IR.
+#[derive(Clone, Debug, Default)]
+pub struct Program {
+    pub buffers: Vec<Buffer>,
+    pub kernels: Vec<Kernel>,
+    /// Bytes of scratch the caller provides (the memory plan's result).
+    pub arena_bytes: u64,
+    pub inputs: Vec<BufId>,
+    pub outputs: Vec<BufId>,
+}
+
+impl Program {
+    pub fn add_buffer(
+        &mut self,
+        name: impl Into<String>,
+        kind: BufKind,
+        elem: Ty,
+        len: u64,
+    ) -> BufId {
+        self.buffers.push(Buffer {
+            name: name.into(),
+            kind,
+            elem,
+            len,
+        });
+        self.buffers.len() - 1
+    }
+}

@@ -1,0 +1,331 @@
+//! Graph IR -> kernel IR: every node (in schedule order) lowers itself through its op's
+//! lowering; values get buffers (model inputs and outputs, constants, arena slices), and
+//! the memory plan fixes the arena offsets.
+
+pub mod plan;
+
+use crate::error::{Error, Result};
+use crate::ir::{Graph, Source, Tensor, Value, ValueId, ValueType};
+use crate::kir::{BufId, BufKind, Expr, Kernel, Program, Stmt, Ty};
+use crate::ops::lowering::{kir_ty, lower_by_index_map, LowerCtx, TensorRef};
+use crate::ops::{Lowering, OpCtx, Registry};
+use std::collections::HashMap;
+
+/// The lowered program plus what the memory plan measured.
+pub struct Lowered {
+    pub program: Program,
+    pub plan: plan::PlanReport,
+    /// Node name for each kernel (for reports).
+    pub kernel_nodes: Vec<String>,
+}
+
+fn static_ref(
+    g: &Graph,
+    v: ValueId,
+) -> std::result::Result<(crate::ir::DType, Vec<usize>), String> {
+    let info = g.value(v);
+    match (&info.ty, info.ty.static_shape()) {
+        (ValueType::Tensor { dt, .. }, Some(s)) => Ok((*dt, s)),
+        _ => Err(format!(
+            "`{}` has no static tensor type ({})",
+            info.name, info.ty
+        )),
+    }
+}
+
+/// Lowers a shape-inferred graph. `known` holds the values inference folded.
+pub fn lower(g: &Graph, known: &HashMap<ValueId, Value>) -> Result<Lowered> {
+    let reg = Registry::standard();
+    let mut p = Program::default();
+    let mut bufs: HashMap<ValueId, BufId> = HashMap::new();
+    let mut errors: Vec<String> = Vec::new();
+    let mut kernel_nodes: Vec<String> = Vec::new();
+
+    let ty_of = |dt: crate::ir::DType, what: &str| -> std::result::Result<Ty, String> {
+        kir_ty(dt)
+            .ok_or_else(|| format!("{what}: {dt} tensors are not supported by compiled code yet"))
+    };
+    for (k, &v) in g.inputs.iter().enumerate() {
+        let (dt, shape) = static_ref(g, v).map_err(Error::Shape)?;
+        let ty = ty_of(dt, &format!("input `{}`", g.value(v).name))
+            .map_err(|e| Error::Unsupported(vec![e]))?;
+        let id = p.add_buffer(
+            g.value(v).name.clone(),
+            BufKind::Input(k),
+            ty,
+            shape.iter().product::<usize>() as u64,
+        );
+        p.inputs.push(id);
+        bufs.insert(v, id);
+    }
+    let mut out_bufs: Vec<BufId> = Vec::new();
+    for (k, &v) in g.outputs.iter().enumerate() {
+        let (dt, shape) = static_ref(g, v).map_err(Error::Shape)?;
+        let ty = ty_of(dt, &format!("output `{}`", g.value(v).name))
+            .map_err(|e| Error::Unsupported(vec![e]))?;
+        let id = p.add_buffer(
+            g.value(v).name.clone(),
+            BufKind::Output(k),
+            ty,
+            shape.iter().product::<usize>() as u64,
+        );
+        p.outputs.push(id);
+        out_bufs.push(id);
+        // A value that is both an input and an output keeps its input buffer; it is copied.
+        bufs.entry(v).or_insert(id);
+    }
+
+    let order = g
+        .topo_order()
+        .map_err(|c| Error::model(format!("cycle through {}", c.join(", "))))?;
+    for n in order {
+        let node = &g.nodes[n];
+        let label = g.node_label(n);
+        if node.outputs.iter().all(|o| known.contains_key(o)) {
+            continue; // folded at compile time
+        }
+        let Some(lowering) = reg.lowering(&node.domain, &node.op_type) else {
+            errors.push(format!(
+                "{label}: no compiled implementation of {} yet",
+                node.op_type
+            ));
+            continue;
+        };
+        // Inputs.
+        let mut inputs = Vec::with_capacity(node.inputs.len());
+        let mut bad = None;
+        for inp in &node.inputs {
+            let Some(v) = inp else {
+                inputs.push(None);
+                continue;
+            };
+            let value = known.get(v).and_then(|x| x.as_tensor()).cloned();
+            let (dt, shape) = match static_ref(g, *v) {
+                Ok(x) => x,
+                Err(e) => {
+                    bad = Some(e);
+                    break;
+                }
+            };
+            let buf = match bufs.get(v) {
+                Some(b) => *b,
+                None => match (&value, g.value(*v).source) {
+                    (Some(t), _) => match const_buffer(&mut p, &g.value(*v).name, t) {
+                        Ok(b) => {
+                            bufs.insert(*v, b);
+                            b
+                        }
+                        Err(e) => {
+                            bad = Some(e);
+                            break;
+                        }
+                    },
+                    (None, Source::Const) => {
+                        let t = &g.consts[v];
+                        match const_buffer(&mut p, &g.value(*v).name, t) {
+                            Ok(b) => {
+                                bufs.insert(*v, b);
+                                b
+                            }
+                            Err(e) => {
+                                bad = Some(e);
+                                break;
+                            }
+                        }
+                    }
+                    _ => {
+                        bad = Some(format!("input `{}` has no buffer", g.value(*v).name));
+                        break;
+                    }
+                },
+            };
+            inputs.push(Some(TensorRef {
+                buf,
+                dtype: dt,
+                shape,
+                value,
+            }));
+        }
+        if let Some(e) = bad {
+            errors.push(format!("{label}: {e}"));
+            continue;
+        }
+        // Outputs.
+        let mut outputs = Vec::new();
+        for &o in &node.outputs {
+            let (dt, shape) = match static_ref(g, o) {
+                Ok(x) => x,
+                Err(e) => {
+                    bad = Some(e);
+                    break;
+                }
+            };
+            let Some(ty) = kir_ty(dt) else {
+                bad = Some(format!(
+                    "output `{}`: {dt} is not supported by compiled code yet",
+                    g.value(o).name
+                ));
+                break;
+            };
+            let buf = match bufs.get(&o) {
+                Some(b) => *b,
+                None => {
+                    let len = shape.iter().product::<usize>() as u64;
+                    let b = p.add_buffer(
+                        g.value(o).name.clone(),
+                        BufKind::Arena { offset: 0 },
+                        ty,
+                        len,
+                    );
+                    bufs.insert(o, b);
+                    b
+                }
+            };
+            outputs.push(TensorRef {
+                buf,
+                dtype: dt,
+                shape,
+                value: None,
+            });
+        }
+        if let Some(e) = bad {
+            errors.push(format!("{label}: {e}"));
+            continue;
+        }
+        let ctx = OpCtx {
+            op_type: node.op_type.clone(),
+            domain: node.domain.clone(),
+            attrs: node.attrs.clone(),
+            opset: node.opset,
+            n_inputs: node.inputs.len(),
+            n_outputs: node.outputs.len(),
+        };
+        let name = if node.name.is_empty() {
+            format!("{}_{}", node.op_type, n.index())
+        } else {
+            node.name.clone()
+        };
+        let before = p.kernels.len();
+        let mut lw = LowerCtx {
+            op: &ctx,
+            node_op: node.op.as_ref(),
+            name: name.clone(),
+            inputs,
+            outputs,
+            program: &mut p,
+        };
+        let r = match lowering {
+            Lowering::Custom(f) => f(&mut lw),
+            Lowering::Movement(data) => {
+                let op = node.op.clone();
+                let fill = lw
+                    .outputs
+                    .first()
+                    .map(|o| crate::ops::lowering::lit(0.0, o.ty()));
+                lower_by_index_map(&mut lw, &|ins| op.eval(ins), data, &[], fill)
+            }
+        };
+        if let Err(e) = r {
+            p.kernels.truncate(before);
+            errors.push(format!("{label}: {e}"));
+            continue;
+        }
+        for _ in before..p.kernels.len() {
+            kernel_nodes.push(name.clone());
+        }
+    }
+
+    // Graph outputs not written by a kernel: copies from inputs or constants.
+    for (k, &v) in g.outputs.iter().enumerate() {
+        let ob = out_bufs[k];
+        let written = p.kernels.iter().any(|kern| writes(&kern.body, ob));
+        if written {
+            continue;
+        }
+        let src = match bufs.get(&v) {
+            Some(&b) if b != ob => b,
+            _ => {
+                let t = known
+                    .get(&v)
+                    .and_then(|x| x.as_tensor())
+                    .cloned()
+                    .or_else(|| g.consts.get(&v).cloned());
+                match t {
+                    Some(t) => match const_buffer(&mut p, &g.value(v).name, &t) {
+                        Ok(b) => b,
+                        Err(e) => {
+                            errors.push(format!("output `{}`: {e}", g.value(v).name));
+                            continue;
+                        }
+                    },
+                    None => {
+                        errors.push(format!("output `{}` is never computed", g.value(v).name));
+                        continue;
+                    }
+                }
+            }
+        };
+        p.kernels.push(copy_kernel(
+            &format!("output{k}"),
+            src,
+            ob,
+            p.buffers[ob].len,
+        ));
+        kernel_nodes.push(format!("output {k}"));
+    }
+    if !errors.is_empty() {
+        return Err(Error::Unsupported(errors));
+    }
+    let plan = plan::plan(&mut p);
+    if let Err(e) = crate::kir::verify::verify_program(&p) {
+        return Err(Error::model(format!(
+            "kernel IR verifier:\n{}",
+            e.join("\n")
+        )));
+    }
+    Ok(Lowered {
+        program: p,
+        plan,
+        kernel_nodes,
+    })
+}
+
+fn const_buffer(p: &mut Program, name: &str, t: &Tensor) -> std::result::Result<BufId, String> {
+    let ty = kir_ty(t.dtype()).ok_or_else(|| {
+        format!(
+            "constant `{name}`: {} is not supported by compiled code yet",
+            t.dtype()
+        )
+    })?;
+    let data = crate::ops::lowering::tensor_bytes(t).map_err(|e| e.0)?;
+    Ok(p.add_buffer(
+        name.to_string(),
+        BufKind::Const { data },
+        ty,
+        t.len() as u64,
+    ))
+}
+
+fn copy_kernel(name: &str, src: BufId, dst: BufId, len: u64) -> Kernel {
+    let mut k = Kernel::new(name);
+    let j = k.var(Ty::I64);
+    k.body = vec![Stmt::For {
+        var: j,
+        extent: len,
+        body: vec![Stmt::Store {
+            buf: dst,
+            index: Expr::Var(j),
+            value: Expr::load(src, Expr::Var(j)),
+        }],
+    }];
+    k
+}
+
+fn writes(body: &[Stmt], buf: BufId) -> bool {
+    body.iter().any(|s| match s {
+        Stmt::Store { buf: b, .. } => *b == buf,
+        Stmt::For { body, .. } => writes(body, buf),
+        Stmt::If { then, els, .. } => writes(then, buf) || writes(els, buf),
+        Stmt::Set { .. } => false,
+    })
+}

@@ -1,0 +1,137 @@
+//! The memory plan: every arena buffer gets a byte offset from its live range over the
+//! kernel schedule (greedy by size: the largest buffers are placed first, each at the
+//! lowest offset that does not overlap a buffer live at the same time). The lower bound
+//! is the peak of bytes live at once.
+
+use crate::kir::{BufId, BufKind, Expr, Program, Stmt};
+use serde::Serialize;
+
+/// Arena buffers are placed at multiples of this.
+pub const ALIGN: u64 = 64;
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PlanReport {
+    pub arena_bytes: u64,
+    /// Peak bytes live at once: no plan can use less.
+    pub lower_bound: u64,
+    /// (buffer name, offset, bytes, first kernel, last kernel)
+    pub placements: Vec<(String, u64, u64, usize, usize)>,
+}
+
+fn touched(body: &[Stmt], out: &mut Vec<BufId>) {
+    fn e(x: &Expr, out: &mut Vec<BufId>) {
+        match x {
+            Expr::Load(b, i) => {
+                out.push(*b);
+                e(i, out);
+            }
+            Expr::Un(_, a) | Expr::Cast(_, a) => e(a, out),
+            Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => {
+                e(a, out);
+                e(b, out);
+            }
+            Expr::Select(c, a, b) => {
+                e(c, out);
+                e(a, out);
+                e(b, out);
+            }
+            Expr::Call(_, args) => args.iter().for_each(|a| e(a, out)),
+            _ => {}
+        }
+    }
+    for s in body {
+        match s {
+            Stmt::For { body, .. } => touched(body, out),
+            Stmt::Store { buf, index, value } => {
+                out.push(*buf);
+                e(index, out);
+                e(value, out);
+            }
+            Stmt::Set { value, .. } => e(value, out),
+            Stmt::If { cond, then, els } => {
+                e(cond, out);
+                touched(then, out);
+                touched(els, out);
+            }
+        }
+    }
+}
+
+/// Assigns arena offsets in place and returns the report.
+pub fn plan(p: &mut Program) -> PlanReport {
+    let nb = p.buffers.len();
+    let mut first = vec![usize::MAX; nb];
+    let mut last = vec![0usize; nb];
+    for (i, k) in p.kernels.iter().enumerate() {
+        let mut t = Vec::new();
+        touched(&k.body, &mut t);
+        for b in t {
+            first[b] = first[b].min(i);
+            last[b] = last[b].max(i);
+        }
+    }
+    let mut items: Vec<BufId> = (0..nb)
+        .filter(|&b| matches!(p.buffers[b].kind, BufKind::Arena { .. }) && first[b] != usize::MAX)
+        .collect();
+    items.sort_by(|&a, &b| {
+        p.buffers[b]
+            .bytes()
+            .cmp(&p.buffers[a].bytes())
+            .then(first[a].cmp(&first[b]))
+    });
+    let mut placed: Vec<(BufId, u64, u64)> = Vec::new(); // (buf, offset, end)
+    let mut arena = 0u64;
+    for &b in &items {
+        let size = p.buffers[b].bytes().div_ceil(ALIGN) * ALIGN;
+        let mut conflicts: Vec<(u64, u64)> = placed
+            .iter()
+            .filter(|(o, _, _)| !(last[*o] < first[b] || last[b] < first[*o]))
+            .map(|&(_, s, e)| (s, e))
+            .collect();
+        conflicts.sort();
+        let mut off = 0u64;
+        for (s, e) in conflicts {
+            if off + size <= s {
+                break;
+            }
+            off = off.max(e);
+        }
+        placed.push((b, off, off + size));
+        arena = arena.max(off + size);
+        p.buffers[b].kind = BufKind::Arena { offset: off };
+    }
+    // Arena buffers no kernel touches (unused optional outputs) hold nothing.
+    for b in 0..nb {
+        if matches!(p.buffers[b].kind, BufKind::Arena { .. }) && first[b] == usize::MAX {
+            p.buffers[b].kind = BufKind::Arena { offset: 0 };
+            p.buffers[b].len = 0;
+        }
+    }
+    let mut lower_bound = 0u64;
+    for i in 0..p.kernels.len() {
+        let live: u64 = items
+            .iter()
+            .filter(|&&b| first[b] <= i && i <= last[b])
+            .map(|&b| p.buffers[b].bytes())
+            .sum();
+        lower_bound = lower_bound.max(live);
+    }
+    p.arena_bytes = arena;
+    let placements = placed
+        .iter()
+        .map(|&(b, s, _)| {
+            (
+                p.buffers[b].name.clone(),
+                s,
+                p.buffers[b].bytes(),
+                first[b],
+                last[b],
+            )
+        })
+        .collect();
+    PlanReport {
+        arena_bytes: arena,
+        lower_bound,
+        placements,
+    }
+}

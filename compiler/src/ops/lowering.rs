@@ -1,0 +1,374 @@
+//! What an op's lowering to kernel IR sees ([`LowerCtx`]), and the shared lowering
+//! helpers: elementwise loops with broadcasting, and data movement through index tables
+//! computed at compile time by running the op's own reference evaluation on index tensors.
+
+use super::OpCtx;
+use crate::ir::{DType, Op, OpError, OpResult, Tensor, Value};
+use crate::kir::{BufId, BufKind, Expr, Kernel, Program, Stmt, Ty, VarId};
+use crate::{bail, ensure};
+use ndarray::{ArrayD, IxDyn};
+
+/// An input or output of the node being lowered.
+#[derive(Clone, Debug)]
+pub struct TensorRef {
+    pub buf: BufId,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// The value, when known at compile time.
+    pub value: Option<Tensor>,
+}
+
+impl TensorRef {
+    pub fn ty(&self) -> Ty {
+        kir_ty(self.dtype).expect("lowered tensors have a kernel type")
+    }
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The kernel IR type that holds a dtype, if compiled code supports it.
+pub fn kir_ty(dt: DType) -> Option<Ty> {
+    Some(match dt {
+        DType::F32 => Ty::F32,
+        DType::F64 => Ty::F64,
+        DType::F16 => Ty::F16,
+        DType::BF16 => Ty::BF16,
+        DType::I8 => Ty::I8,
+        DType::I16 => Ty::I16,
+        DType::I32 => Ty::I32,
+        DType::I64 => Ty::I64,
+        DType::U8 | DType::Bool => Ty::U8,
+        DType::U16 => Ty::U16,
+        DType::U32 => Ty::U32,
+        DType::U64 => Ty::U64,
+        _ => return None,
+    })
+}
+
+/// Raw little-endian bytes of a tensor in its kernel storage type.
+pub fn tensor_bytes(t: &Tensor) -> OpResult<Vec<u8>> {
+    ensure!(
+        kir_ty(t.dtype()).is_some(),
+        "{} tensors are not supported by compiled code",
+        t.dtype()
+    );
+    let p = crate::onnx::tensor::to_proto(t, "");
+    Ok(p.raw_data.unwrap_or_default())
+}
+
+/// The node being lowered and the program it adds kernels to.
+pub struct LowerCtx<'a> {
+    pub op: &'a OpCtx,
+    /// The node's op (its reference evaluation drives index-map lowerings).
+    pub node_op: &'a dyn Op,
+    pub name: String,
+    pub inputs: Vec<Option<TensorRef>>,
+    pub outputs: Vec<TensorRef>,
+    pub program: &'a mut Program,
+}
+
+impl LowerCtx<'_> {
+    pub fn input(&self, i: usize) -> OpResult<&TensorRef> {
+        self.inputs
+            .get(i)
+            .and_then(|x| x.as_ref())
+            .ok_or_else(|| OpError::new(format!("required input {i} is missing")))
+    }
+
+    pub fn opt_input(&self, i: usize) -> Option<&TensorRef> {
+        self.inputs.get(i).and_then(|x| x.as_ref())
+    }
+
+    /// The compile-time value of input `i` (an error naming the input when it is not
+    /// constant).
+    pub fn const_input(&self, i: usize) -> OpResult<&Tensor> {
+        let t = self.input(i)?;
+        t.value.as_ref().ok_or_else(|| {
+            OpError::unsupported(format!("input {i} must be a constant to compile this op"))
+        })
+    }
+
+    /// Adds read-only data and returns its buffer.
+    pub fn constant(&mut self, what: &str, t: &Tensor) -> OpResult<BufId> {
+        let ty = kir_ty(t.dtype())
+            .ok_or_else(|| OpError::unsupported(format!("{} constants", t.dtype())))?;
+        let data = tensor_bytes(t)?;
+        Ok(self.program.add_buffer(
+            format!("{}/{what}", self.name),
+            BufKind::Const { data },
+            ty,
+            t.len() as u64,
+        ))
+    }
+
+    pub fn kernel(&self, suffix: &str) -> Kernel {
+        if suffix.is_empty() {
+            Kernel::new(self.name.clone())
+        } else {
+            Kernel::new(format!("{}/{suffix}", self.name))
+        }
+    }
+
+    pub fn push(&mut self, k: Kernel) {
+        self.program.kernels.push(k);
+    }
+}
+
+/// Row-major strides of a shape.
+pub fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// `sum(vars[d] * strides[d])` over the dims where the stride is not zero.
+pub fn index(vars: &[VarId], strides: &[usize]) -> Expr {
+    let mut e: Option<Expr> = None;
+    for (&v, &s) in vars.iter().zip(strides) {
+        if s == 0 {
+            continue;
+        }
+        let term = if s == 1 {
+            Expr::Var(v)
+        } else {
+            Expr::mul(Expr::Var(v), Expr::Int(s as i64))
+        };
+        e = Some(match e {
+            None => term,
+            Some(x) => Expr::add(x, term),
+        });
+    }
+    e.unwrap_or(Expr::Int(0))
+}
+
+/// Strides to read an input of shape `ins` broadcast to `out` (0 on broadcast dims).
+pub fn broadcast_strides(ins: &[usize], out: &[usize]) -> Vec<usize> {
+    let s = strides(ins);
+    let off = out.len() - ins.len();
+    (0..out.len())
+        .map(|d| {
+            if d < off || ins[d - off] == 1 {
+                0
+            } else {
+                s[d - off]
+            }
+        })
+        .collect()
+}
+
+/// Wraps `body` in loops over `shape`; returns the loop variables through `f`.
+pub fn nest(
+    k: &mut Kernel,
+    shape: &[usize],
+    f: impl FnOnce(&mut Kernel, &[VarId]) -> Vec<Stmt>,
+) -> Vec<Stmt> {
+    let vars: Vec<VarId> = shape.iter().map(|_| k.var(Ty::I64)).collect();
+    let mut body = f(k, &vars);
+    for (d, &n) in shape.iter().enumerate().rev() {
+        body = vec![Stmt::For {
+            var: vars[d],
+            extent: n as u64,
+            body,
+        }];
+    }
+    body
+}
+
+/// Lowers an elementwise op with NumPy broadcasting: output `o` gets
+/// `f(kernel, [input values])` at every position. Omitted inputs are skipped.
+pub fn elementwise(
+    lw: &mut LowerCtx,
+    o: usize,
+    f: impl FnOnce(&mut Kernel, Vec<Expr>) -> OpResult<Expr>,
+) -> OpResult<()> {
+    let out = lw.outputs[o].clone();
+    let ins: Vec<TensorRef> = lw.inputs.iter().flatten().cloned().collect();
+    let mut k = lw.kernel("");
+    let mut err = None;
+    let body = nest(&mut k, &out.shape, |k, vars| {
+        let args: Vec<Expr> = ins
+            .iter()
+            .map(|t| Expr::load(t.buf, index(vars, &broadcast_strides(&t.shape, &out.shape))))
+            .collect();
+        match f(k, args) {
+            Ok(v) => vec![Stmt::Store {
+                buf: out.buf,
+                index: index(vars, &strides(&out.shape)),
+                value: v,
+            }],
+            Err(e) => {
+                err = Some(e);
+                vec![]
+            }
+        }
+    });
+    if let Some(e) = err {
+        return Err(e);
+    }
+    k.body = body;
+    lw.push(k);
+    Ok(())
+}
+
+/// Lowers a pure data-movement op (every output element is a copy of one input element,
+/// or a fill value) through index tables. The op's reference evaluation runs on index
+/// tensors: data input k becomes `(k << 40) + flat_index + 1` (int64), the other inputs
+/// keep their constant values, and 0 in the result marks a fill. `data_inputs` lists the
+/// inputs that carry data; `fill` is the fill value as an expression of the output type.
+pub fn lower_by_index_map(
+    lw: &mut LowerCtx,
+    eval: &dyn Fn(&[Option<&Value>]) -> OpResult<Vec<Value>>,
+    data_inputs: &[usize],
+    replace: &[(usize, Tensor)],
+    fill: Option<Expr>,
+) -> OpResult<()> {
+    let mut vals: Vec<Option<Value>> = Vec::new();
+    for (i, inp) in lw.inputs.iter().enumerate() {
+        let v = match inp {
+            None => None,
+            Some(t) if data_inputs.contains(&i) => {
+                let n = t.len();
+                ensure!(n < (1 << 39), "tensor too large for an index map");
+                let v: Vec<i64> = (0..n).map(|j| ((i as i64) << 40) + j as i64 + 1).collect();
+                Some(Value::Tensor(Tensor::from_array(
+                    ArrayD::from_shape_vec(IxDyn(&t.shape), v)
+                        .map_err(|e| OpError::new(e.to_string()))?,
+                )))
+            }
+            Some(_) if replace.iter().any(|(r, _)| *r == i) => Some(Value::Tensor(
+                replace
+                    .iter()
+                    .find(|(r, _)| *r == i)
+                    .expect("found")
+                    .1
+                    .clone(),
+            )),
+            Some(t) => match &t.value {
+                Some(v) => Some(Value::Tensor(v.clone())),
+                None => {
+                    return Err(OpError::unsupported(format!(
+                        "input {i} must be a constant to compile this op"
+                    )))
+                }
+            },
+        };
+        vals.push(v);
+    }
+    let refs: Vec<Option<&Value>> = vals.iter().map(|v| v.as_ref()).collect();
+    let results = eval(&refs)?;
+    for (o, r) in results.iter().enumerate() {
+        if o >= lw.outputs.len() {
+            break;
+        }
+        let out = lw.outputs[o].clone();
+        let map = r
+            .as_tensor()
+            .and_then(|t| t.to_i64_vec())
+            .ok_or_else(|| OpError::new("index map evaluation gave no integer tensor"))?;
+        ensure!(
+            map.len() == out.len(),
+            "index map has {} entries for {} outputs",
+            map.len(),
+            out.len()
+        );
+        // Group output positions by source input.
+        let mut per_input: Vec<(usize, Vec<i64>, Vec<i64>)> = Vec::new();
+        let mut fills: Vec<i64> = Vec::new();
+        for (pos, &m) in map.iter().enumerate() {
+            if m == 0 {
+                fills.push(pos as i64);
+                continue;
+            }
+            let src = ((m - 1) >> 40) as usize;
+            let idx = (m - 1) & ((1 << 40) - 1);
+            match per_input.iter_mut().find(|(s, _, _)| *s == src) {
+                Some((_, p, i)) => {
+                    p.push(pos as i64);
+                    i.push(idx);
+                }
+                None => per_input.push((src, vec![pos as i64], vec![idx])),
+            }
+        }
+        for (src, pos, idx) in per_input {
+            let inp = lw.input(src)?.clone();
+            let mut k = lw.kernel(&format!("copy{src}"));
+            let n = pos.len();
+            // Identity map: a plain copy loop.
+            let identity = pos.iter().zip(&idx).all(|(p, i)| p == i) && n == out.len();
+            let j = k.var(Ty::I64);
+            if identity {
+                k.body = vec![Stmt::For {
+                    var: j,
+                    extent: n as u64,
+                    body: vec![Stmt::Store {
+                        buf: out.buf,
+                        index: Expr::Var(j),
+                        value: Expr::load(inp.buf, Expr::Var(j)),
+                    }],
+                }];
+            } else {
+                let (pt, it) = (table(lw, "pos", &pos)?, table(lw, "idx", &idx)?);
+                let p = Expr::cast(Ty::I64, Expr::load(pt, Expr::Var(j)));
+                let i = Expr::cast(Ty::I64, Expr::load(it, Expr::Var(j)));
+                k.body = vec![Stmt::For {
+                    var: j,
+                    extent: n as u64,
+                    body: vec![Stmt::Store {
+                        buf: out.buf,
+                        index: p,
+                        value: Expr::load(inp.buf, i),
+                    }],
+                }];
+            }
+            lw.push(k);
+        }
+        if !fills.is_empty() {
+            let Some(fill) = fill.clone() else {
+                bail!("the index map has fill positions but no fill value")
+            };
+            let pt = table(lw, "fill", &fills)?;
+            let mut k = lw.kernel("fill");
+            let j = k.var(Ty::I64);
+            k.body = vec![Stmt::For {
+                var: j,
+                extent: fills.len() as u64,
+                body: vec![Stmt::Store {
+                    buf: out.buf,
+                    index: Expr::cast(Ty::I64, Expr::load(pt, Expr::Var(j))),
+                    value: fill,
+                }],
+            }];
+            lw.push(k);
+        }
+    }
+    Ok(())
+}
+
+/// An index table as constant data (int32 when it fits).
+fn table(lw: &mut LowerCtx, what: &str, v: &[i64]) -> OpResult<BufId> {
+    let fits = v.iter().all(|&x| x <= i32::MAX as i64);
+    let t = if fits {
+        Tensor::from_vec(
+            &[v.len()],
+            v.iter().map(|&x| x as i32).collect::<Vec<i32>>(),
+        )
+    } else {
+        Tensor::from_vec(&[v.len()], v.to_vec())
+    };
+    lw.constant(what, &t)
+}
+
+/// A literal of the given compute type.
+pub fn lit(x: f64, t: Ty) -> Expr {
+    match t.compute() {
+        Ty::F32 => Expr::Float(x, Ty::F32),
+        Ty::F64 => Expr::Float(x, Ty::F64),
+        it => Expr::cast(it, Expr::Int(x as i64)),
+    }
+}
