@@ -14,6 +14,7 @@ pub fn register(r: &mut Registry) {
     r.add("Cast", cast);
     r.add("CastLike", cast_like);
     r.add("BitCast", bitcast);
+    lower::register(r);
 }
 
 /// The dtype named by an integer attribute holding a `TensorProto.DataType` code.
@@ -248,5 +249,40 @@ mod tests {
             b.to_i64_vec().unwrap(),
             vec![0x3F80_0000, 0xC020_0000u32 as i32 as i64]
         );
+    }
+}
+
+/// Lowering of Cast and CastLike between the dtypes compiled code holds.
+mod lower {
+    use crate::ir::OpResult;
+    use crate::kir::{CmpOp, Expr, Ty};
+    use crate::ops::lowering::{elementwise, lit, LowerCtx};
+    use crate::ops::{Lowering, Registry};
+
+    fn cast(lw: &mut LowerCtx) -> OpResult<()> {
+        let from = lw.input(0)?.ty().compute();
+        let out = &lw.outputs[0];
+        let to = out.ty().compute();
+        let to_bool = out.dtype == crate::ir::DType::Bool;
+        // CastLike's second input only names the type.
+        if lw.inputs.len() > 1 {
+            lw.inputs.truncate(1);
+        }
+        elementwise(lw, 0, |_, a| {
+            let x = a[0].clone();
+            Ok(if to_bool {
+                Expr::cmp(CmpOp::Ne, x, lit(0.0, from))
+            } else if from.is_float() && !to.is_float() && to != Ty::I64 && to.bytes() < 8 {
+                // Truncate to i64, then wrap to the width, like the reference.
+                Expr::cast(to, Expr::cast(Ty::I64, x))
+            } else {
+                Expr::cast(to, x)
+            })
+        })
+    }
+
+    pub fn register(r: &mut Registry) {
+        r.lower("Cast", Lowering::Custom(cast));
+        r.lower("CastLike", Lowering::Custom(cast));
     }
 }

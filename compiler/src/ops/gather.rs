@@ -26,6 +26,7 @@ pub fn register(r: &mut Registry) {
     r.add_shaped("OneHot", one_hot, &[1]);
     r.add_dynamic("NonZero", nonzero);
     r.add_dynamic("Unique", unique);
+    lower::register(r);
 }
 
 /// Normalises a possibly negative index against `dim`.
@@ -560,4 +561,15 @@ fn unique(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         ));
     }
     outs(res)
+}
+
+/// Lowerings with constant indices: data movement through index tables.
+mod lower {
+    use crate::ops::{Lowering, Registry};
+
+    pub fn register(r: &mut Registry) {
+        for op in ["Gather", "GatherElements", "GatherND", "Compress"] {
+            r.lower(op, Lowering::Movement(&[0]));
+        }
+    }
 }

@@ -37,6 +37,7 @@ pub fn register(r: &mut Registry) {
     r.add("ReverseSequence", reverse_sequence);
     r.add_shaped("Col2Im", col2im, &[1, 2]);
     r.add("Dropout", dropout);
+    lower::register(r);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -994,4 +995,113 @@ fn dropout(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         );
     }
     outs(res)
+}
+
+/// Lowerings: every op of this family is pure data movement, compiled through index
+/// tables computed by its own evaluation (see `ops::lowering::lower_by_index_map`).
+mod lower {
+    use crate::ir::{OpResult, Tensor};
+    use crate::kir::Expr;
+    use crate::ops::lowering::{lit, lower_by_index_map, LowerCtx};
+    use crate::ops::{Lowering, Registry};
+
+    /// Every input carries data (Concat).
+    const ALL: &[usize] = &[
+        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24,
+        25, 26, 27, 28, 29, 30, 31,
+    ];
+
+    fn pad(lw: &mut LowerCtx) -> OpResult<()> {
+        let mode = lw.op.attrs.string("mode", "constant".into())?;
+        let t = lw.outputs[0].ty();
+        let op = lw.node_op;
+        if mode != "constant" {
+            return lower_by_index_map(lw, &|ins| op.eval(ins), &[0], &[], None);
+        }
+        // The fill value: input 2 (opset >= 11) or the `value` attribute.
+        let (fill, replace) = if lw.op.opset >= 11 {
+            match lw.opt_input(2) {
+                Some(_) => {
+                    let v = lw.const_input(2)?.to_f64_vec().unwrap_or_default();
+                    (
+                        v.first().copied().unwrap_or(0.0),
+                        vec![(2usize, Tensor::scalar(0i64))],
+                    )
+                }
+                None => (0.0, vec![]),
+            }
+        } else {
+            (lw.op.attrs.float("value", 0.0)? as f64, vec![])
+        };
+        // Bool pads with 0/1; other types with the literal.
+        let fill_expr: Expr = lit(fill, t);
+        lower_by_index_map(lw, &|ins| op.eval(ins), &[0], &replace, Some(fill_expr))
+    }
+
+    fn dropout(lw: &mut LowerCtx) -> OpResult<()> {
+        // Inference: output = input; the mask (if requested) is all true.
+        let training = match lw.opt_input(2) {
+            Some(_) => lw
+                .const_input(2)?
+                .to_bool()
+                .is_some_and(|b| b.iter().any(|&x| x)),
+            None => false,
+        };
+        if training {
+            return Err(crate::ir::OpError::unsupported(
+                "Dropout in training mode is not compiled",
+            ));
+        }
+        let x = lw.input(0)?.clone();
+        let out = lw.outputs[0].clone();
+        let mut k = lw.kernel("copy");
+        let j = k.var(crate::kir::Ty::I64);
+        let mut body = vec![crate::kir::Stmt::Store {
+            buf: out.buf,
+            index: Expr::Var(j),
+            value: Expr::load(x.buf, Expr::Var(j)),
+        }];
+        if let Some(mask) = lw.outputs.get(1).cloned() {
+            body.push(crate::kir::Stmt::Store {
+                buf: mask.buf,
+                index: Expr::Var(j),
+                value: lit(1.0, mask.ty()),
+            });
+        }
+        k.body = vec![crate::kir::Stmt::For {
+            var: j,
+            extent: out.len() as u64,
+            body,
+        }];
+        lw.push(k);
+        Ok(())
+    }
+
+    pub fn register(r: &mut Registry) {
+        for op in [
+            "Reshape",
+            "Transpose",
+            "Squeeze",
+            "Unsqueeze",
+            "Flatten",
+            "Split",
+            "Slice",
+            "Expand",
+            "Tile",
+        ] {
+            r.lower(op, Lowering::Movement(&[0]));
+        }
+        for op in [
+            "DepthToSpace",
+            "SpaceToDepth",
+            "Trilu",
+            "CenterCropPad",
+            "ReverseSequence",
+        ] {
+            r.lower(op, Lowering::Movement(&[0]));
+        }
+        r.lower("Concat", Lowering::Movement(ALL));
+        r.lower("Pad", Lowering::Custom(pad));
+        r.lower("Dropout", Lowering::Custom(dropout));
+    }
 }
