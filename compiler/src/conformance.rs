@@ -509,3 +509,31 @@ pub fn markdown(results: &[CaseResult], other: &[CaseResult], onnx_version: &str
     }
     s
 }
+
+/// The Markdown section for a compiled run, appended to `docs/conformance.md`.
+pub fn markdown_compiled(results: &[CaseResult], target: &str, triple: &str) -> String {
+    let (p, f, u) = counts(results);
+    let mut s = String::new();
+    let _ = writeln!(s, "\n## Compiled: {target} ({triple})\n");
+    let _ = writeln!(
+        s,
+        "Native code from the Cranelift back end, linked with the C harness{}: compiled for {target}: **{p} of {} passed**, {f} failed, {u} unsupported (not compiled yet, or data-dependent shapes).\n",
+        if triple.starts_with(std::env::consts::ARCH) { "" } else { " and run under qemu" },
+        results.len()
+    );
+    let mut by_op: BTreeMap<&str, (usize, usize, usize)> = BTreeMap::new();
+    for r in results {
+        let e = by_op.entry(r.op.as_str()).or_default();
+        match r.status {
+            Status::Passed => e.0 += 1,
+            Status::Failed(_) => e.1 += 1,
+            Status::Unsupported(_) => e.2 += 1,
+        }
+    }
+    let _ = writeln!(s, "<details><summary>per op</summary>\n\n| op | passed | failed | unsupported |\n|---|---:|---:|---:|");
+    for (op, (p, f, u)) in by_op {
+        let _ = writeln!(s, "| {op} | {p} | {f} | {u} |");
+    }
+    let _ = writeln!(s, "\n</details>");
+    s
+}

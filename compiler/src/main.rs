@@ -75,6 +75,9 @@ enum Cmd {
         /// Write the Markdown report to this file.
         #[arg(long, value_name = "FILE")]
         write_doc: Option<PathBuf>,
+        /// Append a section with the results (for --compiled runs) to this Markdown file.
+        #[arg(long, value_name = "FILE")]
+        append_doc: Option<PathBuf>,
         /// Write the names of the passing cases, one per line, to this file.
         #[arg(long, value_name = "FILE")]
         write_pass_list: Option<PathBuf>,
@@ -299,6 +302,7 @@ fn real_main(cli: Cli) -> Result<()> {
             onnx_version,
             compiled,
             target,
+            append_doc,
         }) => {
             let re = filter
                 .map(|f| regex::Regex::new(&f).map_err(|e| Error::Usage(format!("--filter: {e}"))))
@@ -360,6 +364,12 @@ fn real_main(cli: Cli) -> Result<()> {
                     path: path.clone(),
                     source: e,
                 })?;
+            }
+            if let Some(path) = append_doc {
+                let t = onnxc::targets::Target::load(&target).map_err(Error::Usage)?;
+                let mut doc = std::fs::read_to_string(&path).unwrap_or_default();
+                doc.push_str(&conformance::markdown_compiled(&results, &target, &t.triple));
+                std::fs::write(&path, doc).map_err(|e| Error::Io { path: path.clone(), source: e })?;
             }
             if let Some(path) = write_pass_list {
                 let mut s: String = results

@@ -1,7 +1,7 @@
 //! The memory plan: every arena buffer gets a byte offset from its live range over the
 //! kernel schedule (greedy by size: the largest buffers are placed first, each at the
 //! lowest offset that does not overlap a buffer live at the same time). The lower bound
-//! is the peak of bytes live at once.
+//! is the peak of bytes live at once (each buffer rounded up to the 64-byte alignment).
 
 use crate::kir::{BufId, BufKind, Expr, Program, Stmt};
 use serde::Serialize;
@@ -12,7 +12,7 @@ pub const ALIGN: u64 = 64;
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct PlanReport {
     pub arena_bytes: u64,
-    /// Peak bytes live at once: no plan can use less.
+    /// Peak bytes live at once (each buffer rounded up to [`ALIGN`]): no plan can use less.
     pub lower_bound: u64,
     /// (buffer name, offset, bytes, first kernel, last kernel)
     pub placements: Vec<(String, u64, u64, usize, usize)>,

@@ -1,0 +1,256 @@
+//! The native back end: compiled node tests (x86_64 natively, aarch64 under
+//! qemu-aarch64-static), fixture models against ONNX Runtime, no heap allocation inside
+//! `PREFIX_run`, valgrind memcheck, deterministic objects, and the arena against its
+//! lower bound.
+
+mod common;
+
+use onnxc::conformance::{counts, run_suite_compiled, CompiledEnv, Status};
+use onnxc::driver::{compile_file, Options};
+use onnxc::ir::Value;
+use onnxc::{eval, io, onnx, runner};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn node_cases() -> PathBuf {
+    let d = common::repo_root().join("tests/onnx-node");
+    assert!(d.join("COUNT").is_file(), "node test cases missing: run tests/run.sh (it generates them)");
+    d
+}
+
+/// Runs the compiled node tests for `target` and enforces its pass list.
+fn compiled_suite(target: &str, list: &str) {
+    let root = common::repo_root();
+    let scratch = tempfile::tempdir().unwrap();
+    let env = CompiledEnv::new(target, scratch.path())
+        .unwrap_or_else(|e| panic!("{e}; tests/run.sh installs gcc-aarch64-linux-gnu and qemu-user-static"));
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let results = run_suite_compiled(&node_cases(), None, &env, threads).unwrap();
+    let (p, f, u) = counts(&results);
+    println!("node tests compiled for {target}: {p} passed, {f} failed, {u} unsupported of {}", results.len());
+    let failed: Vec<String> = results
+        .iter()
+        .filter_map(|r| match &r.status {
+            Status::Failed(w) => Some(format!("{}: {w}", r.name)),
+            _ => None,
+        })
+        .collect();
+    assert!(failed.is_empty(), "compiled cases give wrong results or crash:\n{}", failed.join("\n"));
+    let text = std::fs::read_to_string(root.join("tests/conformance").join(list)).expect("pass list");
+    let must: BTreeSet<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let lost: Vec<&str> = results
+        .iter()
+        .filter(|r| must.contains(r.name.as_str()) && r.status != Status::Passed)
+        .map(|r| r.name.as_str())
+        .collect();
+    assert!(lost.is_empty(), "compiled cases that no longer pass on {target}: {lost:?}");
+    let doc = std::fs::read_to_string(root.join("docs/conformance.md")).unwrap();
+    let stated = format!("compiled for {target}: **{p} of {} passed**", results.len());
+    assert!(doc.contains(&stated), "docs/conformance.md should state `{stated}`; run `bash tests/conformance.sh --write`");
+}
+
+#[test]
+fn node_tests_compiled_host() {
+    compiled_suite("host", "compiled-host-pass.txt");
+}
+
+#[test]
+fn node_tests_compiled_aarch64_qemu() {
+    compiled_suite("aarch64-neon", "compiled-aarch64-neon-pass.txt");
+}
+
+fn digits() -> PathBuf {
+    common::repo_root().join("examples/digits/model.onnx")
+}
+
+#[test]
+fn objects_are_deterministic() {
+    let a = compile_file(&digits(), &Options::default()).unwrap();
+    let b = compile_file(&digits(), &Options::default()).unwrap();
+    assert_eq!(a.artifacts.object, b.artifacts.object, "two compiles of one model differ");
+    assert_eq!(a.artifacts.header, b.artifacts.header);
+}
+
+/// The symbols an object leaves undefined.
+fn undefined_symbols(obj: &Path) -> Vec<String> {
+    let out = Command::new("nm").arg("-u").arg(obj).output().expect("nm (binutils) runs");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().last().map(str::to_string))
+        .collect()
+}
+
+const C_NO_HEAP: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include "digits.h"
+static int counting, calls;
+void *__real_malloc(size_t); void *__real_calloc(size_t, size_t); void *__real_realloc(void *, size_t);
+void *__wrap_malloc(size_t n) { if (counting) calls++; return __real_malloc(n); }
+void *__wrap_calloc(size_t a, size_t b) { if (counting) calls++; return __real_calloc(a, b); }
+void *__wrap_realloc(void *p, size_t n) { if (counting) calls++; return __real_realloc(p, n); }
+static unsigned char arena[DIGITS_ARENA_BYTES + 1] __attribute__((aligned(64)));
+int main(void) {
+    float x[DIGITS_INPUT_0_ELEMS], y[DIGITS_OUTPUT_0_ELEMS];
+    for (int i = 0; i < DIGITS_INPUT_0_ELEMS; i++) x[i] = (float)(i % 7) / 7.0f;
+    counting = 1;
+    int s = digits_run(x, y, arena);
+    counting = 0;
+    /* Status codes, never aborts: null and misaligned pointers. */
+    int s_null = digits_run(NULL, y, arena);
+    int s_mis = DIGITS_ARENA_BYTES ? digits_run(x, y, arena + 1) : 2;
+    printf("%d %d %d %d\n", s, calls, s_null, s_mis);
+    return 0;
+}
+"#;
+
+#[test]
+fn no_heap_allocation_in_run_and_only_libm_imports() {
+    let d = tempfile::tempdir().unwrap();
+    let c = compile_file(&digits(), &Options { name: Some("digits".into()), ..Options::default() }).unwrap();
+    let obj = d.path().join("digits.o");
+    std::fs::write(&obj, &c.artifacts.object).unwrap();
+    std::fs::write(d.path().join("digits.h"), &c.artifacts.header).unwrap();
+    std::fs::write(d.path().join("onnxc_runtime.h"), runner::RUNTIME_H).unwrap();
+    std::fs::write(d.path().join("main.c"), C_NO_HEAP).unwrap();
+    let libm = [
+        "expf", "logf", "powf", "sinf", "cosf", "tanf", "asinf", "acosf", "atanf", "sinhf", "coshf", "tanhf", "asinhf",
+        "acoshf", "atanhf", "erff", "fmodf", "exp", "log", "pow", "sin", "cos", "tan", "asin", "acos", "atan", "sinh",
+        "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "fmod",
+    ];
+    for s in undefined_symbols(&obj) {
+        assert!(libm.contains(&s.as_str()), "the object imports `{s}`, which is not a libm function");
+    }
+    let exe = d.path().join("nohea");
+    let st = Command::new("cc")
+        .args(["-O1", "-Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc", "-I"])
+        .arg(d.path())
+        .arg(d.path().join("main.c"))
+        .arg(&obj)
+        .args(["-lm", "-o"])
+        .arg(&exe)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = Command::new(&exe).output().unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    let v: Vec<i32> = s.split_whitespace().map(|x| x.parse().unwrap()).collect();
+    assert_eq!(v, vec![0, 0, 1, 2], "status, allocations during run, null status, misaligned status: {s}");
+}
+
+#[test]
+fn valgrind_memcheck_on_compiled_models() {
+    let have = Command::new("valgrind").arg("--version").output().is_ok_and(|o| o.status.success());
+    assert!(have, "valgrind is needed (tests/run.sh installs it)");
+    let root = common::repo_root();
+    let models = [digits(), root.join("tests/fixtures/resnet_tiny/model.onnx"), root.join("tests/onnx-node/test_gemm_default_matrix_bias/model.onnx")];
+    for m in models {
+        let model = onnx::load(&m).unwrap();
+        let shapes: Vec<(String, Vec<usize>)> = model
+            .graph
+            .inputs
+            .iter()
+            .map(|&i| {
+                let ty = &model.graph.value(i).ty;
+                let s = match &ty {
+                    onnxc::ir::ValueType::Tensor { shape: Some(s), .. } => {
+                        s.iter().map(|d| if let onnxc::ir::Dim::Fixed(n) = d { *n } else { 1 }).collect()
+                    }
+                    _ => vec![],
+                };
+                (model.graph.value(i).name.clone(), s)
+            })
+            .collect();
+        let c = onnxc::driver::compile_graph(model.graph, "model", &Options { shapes, ..Options::default() }).unwrap();
+        let d = tempfile::tempdir().unwrap();
+        let tc = runner::Toolchain::for_triple(&c.target.triple);
+        let obj = d.path().join("model.o");
+        std::fs::write(&obj, &c.artifacts.object).unwrap();
+        let h = runner::build_harness(&tc, d.path(), "model").unwrap();
+        let exe = d.path().join("model.exe");
+        runner::link(&tc, &h, &obj, &exe).unwrap();
+        for (k, &i) in c.graph.inputs.iter().enumerate() {
+            let ty = &c.graph.value(i).ty;
+            let t = onnxc::ir::Tensor::zeros(ty.dtype().unwrap(), &ty.static_shape().unwrap());
+            std::fs::write(d.path().join(format!("in_{k}.bin")), onnxc::ops::lowering::tensor_bytes(&t).unwrap()).unwrap();
+        }
+        let out = Command::new("valgrind")
+            .args(["--error-exitcode=9", "--quiet", "--leak-check=no"])
+            .arg(&exe)
+            .arg(d.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "valgrind reports errors for {}:\n{}",
+            m.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+fn rel_err(a: &Value, b: &Value) -> f64 {
+    let (a, b) = (a.as_tensor().unwrap().to_f64().unwrap(), b.as_tensor().unwrap().to_f64().unwrap());
+    let diff = a.iter().zip(b.iter()).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+    diff / b.iter().map(|y| y.abs()).fold(0.0, f64::max).max(1e-30)
+}
+
+/// Fixture models compiled for `target` match the reference evaluator (itself checked
+/// against ONNX Runtime in tests/fixtures.rs) within 1e-4, and the arena is within 10%
+/// of its lower bound.
+fn fixtures_compiled(target: &str) {
+    let dir = common::repo_root().join("tests/fixtures");
+    let mut names: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.join("model.onnx").is_file()).collect();
+    names.sort();
+    names.push(common::repo_root().join("examples/digits"));
+    for d in names {
+        let name = d.file_name().unwrap().to_string_lossy().to_string();
+        let model = onnx::load(&d.join("model.onnx")).unwrap();
+        let inputs: Vec<Value> = (0..)
+            .map(|k| d.join(format!("input_{k}.npy")))
+            .take_while(|p| p.is_file())
+            .map(|p| Value::Tensor(io::from_npy(&std::fs::read(p).unwrap(), "input").unwrap()))
+            .collect();
+        let inputs = if inputs.is_empty() {
+            vec![Value::Tensor(io::from_npy(&std::fs::read(d.join("digit_7.npy")).unwrap(), "digit").unwrap())]
+        } else {
+            inputs
+        };
+        let expected = eval::run(&model.graph, inputs.clone()).unwrap();
+        let shapes = model
+            .graph
+            .inputs
+            .iter()
+            .zip(&inputs)
+            .map(|(&i, v)| (model.graph.value(i).name.clone(), v.as_tensor().unwrap().shape().to_vec()))
+            .collect();
+        let opts = Options { target: target.into(), shapes, ..Options::default() };
+        let c = onnxc::driver::compile_graph(model.graph, "model", &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let scratch = tempfile::tempdir().unwrap();
+        let got = runner::run_compiled(&c, &inputs, scratch.path()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for (k, (g, e)) in got.iter().zip(&expected).enumerate() {
+            let err = rel_err(g, e);
+            println!("{name} [{target}] output {k}: relative error {err:.2e}");
+            assert!(err <= 1e-4, "{name} output {k} on {target}: relative error {err:.3e}");
+        }
+        let plan = &c.lowered.plan;
+        println!("{name}: arena {} bytes, lower bound {}", plan.arena_bytes, plan.lower_bound);
+        assert!(
+            plan.arena_bytes as f64 <= plan.lower_bound as f64 * 1.10,
+            "{name}: arena {} is more than 10% above the lower bound {}",
+            plan.arena_bytes,
+            plan.lower_bound
+        );
+    }
+}
+
+#[test]
+fn fixtures_compiled_host() {
+    fixtures_compiled("host");
+}
+
+#[test]
+fn fixtures_compiled_aarch64_qemu() {
+    fixtures_compiled("aarch64-neon");
+}
