@@ -254,8 +254,9 @@ mod tests {
 
 /// Lowering of Cast and CastLike between the dtypes compiled code holds.
 mod lower {
-    use crate::ir::OpResult;
-    use crate::kir::{CmpOp, Expr, Ty};
+    use crate::ensure;
+    use crate::ir::{DType, OpResult};
+    use crate::kir::{BinOp, CmpOp, Expr, Kernel, MathFn, Stmt, Ty, UnOp, VarId};
     use crate::ops::lowering::{elementwise, lit, LowerCtx};
     use crate::ops::{Lowering, Registry};
 
@@ -281,7 +282,203 @@ mod lower {
         })
     }
 
+    /// (mantissa bits, exponent bias, total bits) of a float storage type.
+    fn fparams(t: Ty) -> Option<(i64, i64, i64)> {
+        match t {
+            Ty::F32 => Some((23, 127, 32)),
+            Ty::F64 => Some((52, 1023, 64)),
+            Ty::F16 => Some((10, 15, 16)),
+            Ty::BF16 => Some((7, 127, 16)),
+            _ => None,
+        }
+    }
+
+    fn f(x: f64) -> Expr {
+        Expr::f(x, Ty::F64)
+    }
+    fn i(x: i64) -> Expr {
+        Expr::Int(x)
+    }
+    fn v(x: VarId) -> Expr {
+        Expr::Var(x)
+    }
+    fn set(var: VarId, value: Expr) -> Stmt {
+        Stmt::Set { var, value }
+    }
+    fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
+        Expr::bin(op, a, b)
+    }
+    fn pow2(e: Expr) -> Expr {
+        Expr::call(MathFn::Pow, vec![f(2.0), Expr::cast(Ty::F64, e)])
+    }
+
+    /// Statements that leave the bit pattern of float `x` (F32 or F64 value of a float
+    /// of `params`) in the returned i64 variable. NaN payloads become the quiet NaN.
+    fn float_to_bits(k: &mut Kernel, x: Expr, (mb, bias, w): (i64, i64, i64)) -> (Vec<Stmt>, VarId) {
+        let (fx, a) = (k.var(Ty::F64), k.var(Ty::F64));
+        let (s, e, bits) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+        let emask = (1i64 << (w - 1 - mb)) - 1;
+        let neg = bin(
+            BinOp::Or,
+            Expr::cmp(CmpOp::Lt, v(fx), f(0.0)),
+            Expr::cmp(CmpOp::Lt, bin(BinOp::Div, f(1.0), v(fx)), f(0.0)),
+        );
+        let or = |a, b| bin(BinOp::Or, a, b);
+        let normal = vec![
+            set(
+                e,
+                Expr::cast(
+                    Ty::I64,
+                    Expr::un(
+                        UnOp::Floor,
+                        bin(BinOp::Div, Expr::call(MathFn::Log, vec![v(a)]), f(std::f64::consts::LN_2)),
+                    ),
+                ),
+            ),
+            Stmt::If {
+                cond: Expr::cmp(CmpOp::Lt, v(a), pow2(v(e))),
+                then: vec![set(e, bin(BinOp::Sub, v(e), i(1)))],
+                els: vec![],
+            },
+            Stmt::If {
+                cond: Expr::cmp(CmpOp::Ge, v(a), pow2(Expr::add(v(e), i(1)))),
+                then: vec![set(e, Expr::add(v(e), i(1)))],
+                els: vec![],
+            },
+            set(
+                bits,
+                or(
+                    or(v(s), bin(BinOp::Shl, Expr::add(v(e), i(bias)), i(mb))),
+                    Expr::cast(
+                        Ty::I64,
+                        Expr::mul(
+                            bin(BinOp::Sub, bin(BinOp::Div, v(a), pow2(v(e))), f(1.0)),
+                            f((mb as f64).exp2()),
+                        ),
+                    ),
+                ),
+            ),
+        ];
+        let sub = vec![set(
+            bits,
+            or(
+                v(s),
+                Expr::cast(
+                    Ty::I64,
+                    Expr::mul(Expr::mul(v(a), f(((bias - 1) as f64).exp2())), f((mb as f64).exp2())),
+                ),
+            ),
+        )];
+        let stmts = vec![
+            set(fx, x),
+            set(a, Expr::un(UnOp::Abs, v(fx))),
+            set(s, bin(BinOp::Shl, Expr::cast(Ty::I64, neg), i(w - 1))),
+            Stmt::If {
+                cond: Expr::cmp(CmpOp::Ne, v(a), v(a)),
+                then: vec![set(bits, i((emask << mb) | (1i64 << (mb - 1))))],
+                els: vec![Stmt::If {
+                    cond: Expr::cmp(CmpOp::Eq, v(a), f(f64::INFINITY)),
+                    then: vec![set(bits, or(v(s), i(emask << mb)))],
+                    els: vec![Stmt::If {
+                        cond: Expr::cmp(CmpOp::Lt, v(a), f(((1 - bias) as f64).exp2())),
+                        then: sub,
+                        els: normal,
+                    }],
+                }],
+            },
+        ];
+        (stmts, bits)
+    }
+
+    /// Statements that leave the F64 value of the bit pattern `b` (i64) of a float of
+    /// `params` in the returned variable.
+    fn bits_to_float(k: &mut Kernel, b: Expr, (mb, bias, w): (i64, i64, i64)) -> (Vec<Stmt>, VarId) {
+        let (bu, e, m) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+        let (mf, val) = (k.var(Ty::F64), k.var(Ty::F64));
+        let emask = (1i64 << (w - 1 - mb)) - 1;
+        let b = if w < 64 { bin(BinOp::And, b, i((1i64 << w) - 1)) } else { b };
+        let sign_bit = if w == 64 { i64::MIN } else { 1i64 << (w - 1) };
+        let frac = Expr::mul(v(mf), f((-mb as f64).exp2()));
+        let value = Expr::select(
+            Expr::cmp(CmpOp::Eq, v(e), i(emask)),
+            Expr::select(Expr::cmp(CmpOp::Eq, v(m), i(0)), f(f64::INFINITY), f(f64::NAN)),
+            Expr::select(
+                Expr::cmp(CmpOp::Eq, v(e), i(0)),
+                Expr::mul(frac.clone(), f(((1 - bias) as f64).exp2())),
+                Expr::mul(Expr::add(f(1.0), frac), pow2(bin(BinOp::Sub, v(e), i(bias)))),
+            ),
+        );
+        let stmts = vec![
+            set(bu, b),
+            set(e, bin(BinOp::And, bin(BinOp::Shr, v(bu), i(mb)), i(emask))),
+            set(m, bin(BinOp::And, v(bu), i((1i64 << mb) - 1))),
+            set(mf, Expr::cast(Ty::F64, v(m))),
+            set(val, value),
+            Stmt::If {
+                cond: Expr::cmp(CmpOp::Ne, bin(BinOp::And, v(bu), i(sign_bit)), i(0)),
+                then: vec![set(val, Expr::un(UnOp::Neg, v(val)))],
+                els: vec![],
+            },
+        ];
+        (stmts, val)
+    }
+
+    fn bitcast(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let out = lw.outputs[0].clone();
+        let (ft, tt) = (x.ty(), out.ty());
+        ensure!(ft.bytes() == tt.bytes() || out.dtype == DType::Bool || x.dtype == DType::Bool, "BitCast needs one bit width");
+        let mut k = lw.kernel("");
+        let j = k.var(Ty::I64);
+        let xj = Expr::load(x.buf, v(j));
+        let mut body = Vec::new();
+        // The bit pattern as i64.
+        let bits = match fparams(ft) {
+            Some(p) => {
+                let xf = if ft.compute() == Ty::F64 { xj } else { Expr::cast(Ty::F64, xj) };
+                let (st, b) = float_to_bits(&mut k, xf, p);
+                body.extend(st);
+                v(b)
+            }
+            None => {
+                if ft == Ty::I64 {
+                    xj
+                } else {
+                    Expr::cast(Ty::I64, xj)
+                }
+            }
+        };
+        let value = match fparams(tt) {
+            Some(p) => {
+                let (st, val) = bits_to_float(&mut k, bits, p);
+                body.extend(st);
+                let c = tt.compute();
+                if c == Ty::F64 {
+                    v(val)
+                } else {
+                    Expr::cast(c, v(val))
+                }
+            }
+            None if out.dtype == DType::Bool => Expr::cmp(CmpOp::Ne, bits, i(0)),
+            None if tt == Ty::I64 => bits,
+            None => Expr::cast(tt, bits),
+        };
+        body.push(Stmt::Store {
+            buf: out.buf,
+            index: v(j),
+            value,
+        });
+        k.body = vec![Stmt::For {
+            var: j,
+            extent: out.len() as u64,
+            body,
+        }];
+        lw.push(k);
+        Ok(())
+    }
+
     pub fn register(r: &mut Registry) {
+        r.lower("BitCast", Lowering::Custom(bitcast));
         r.lower("Cast", Lowering::Custom(cast));
         r.lower("CastLike", Lowering::Custom(cast));
     }

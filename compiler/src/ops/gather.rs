@@ -563,13 +563,364 @@ fn unique(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     outs(res)
 }
 
-/// Lowerings with constant indices: data movement through index tables.
+/// Lowerings: with constant indices, data movement through index tables; with runtime
+/// indices, dedicated loops that wrap negative indices and clamp out-of-range ones.
 mod lower {
+    use crate::ir::{OpError, OpResult};
+    use crate::kir::{BinOp, CmpOp, Expr, Kernel, Stmt, Ty, VarId};
+    use crate::ops::lowering::{index, lit, lower_by_index_map, nest, strides, LowerCtx, TensorRef};
     use crate::ops::{Lowering, Registry};
+    use crate::{bail, ensure};
+
+    /// The sum of the terms (0 when there are none).
+    fn sum(terms: Vec<Expr>) -> Expr {
+        terms.into_iter().reduce(Expr::add).unwrap_or(Expr::Int(0))
+    }
+
+    /// `e * s` (skipping multiplications by 1).
+    fn scale(e: Expr, s: usize) -> Expr {
+        if s == 1 {
+            e
+        } else {
+            Expr::mul(e, Expr::Int(s as i64))
+        }
+    }
+
+    /// An index element as i64.
+    fn load_i64(t: &TensorRef, idx: Expr) -> Expr {
+        let l = Expr::load(t.buf, idx);
+        if t.ty() == Ty::I64 {
+            l
+        } else {
+            Expr::cast(Ty::I64, l)
+        }
+    }
+
+    /// Wraps a negative index against `dim` and clamps it into `0..dim`.
+    fn norm(i: Expr, dim: usize) -> Expr {
+        let d = dim as i64;
+        let w = Expr::select(
+            Expr::cmp(CmpOp::Lt, i.clone(), Expr::Int(0)),
+            Expr::add(i.clone(), Expr::Int(d)),
+            i,
+        );
+        Expr::bin(
+            BinOp::Max,
+            Expr::bin(BinOp::Min, w, Expr::Int(d - 1)),
+            Expr::Int(0),
+        )
+    }
+
+    /// `sum(vars[d] * strides[d])` as a list of terms.
+    fn terms(vars: &[VarId], st: &[usize]) -> Vec<Expr> {
+        vars.iter()
+            .zip(st)
+            .filter(|(_, &s)| s != 0)
+            .map(|(&v, &s)| scale(Expr::Var(v), s))
+            .collect()
+    }
+
+    /// The index-table lowering (constant indices).
+    fn movement(lw: &mut LowerCtx) -> OpResult<()> {
+        let op = lw.node_op;
+        let fill = lw.outputs.first().map(|o| lit(0.0, o.ty()));
+        lower_by_index_map(lw, &|ins| op.eval(ins), &[0], &[], fill)
+    }
+
+    fn indices_const(lw: &LowerCtx, i: usize) -> bool {
+        lw.opt_input(i).is_some_and(|t| t.value.is_some())
+    }
+
+    fn axis_of(lw: &LowerCtx, rank: usize, default: i64) -> OpResult<usize> {
+        let a = lw.op.attrs.int("axis", default)?;
+        let r = rank as i64;
+        ensure!(a >= -r && a < r, "axis {a} is out of range for rank {rank}");
+        Ok(if a < 0 { a + r } else { a } as usize)
+    }
+
+    fn push_nest(
+        lw: &mut LowerCtx,
+        suffix: &str,
+        shape: &[usize],
+        f: impl FnOnce(&mut Kernel, &[VarId]) -> Vec<Stmt>,
+    ) {
+        // Empty shapes still get a (zero-trip) loop, so the output counts as written.
+        let mut k = lw.kernel(suffix);
+        k.body = nest(&mut k, shape, f);
+        lw.push(k);
+    }
+
+    fn gather(lw: &mut LowerCtx) -> OpResult<()> {
+        if indices_const(lw, 1) {
+            return movement(lw);
+        }
+        let x = lw.input(0)?.clone();
+        let ind = lw.input(1)?.clone();
+        let out = lw.outputs[0].clone();
+        let r = x.shape.len();
+        ensure!(r >= 1, "Gather: data must have rank >= 1");
+        let ax = axis_of(lw, r, 0)?;
+        let q = ind.shape.len();
+        let dim = x.shape[ax];
+        if dim == 0 && !out.is_empty() {
+            bail!("Gather: indices into an empty axis");
+        }
+        let xs = strides(&x.shape);
+        let is = strides(&ind.shape);
+        let os = strides(&out.shape);
+        push_nest(lw, "", &out.shape.clone(), |_, v| {
+            let mut t = terms(&v[..ax], &xs[..ax]);
+            let i = load_i64(&ind, index(&v[ax..ax + q], &is));
+            t.push(scale(norm(i, dim), xs[ax]));
+            t.extend(terms(&v[ax + q..], &xs[ax + 1..]));
+            vec![Stmt::Store {
+                buf: out.buf,
+                index: index(v, &os),
+                value: Expr::load(x.buf, sum(t)),
+            }]
+        });
+        Ok(())
+    }
+
+    fn gather_elements(lw: &mut LowerCtx) -> OpResult<()> {
+        if indices_const(lw, 1) {
+            return movement(lw);
+        }
+        let x = lw.input(0)?.clone();
+        let ind = lw.input(1)?.clone();
+        let out = lw.outputs[0].clone();
+        let r = x.shape.len();
+        ensure!(
+            r >= 1 && ind.shape.len() == r,
+            "GatherElements: data and indices must have the same rank"
+        );
+        let ax = axis_of(lw, r, 0)?;
+        let dim = x.shape[ax];
+        if dim == 0 && !out.is_empty() {
+            bail!("GatherElements: indices into an empty axis");
+        }
+        let xs = strides(&x.shape);
+        let is = strides(&ind.shape);
+        push_nest(lw, "", &ind.shape.clone(), |_, v| {
+            let mut t = Vec::new();
+            for d in 0..r {
+                if d == ax {
+                    let i = load_i64(&ind, index(v, &is));
+                    t.push(scale(norm(i, dim), xs[d]));
+                } else {
+                    t.push(scale(Expr::Var(v[d]), xs[d]));
+                }
+            }
+            vec![Stmt::Store {
+                buf: out.buf,
+                index: index(v, &is),
+                value: Expr::load(x.buf, sum(t)),
+            }]
+        });
+        Ok(())
+    }
+
+    fn gather_nd(lw: &mut LowerCtx) -> OpResult<()> {
+        if indices_const(lw, 1) {
+            return movement(lw);
+        }
+        let x = lw.input(0)?.clone();
+        let ind = lw.input(1)?.clone();
+        let out = lw.outputs[0].clone();
+        let b = lw.op.attrs.int("batch_dims", 0)?;
+        let (r, q) = (x.shape.len(), ind.shape.len());
+        ensure!(q >= 1 && b >= 0 && (b as usize) < r.min(q), "GatherND: bad batch_dims {b}");
+        let b = b as usize;
+        let k = ind.shape[q - 1];
+        ensure!(k >= 1 && b + k <= r, "GatherND: last indices dimension {k} is too large");
+        ensure!(ind.shape[..b] == x.shape[..b], "GatherND: batch dimensions differ");
+        if x.shape[b..b + k].contains(&0) && !out.is_empty() {
+            bail!("GatherND: indices into an empty axis");
+        }
+        let xs = strides(&x.shape);
+        let is = strides(&ind.shape);
+        let os = strides(&out.shape);
+        push_nest(lw, "", &out.shape.clone(), |_, v| {
+            let mut t = terms(&v[..b], &xs[..b]);
+            let base = index(&v[..q - 1], &is[..q - 1]);
+            for j in 0..k {
+                let i = load_i64(&ind, Expr::add(base.clone(), Expr::Int(j as i64)));
+                t.push(scale(norm(i, x.shape[b + j]), xs[b + j]));
+            }
+            t.extend(terms(&v[q - 1..], &xs[b + k..]));
+            vec![Stmt::Store {
+                buf: out.buf,
+                index: index(v, &os),
+                value: Expr::load(x.buf, sum(t)),
+            }]
+        });
+        Ok(())
+    }
+
+    /// `out = data` as a flat copy.
+    fn copy(lw: &mut LowerCtx, x: &TensorRef, out: &TensorRef) {
+        push_nest(lw, "copy", &[out.len()], |_, v| {
+            vec![Stmt::Store {
+                buf: out.buf,
+                index: Expr::Var(v[0]),
+                value: Expr::load(x.buf, Expr::Var(v[0])),
+            }]
+        });
+    }
+
+    /// The reduction attribute, checked.
+    fn reduction(lw: &LowerCtx) -> OpResult<String> {
+        let red = lw.op.attrs.string("reduction", "none".into())?;
+        ensure!(
+            matches!(red.as_str(), "none" | "add" | "mul" | "max" | "min"),
+            "unknown reduction {red:?}"
+        );
+        Ok(red)
+    }
+
+    /// The value to store at `dst`, combining the old value with `u` per `red`.
+    fn combine(red: &str, out: &TensorRef, dst: Expr, u: Expr) -> Expr {
+        let old = Expr::load(out.buf, dst);
+        match red {
+            "add" => Expr::add(old, u),
+            "mul" => Expr::mul(old, u),
+            "max" => Expr::bin(BinOp::Max, old, u),
+            "min" => Expr::bin(BinOp::Min, old, u),
+            _ => u,
+        }
+    }
+
+    /// ScatterElements and the deprecated Scatter: copy, then scatter in order.
+    fn scatter_elements(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let ind = lw.input(1)?.clone();
+        let upd = lw.input(2)?.clone();
+        let out = lw.outputs[0].clone();
+        let r = x.shape.len();
+        ensure!(
+            r >= 1 && ind.shape.len() == r && upd.shape == ind.shape,
+            "ScatterElements: indices and updates must have the data's rank and one shape"
+        );
+        ensure!(upd.ty() == x.ty(), "ScatterElements: updates dtype differs");
+        let ax = axis_of(lw, r, 0)?;
+        let red = reduction(lw)?;
+        let dim = x.shape[ax];
+        if dim == 0 && !ind.is_empty() {
+            bail!("ScatterElements: indices into an empty axis");
+        }
+        copy(lw, &x, &out);
+        let os = strides(&out.shape);
+        let is = strides(&ind.shape);
+        push_nest(lw, "scatter", &ind.shape.clone(), |_, v| {
+            let mut t = Vec::new();
+            for d in 0..r {
+                if d == ax {
+                    let i = load_i64(&ind, index(v, &is));
+                    t.push(scale(norm(i, dim), os[d]));
+                } else {
+                    t.push(scale(Expr::Var(v[d]), os[d]));
+                }
+            }
+            let dst = sum(t);
+            let u = Expr::load(upd.buf, index(v, &is));
+            vec![Stmt::Store {
+                buf: out.buf,
+                index: dst.clone(),
+                value: combine(&red, &out, dst, u),
+            }]
+        });
+        Ok(())
+    }
+
+    fn scatter_nd(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let ind = lw.input(1)?.clone();
+        let upd = lw.input(2)?.clone();
+        let out = lw.outputs[0].clone();
+        let (r, q) = (x.shape.len(), ind.shape.len());
+        ensure!(q >= 1, "ScatterND: indices must have rank >= 1");
+        let k = ind.shape[q - 1];
+        ensure!(k <= r, "ScatterND: last indices dimension {k} exceeds rank {r}");
+        let mut ushape = ind.shape[..q - 1].to_vec();
+        ushape.extend(&x.shape[k..]);
+        ensure!(upd.shape == ushape, "ScatterND: updates shape {:?} should be {ushape:?}", upd.shape);
+        ensure!(upd.ty() == x.ty(), "ScatterND: updates dtype differs");
+        let red = reduction(lw)?;
+        if x.shape[..k].contains(&0) && !upd.is_empty() {
+            bail!("ScatterND: indices into an empty axis");
+        }
+        copy(lw, &x, &out);
+        let os = strides(&out.shape);
+        let is = strides(&ind.shape);
+        let us = strides(&upd.shape);
+        push_nest(lw, "scatter", &ushape, |_, v| {
+            let base = index(&v[..q - 1], &is[..q - 1]);
+            let mut t = Vec::new();
+            for j in 0..k {
+                let i = load_i64(&ind, Expr::add(base.clone(), Expr::Int(j as i64)));
+                t.push(scale(norm(i, x.shape[j]), os[j]));
+            }
+            t.extend(terms(&v[q - 1..], &os[k..]));
+            let dst = sum(t);
+            let u = Expr::load(upd.buf, index(v, &us));
+            vec![Stmt::Store {
+                buf: out.buf,
+                index: dst.clone(),
+                value: combine(&red, &out, dst, u),
+            }]
+        });
+        Ok(())
+    }
+
+    fn one_hot(lw: &mut LowerCtx) -> OpResult<()> {
+        let ind = lw.input(0)?.clone();
+        let vals = lw.input(2)?.clone();
+        let out = lw.outputs[0].clone();
+        let depth = lw
+            .const_input(1)?
+            .to_f64_vec()
+            .and_then(|v| v.first().copied())
+            .ok_or_else(|| OpError::new("OneHot: depth must be a scalar"))?;
+        ensure!(depth >= 1.0 && depth.is_finite(), "OneHot: depth must be positive");
+        ensure!(vals.len() == 2, "OneHot: values must have two elements");
+        let depth = depth as i64;
+        let r = ind.shape.len();
+        let ax = axis_of(lw, r + 1, -1)?;
+        let is = strides(&ind.shape);
+        let os = strides(&out.shape);
+        let it = ind.ty();
+        push_nest(lw, "", &out.shape.clone(), |_, v| {
+            let mut iv: Vec<VarId> = v[..ax].to_vec();
+            iv.extend(&v[ax + 1..]);
+            let raw = Expr::load(ind.buf, index(&iv, &is));
+            let i = if it == Ty::I64 { raw } else { Expr::cast(Ty::I64, raw) };
+            let i = Expr::select(
+                Expr::cmp(CmpOp::Lt, i.clone(), Expr::Int(0)),
+                Expr::add(i.clone(), Expr::Int(depth)),
+                i,
+            );
+            vec![Stmt::Store {
+                buf: out.buf,
+                index: index(v, &os),
+                value: Expr::select(
+                    Expr::cmp(CmpOp::Eq, i, Expr::Var(v[ax])),
+                    Expr::load(vals.buf, Expr::Int(1)),
+                    Expr::load(vals.buf, Expr::Int(0)),
+                ),
+            }]
+        });
+        Ok(())
+    }
 
     pub fn register(r: &mut Registry) {
-        for op in ["Gather", "GatherElements", "GatherND", "Compress"] {
-            r.lower(op, Lowering::Movement(&[0]));
-        }
+        r.lower("Gather", Lowering::Custom(gather));
+        r.lower("GatherElements", Lowering::Custom(gather_elements));
+        r.lower("GatherND", Lowering::Custom(gather_nd));
+        r.lower("ScatterElements", Lowering::Custom(scatter_elements));
+        r.lower("Scatter", Lowering::Custom(scatter_elements));
+        r.lower("ScatterND", Lowering::Custom(scatter_nd));
+        r.lower("OneHot", Lowering::Custom(one_hot));
+        // Compress with a runtime condition has a data-dependent shape: constant only.
+        r.lower("Compress", Lowering::Movement(&[0]));
     }
 }

@@ -10,6 +10,7 @@ pub fn register(r: &mut Registry) {
     r.add("QuantizeLinear", quantize_linear);
     r.add("DequantizeLinear", dequantize_linear);
     r.add("DynamicQuantizeLinear", dynamic_quantize_linear);
+    lower::register(r);
 }
 
 fn err(e: impl std::fmt::Display) -> OpError {
@@ -235,4 +236,260 @@ fn dynamic_quantize_linear(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec
         scale_t,
         Tensor::scalar(zp as u8),
     ])
+}
+
+/// Lowerings: per-tensor, per-axis and blocked scales and zero points, integer targets.
+mod lower {
+    use crate::ir::{DType, OpError, OpResult};
+    use crate::kir::{BinOp, CmpOp, Expr, Stmt, Ty, UnOp, VarId};
+    use crate::ops::lowering::{index, nest, strides, LowerCtx, TensorRef};
+    use crate::ops::{Lowering, Registry};
+    use crate::{bail, ensure};
+
+    fn f64e(e: Expr, t: Ty) -> Expr {
+        if t.compute() == Ty::F64 {
+            e
+        } else {
+            Expr::cast(Ty::F64, e)
+        }
+    }
+
+    /// The index of a scale or zero point for the element at `v` (input shape `xs`).
+    fn param_index(
+        p: &TensorRef,
+        xs: &[usize],
+        axis: i64,
+        block: i64,
+        v: &[VarId],
+    ) -> OpResult<Expr> {
+        if p.len() == 1 {
+            return Ok(Expr::Int(0));
+        }
+        let r = xs.len() as i64;
+        ensure!(axis >= -r && axis < r, "axis {axis} is out of range for rank {r}");
+        let ax = if axis < 0 { axis + r } else { axis } as usize;
+        if block <= 0 {
+            ensure!(
+                p.shape.len() == 1 && p.len() == xs[ax],
+                "parameter of shape {:?} does not match axis {ax} of {xs:?}",
+                p.shape
+            );
+            return Ok(Expr::Var(v[ax]));
+        }
+        let bs = block as usize;
+        ensure!(
+            p.shape.len() == xs.len()
+                && (0..xs.len()).all(|d| if d == ax {
+                    p.shape[d] == xs[d].div_ceil(bs)
+                } else {
+                    p.shape[d] == xs[d]
+                }),
+            "parameter of shape {:?} does not block {xs:?}",
+            p.shape
+        );
+        let ps = strides(&p.shape);
+        let mut e = Expr::Int(0);
+        for d in 0..xs.len() {
+            let i = if d == ax {
+                Expr::bin(BinOp::Div, Expr::Var(v[d]), Expr::Int(bs as i64))
+            } else {
+                Expr::Var(v[d])
+            };
+            e = Expr::add(e, Expr::mul(i, Expr::Int(ps[d] as i64)));
+        }
+        Ok(e)
+    }
+
+    /// Builds one loop nest over `shape`; `f` gives the body (errors propagate).
+    fn run(
+        lw: &mut LowerCtx,
+        shape: &[usize],
+        f: impl FnOnce(&[VarId]) -> OpResult<Vec<Stmt>>,
+    ) -> OpResult<()> {
+        // Empty shapes still get a (zero-trip) loop, so the output counts as written.
+        let mut k = lw.kernel("");
+        let mut res = Ok(());
+        k.body = nest(&mut k, shape, |_, v| match f(v) {
+            Ok(b) => b,
+            Err(e) => {
+                res = Err(e);
+                vec![]
+            }
+        });
+        res?;
+        lw.push(k);
+        Ok(())
+    }
+
+    fn quantize(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let sc = lw.input(1)?.clone();
+        let zp = lw.opt_input(2).cloned();
+        let out = lw.outputs[0].clone();
+        let axis = lw.op.attrs.int("axis", 1)?;
+        let block = lw.op.attrs.int("block_size", 0)?;
+        let precision = lw.op.attrs.int("precision", 0)?;
+        if precision != 0 && DType::from_onnx(precision as i32) != Some(x.dtype) {
+            return Err(OpError::unsupported("QuantizeLinear with another precision"));
+        }
+        ensure!(x.dtype.is_float(), "QuantizeLinear expects a float input");
+        let (lo, hi) = match out.dtype {
+            DType::U8 => (0.0, 255.0),
+            DType::I8 => (-128.0, 127.0),
+            DType::U16 => (0.0, 65535.0),
+            DType::I16 => (-32768.0, 32767.0),
+            DType::I32 => (i32::MIN as f64, i32::MAX as f64),
+            d => return Err(OpError::unsupported(format!("QuantizeLinear to {d}"))),
+        };
+        if let Some(z) = &zp {
+            ensure!(z.dtype == out.dtype, "zero point dtype differs from the output");
+        }
+        let ct = x.ty().compute();
+        let xs = strides(&x.shape);
+        let shape = x.shape.clone();
+        let ot = out.ty();
+        run(lw, &shape, |v| {
+            let si = param_index(&sc, &shape, axis, block, v)?;
+            let mut s = Expr::load(sc.buf, si);
+            if sc.ty().compute() != ct {
+                s = Expr::cast(ct, s);
+            }
+            let q = Expr::bin(BinOp::Div, Expr::load(x.buf, index(v, &xs)), s);
+            let mut y = f64e(Expr::un(UnOp::Nearest, q), ct);
+            if let Some(z) = &zp {
+                let zi = param_index(z, &shape, axis, block, v)?;
+                y = Expr::add(y, Expr::cast(Ty::F64, Expr::load(z.buf, zi)));
+            }
+            let y = Expr::bin(
+                BinOp::Max,
+                Expr::bin(BinOp::Min, y, Expr::f(hi, Ty::F64)),
+                Expr::f(lo, Ty::F64),
+            );
+            Ok(vec![Stmt::Store {
+                buf: out.buf,
+                index: index(v, &xs),
+                value: Expr::cast(ot, y),
+            }])
+        })
+    }
+
+    fn dequantize(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let sc = lw.input(1)?.clone();
+        let zp = lw.opt_input(2).cloned();
+        let out = lw.outputs[0].clone();
+        let axis = lw.op.attrs.int("axis", 1)?;
+        let block = lw.op.attrs.int("block_size", 0)?;
+        if !x.dtype.is_int() {
+            return Err(OpError::unsupported(format!("DequantizeLinear of {}", x.dtype)));
+        }
+        if let Some(z) = &zp {
+            ensure!(z.dtype == x.dtype, "zero point dtype differs from the input");
+        }
+        let ot = out.ty().compute();
+        ensure!(ot.is_float(), "DequantizeLinear output must be a float");
+        let xs = strides(&x.shape);
+        let shape = x.shape.clone();
+        run(lw, &shape, |v| {
+            let mut d = Expr::cast(Ty::F64, Expr::load(x.buf, index(v, &xs)));
+            if let Some(z) = &zp {
+                let zi = param_index(z, &shape, axis, block, v)?;
+                d = Expr::bin(BinOp::Sub, d, Expr::cast(Ty::F64, Expr::load(z.buf, zi)));
+            }
+            let si = param_index(&sc, &shape, axis, block, v)?;
+            let y = Expr::mul(d, f64e(Expr::load(sc.buf, si), sc.ty()));
+            Ok(vec![Stmt::Store {
+                buf: out.buf,
+                index: index(v, &xs),
+                value: if ot == Ty::F64 { y } else { Expr::cast(ot, y) },
+            }])
+        })
+    }
+
+    fn dynamic_quantize(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        ensure!(x.dtype.is_float(), "DynamicQuantizeLinear expects a float input");
+        ensure!(lw.outputs.len() == 3, "DynamicQuantizeLinear needs its three outputs");
+        let (y, ys, yz) = (lw.outputs[0].clone(), lw.outputs[1].clone(), lw.outputs[2].clone());
+        if ys.ty().compute() != x.ty().compute() {
+            bail!("DynamicQuantizeLinear: scale type differs from the input");
+        }
+        let ct = x.ty().compute();
+        let l = |v: f64| Expr::f(v, ct);
+        let n = x.len() as u64;
+        let mut k = lw.kernel("");
+        let (mx, mn, sc, zp) = (k.var(ct), k.var(ct), k.var(ct), k.var(ct));
+        let (j, j2) = (k.var(Ty::I64), k.var(Ty::I64));
+        let xj = Expr::load(x.buf, Expr::Var(j));
+        let v = |e| Expr::Var(e);
+        let mut body = vec![
+            Stmt::Set { var: mx, value: l(0.0) },
+            Stmt::Set { var: mn, value: l(0.0) },
+            Stmt::For {
+                var: j,
+                extent: n,
+                body: vec![
+                    Stmt::Set { var: mx, value: Expr::bin(BinOp::Max, v(mx), xj.clone()) },
+                    Stmt::Set { var: mn, value: Expr::bin(BinOp::Min, v(mn), xj) },
+                ],
+            },
+            Stmt::Set {
+                var: sc,
+                value: Expr::bin(
+                    BinOp::Div,
+                    Expr::select(
+                        Expr::cmp(CmpOp::Eq, v(mx), v(mn)),
+                        l(1.0),
+                        Expr::bin(BinOp::Sub, v(mx), v(mn)),
+                    ),
+                    l(255.0),
+                ),
+            },
+            Stmt::Set {
+                var: zp,
+                value: Expr::un(
+                    UnOp::Nearest,
+                    Expr::bin(
+                        BinOp::Max,
+                        Expr::bin(
+                            BinOp::Min,
+                            Expr::bin(BinOp::Sub, l(0.0), Expr::bin(BinOp::Div, v(mn), v(sc))),
+                            l(255.0),
+                        ),
+                        l(0.0),
+                    ),
+                ),
+            },
+            Stmt::Store { buf: ys.buf, index: Expr::Int(0), value: v(sc) },
+            Stmt::Store { buf: yz.buf, index: Expr::Int(0), value: Expr::cast(Ty::U8, v(zp)) },
+        ];
+        let q = Expr::add(
+            Expr::un(
+                UnOp::Nearest,
+                Expr::bin(BinOp::Div, Expr::load(x.buf, Expr::Var(j2)), v(sc)),
+            ),
+            v(zp),
+        );
+        body.push(Stmt::For {
+            var: j2,
+            extent: n,
+            body: vec![Stmt::Store {
+                buf: y.buf,
+                index: Expr::Var(j2),
+                value: Expr::cast(
+                    Ty::U8,
+                    Expr::bin(BinOp::Max, Expr::bin(BinOp::Min, q, l(255.0)), l(0.0)),
+                ),
+            }],
+        });
+        k.body = body;
+        lw.push(k);
+        Ok(())
+    }
+
+    pub fn register(r: &mut Registry) {
+        r.lower("QuantizeLinear", Lowering::Custom(quantize));
+        r.lower("DequantizeLinear", Lowering::Custom(dequantize));
+        r.lower("DynamicQuantizeLinear", Lowering::Custom(dynamic_quantize));
+    }
 }

@@ -1000,9 +1000,10 @@ fn dropout(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
 /// Lowerings: every op of this family is pure data movement, compiled through index
 /// tables computed by its own evaluation (see `ops::lowering::lower_by_index_map`).
 mod lower {
+    use crate::ensure;
     use crate::ir::{OpResult, Tensor};
-    use crate::kir::Expr;
-    use crate::ops::lowering::{lit, lower_by_index_map, LowerCtx};
+    use crate::kir::{BinOp, CmpOp, Expr, Kernel, Stmt, Ty, VarId};
+    use crate::ops::lowering::{index, lit, lower_by_index_map, nest, strides, LowerCtx};
     use crate::ops::{Lowering, Registry};
 
     /// Every input carries data (Concat).
@@ -1077,7 +1078,109 @@ mod lower {
         Ok(())
     }
 
+    /// Writes `f(vars)` at every position of output 0.
+    fn fill_out(
+        lw: &mut LowerCtx,
+        f: impl FnOnce(&mut Kernel, &[VarId]) -> Expr,
+    ) -> OpResult<()> {
+        let out = lw.outputs[0].clone();
+        // Empty shapes still get a (zero-trip) loop, so the output counts as written.
+        let os = strides(&out.shape);
+        let mut k = lw.kernel("");
+        k.body = nest(&mut k, &out.shape, |k, v| {
+            vec![Stmt::Store {
+                buf: out.buf,
+                index: index(v, &os),
+                value: f(k, v),
+            }]
+        });
+        lw.push(k);
+        Ok(())
+    }
+
+    /// Trilu: index tables when k is constant (or absent), a masked copy otherwise.
+    fn trilu(lw: &mut LowerCtx) -> OpResult<()> {
+        let op = lw.node_op;
+        if lw.opt_input(1).is_none_or(|t| t.value.is_some()) {
+            let fill = Some(lit(0.0, lw.outputs[0].ty()));
+            return lower_by_index_map(lw, &|ins| op.eval(ins), &[0], &[], fill);
+        }
+        let x = lw.input(0)?.clone();
+        let kt = lw.input(1)?.clone();
+        let r = x.shape.len();
+        ensure!(r >= 2, "Trilu: input must have rank >= 2");
+        ensure!(kt.len() == 1, "Trilu: k must be a scalar");
+        let upper = lw.op.attrs.int("upper", 1)? != 0;
+        let ty = lw.outputs[0].ty();
+        let xs = strides(&x.shape);
+        fill_out(lw, |_, v| {
+            let kv = Expr::load(kt.buf, Expr::Int(0));
+            let kv = if kt.ty() == Ty::I64 { kv } else { Expr::cast(Ty::I64, kv) };
+            let d = Expr::bin(BinOp::Sub, Expr::Var(v[r - 1]), Expr::Var(v[r - 2]));
+            let keep = if upper {
+                Expr::cmp(CmpOp::Ge, d, kv)
+            } else {
+                Expr::cmp(CmpOp::Le, d, kv)
+            };
+            Expr::select(keep, Expr::load(x.buf, index(v, &xs)), lit(0.0, ty))
+        })
+    }
+
+    fn eye_like(lw: &mut LowerCtx) -> OpResult<()> {
+        let out = lw.outputs[0].clone();
+        ensure!(out.shape.len() == 2, "EyeLike: input must be 2-D");
+        let k = lw.op.attrs.int("k", 0)?;
+        let ty = out.ty();
+        fill_out(lw, |_, v| {
+            let d = Expr::bin(BinOp::Sub, Expr::Var(v[1]), Expr::Var(v[0]));
+            Expr::select(Expr::cmp(CmpOp::Eq, d, Expr::Int(k)), lit(1.0, ty), lit(0.0, ty))
+        })
+    }
+
+    fn constant_of_shape(lw: &mut LowerCtx) -> OpResult<()> {
+        let ty = lw.outputs[0].ty();
+        let v = match lw.op.attrs.get_tensor("value")? {
+            Some(v) => v,
+            None => Tensor::scalar(0f32),
+        };
+        ensure!(v.len() == 1, "ConstantOfShape: value must have one element");
+        let fill = if ty.compute().is_float() {
+            let x = v.to_f64_vec().and_then(|x| x.first().copied()).unwrap_or(0.0);
+            lit(x, ty)
+        } else {
+            let x = v.to_i64_vec().and_then(|x| x.first().copied()).unwrap_or(0);
+            Expr::cast(ty, Expr::Int(x))
+        };
+        fill_out(lw, |_, _| fill)
+    }
+
+    fn range(lw: &mut LowerCtx) -> OpResult<()> {
+        let s = lw.input(0)?.clone();
+        let d = lw.input(2)?.clone();
+        let ty = lw.outputs[0].ty();
+        let ct = ty.compute();
+        fill_out(lw, |_, v| {
+            let i = Expr::Var(v[0]);
+            let (sv, dv) = (Expr::load(s.buf, Expr::Int(0)), Expr::load(d.buf, Expr::Int(0)));
+            if ct.is_float() {
+                let f = |e: Expr| if ct == Ty::F64 { e } else { Expr::cast(Ty::F64, e) };
+                let x = Expr::add(f(sv), Expr::mul(Expr::cast(Ty::F64, i), f(dv)));
+                if ct == Ty::F64 {
+                    x
+                } else {
+                    Expr::cast(ct, x)
+                }
+            } else {
+                Expr::add(sv, Expr::mul(Expr::cast(ct, i), dv))
+            }
+        })
+    }
+
     pub fn register(r: &mut Registry) {
+        r.lower("Trilu", Lowering::Custom(trilu));
+        r.lower("EyeLike", Lowering::Custom(eye_like));
+        r.lower("ConstantOfShape", Lowering::Custom(constant_of_shape));
+        r.lower("Range", Lowering::Custom(range));
         for op in [
             "Reshape",
             "Transpose",
@@ -1094,7 +1197,6 @@ mod lower {
         for op in [
             "DepthToSpace",
             "SpaceToDepth",
-            "Trilu",
             "CenterCropPad",
             "ReverseSequence",
         ] {
