@@ -6,6 +6,7 @@
 //! [`eval`] runs a graph with them (the oracle for tests and for constant folding).
 
 pub mod backend;
+pub mod build;
 pub mod conformance;
 pub mod driver;
 pub mod emit;
@@ -22,4 +23,5 @@ pub mod passes;
 pub mod runner;
 pub mod targets;
 
+pub use build::Build;
 pub use error::{Error, Result};

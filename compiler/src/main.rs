@@ -368,8 +368,13 @@ fn real_main(cli: Cli) -> Result<()> {
             if let Some(path) = append_doc {
                 let t = onnxc::targets::Target::load(&target).map_err(Error::Usage)?;
                 let mut doc = std::fs::read_to_string(&path).unwrap_or_default();
-                doc.push_str(&conformance::markdown_compiled(&results, &target, &t.triple));
-                std::fs::write(&path, doc).map_err(|e| Error::Io { path: path.clone(), source: e })?;
+                doc.push_str(&conformance::markdown_compiled(
+                    &results, &target, &t.triple,
+                ));
+                std::fs::write(&path, doc).map_err(|e| Error::Io {
+                    path: path.clone(),
+                    source: e,
+                })?;
             }
             if let Some(path) = write_pass_list {
                 let mut s: String = results

@@ -15,7 +15,10 @@ use std::process::Command;
 
 fn node_cases() -> PathBuf {
     let d = common::repo_root().join("tests/onnx-node");
-    assert!(d.join("COUNT").is_file(), "node test cases missing: run tests/run.sh (it generates them)");
+    assert!(
+        d.join("COUNT").is_file(),
+        "node test cases missing: run tests/run.sh (it generates them)"
+    );
     d
 }
 
@@ -23,12 +26,18 @@ fn node_cases() -> PathBuf {
 fn compiled_suite(target: &str, list: &str) {
     let root = common::repo_root();
     let scratch = tempfile::tempdir().unwrap();
-    let env = CompiledEnv::new(target, scratch.path())
-        .unwrap_or_else(|e| panic!("{e}; tests/run.sh installs gcc-aarch64-linux-gnu and qemu-user-static"));
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let env = CompiledEnv::new(target, scratch.path()).unwrap_or_else(|e| {
+        panic!("{e}; tests/run.sh installs gcc-aarch64-linux-gnu and qemu-user-static")
+    });
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let results = run_suite_compiled(&node_cases(), None, &env, threads).unwrap();
     let (p, f, u) = counts(&results);
-    println!("node tests compiled for {target}: {p} passed, {f} failed, {u} unsupported of {}", results.len());
+    println!(
+        "node tests compiled for {target}: {p} passed, {f} failed, {u} unsupported of {}",
+        results.len()
+    );
     let failed: Vec<String> = results
         .iter()
         .filter_map(|r| match &r.status {
@@ -36,18 +45,33 @@ fn compiled_suite(target: &str, list: &str) {
             _ => None,
         })
         .collect();
-    assert!(failed.is_empty(), "compiled cases give wrong results or crash:\n{}", failed.join("\n"));
-    let text = std::fs::read_to_string(root.join("tests/conformance").join(list)).expect("pass list");
-    let must: BTreeSet<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    assert!(
+        failed.is_empty(),
+        "compiled cases give wrong results or crash:\n{}",
+        failed.join("\n")
+    );
+    let text =
+        std::fs::read_to_string(root.join("tests/conformance").join(list)).expect("pass list");
+    let must: BTreeSet<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
     let lost: Vec<&str> = results
         .iter()
         .filter(|r| must.contains(r.name.as_str()) && r.status != Status::Passed)
         .map(|r| r.name.as_str())
         .collect();
-    assert!(lost.is_empty(), "compiled cases that no longer pass on {target}: {lost:?}");
+    assert!(
+        lost.is_empty(),
+        "compiled cases that no longer pass on {target}: {lost:?}"
+    );
     let doc = std::fs::read_to_string(root.join("docs/conformance.md")).unwrap();
     let stated = format!("compiled for {target}: **{p} of {} passed**", results.len());
-    assert!(doc.contains(&stated), "docs/conformance.md should state `{stated}`; run `bash tests/conformance.sh --write`");
+    assert!(
+        doc.contains(&stated),
+        "docs/conformance.md should state `{stated}`; run `bash tests/conformance.sh --write`"
+    );
 }
 
 #[test]
@@ -68,13 +92,20 @@ fn digits() -> PathBuf {
 fn objects_are_deterministic() {
     let a = compile_file(&digits(), &Options::default()).unwrap();
     let b = compile_file(&digits(), &Options::default()).unwrap();
-    assert_eq!(a.artifacts.object, b.artifacts.object, "two compiles of one model differ");
+    assert_eq!(
+        a.artifacts.object, b.artifacts.object,
+        "two compiles of one model differ"
+    );
     assert_eq!(a.artifacts.header, b.artifacts.header);
 }
 
 /// The symbols an object leaves undefined.
 fn undefined_symbols(obj: &Path) -> Vec<String> {
-    let out = Command::new("nm").arg("-u").arg(obj).output().expect("nm (binutils) runs");
+    let out = Command::new("nm")
+        .arg("-u")
+        .arg(obj)
+        .output()
+        .expect("nm (binutils) runs");
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| l.split_whitespace().last().map(str::to_string))
@@ -108,23 +139,38 @@ int main(void) {
 #[test]
 fn no_heap_allocation_in_run_and_only_libm_imports() {
     let d = tempfile::tempdir().unwrap();
-    let c = compile_file(&digits(), &Options { name: Some("digits".into()), ..Options::default() }).unwrap();
+    let c = compile_file(
+        &digits(),
+        &Options {
+            name: Some("digits".into()),
+            ..Options::default()
+        },
+    )
+    .unwrap();
     let obj = d.path().join("digits.o");
     std::fs::write(&obj, &c.artifacts.object).unwrap();
     std::fs::write(d.path().join("digits.h"), &c.artifacts.header).unwrap();
     std::fs::write(d.path().join("onnxc_runtime.h"), runner::RUNTIME_H).unwrap();
     std::fs::write(d.path().join("main.c"), C_NO_HEAP).unwrap();
     let libm = [
-        "expf", "logf", "powf", "sinf", "cosf", "tanf", "asinf", "acosf", "atanf", "sinhf", "coshf", "tanhf", "asinhf",
-        "acoshf", "atanhf", "erff", "fmodf", "exp", "log", "pow", "sin", "cos", "tan", "asin", "acos", "atan", "sinh",
-        "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "fmod",
+        "expf", "logf", "powf", "sinf", "cosf", "tanf", "asinf", "acosf", "atanf", "sinhf",
+        "coshf", "tanhf", "asinhf", "acoshf", "atanhf", "erff", "fmodf", "exp", "log", "pow",
+        "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh",
+        "atanh", "erf", "fmod",
     ];
     for s in undefined_symbols(&obj) {
-        assert!(libm.contains(&s.as_str()), "the object imports `{s}`, which is not a libm function");
+        assert!(
+            libm.contains(&s.as_str()),
+            "the object imports `{s}`, which is not a libm function"
+        );
     }
     let exe = d.path().join("nohea");
     let st = Command::new("cc")
-        .args(["-O1", "-Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc", "-I"])
+        .args([
+            "-O1",
+            "-Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc",
+            "-I",
+        ])
         .arg(d.path())
         .arg(d.path().join("main.c"))
         .arg(&obj)
@@ -136,15 +182,26 @@ fn no_heap_allocation_in_run_and_only_libm_imports() {
     let out = Command::new(&exe).output().unwrap();
     let s = String::from_utf8_lossy(&out.stdout);
     let v: Vec<i32> = s.split_whitespace().map(|x| x.parse().unwrap()).collect();
-    assert_eq!(v, vec![0, 0, 1, 2], "status, allocations during run, null status, misaligned status: {s}");
+    assert_eq!(
+        v,
+        vec![0, 0, 1, 2],
+        "status, allocations during run, null status, misaligned status: {s}"
+    );
 }
 
 #[test]
 fn valgrind_memcheck_on_compiled_models() {
-    let have = Command::new("valgrind").arg("--version").output().is_ok_and(|o| o.status.success());
+    let have = Command::new("valgrind")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
     assert!(have, "valgrind is needed (tests/run.sh installs it)");
     let root = common::repo_root();
-    let models = [digits(), root.join("tests/fixtures/resnet_tiny/model.onnx"), root.join("tests/onnx-node/test_gemm_default_matrix_bias/model.onnx")];
+    let models = [
+        digits(),
+        root.join("tests/fixtures/resnet_tiny/model.onnx"),
+        root.join("tests/onnx-node/test_gemm_default_matrix_bias/model.onnx"),
+    ];
     for m in models {
         let model = onnx::load(&m).unwrap();
         let shapes: Vec<(String, Vec<usize>)> = model
@@ -154,15 +211,30 @@ fn valgrind_memcheck_on_compiled_models() {
             .map(|&i| {
                 let ty = &model.graph.value(i).ty;
                 let s = match &ty {
-                    onnxc::ir::ValueType::Tensor { shape: Some(s), .. } => {
-                        s.iter().map(|d| if let onnxc::ir::Dim::Fixed(n) = d { *n } else { 1 }).collect()
-                    }
+                    onnxc::ir::ValueType::Tensor { shape: Some(s), .. } => s
+                        .iter()
+                        .map(|d| {
+                            if let onnxc::ir::Dim::Fixed(n) = d {
+                                *n
+                            } else {
+                                1
+                            }
+                        })
+                        .collect(),
                     _ => vec![],
                 };
                 (model.graph.value(i).name.clone(), s)
             })
             .collect();
-        let c = onnxc::driver::compile_graph(model.graph, "model", &Options { shapes, ..Options::default() }).unwrap();
+        let c = onnxc::driver::compile_graph(
+            model.graph,
+            "model",
+            &Options {
+                shapes,
+                ..Options::default()
+            },
+        )
+        .unwrap();
         let d = tempfile::tempdir().unwrap();
         let tc = runner::Toolchain::for_triple(&c.target.triple);
         let obj = d.path().join("model.o");
@@ -173,7 +245,11 @@ fn valgrind_memcheck_on_compiled_models() {
         for (k, &i) in c.graph.inputs.iter().enumerate() {
             let ty = &c.graph.value(i).ty;
             let t = onnxc::ir::Tensor::zeros(ty.dtype().unwrap(), &ty.static_shape().unwrap());
-            std::fs::write(d.path().join(format!("in_{k}.bin")), onnxc::ops::lowering::tensor_bytes(&t).unwrap()).unwrap();
+            std::fs::write(
+                d.path().join(format!("in_{k}.bin")),
+                onnxc::ops::lowering::tensor_bytes(&t).unwrap(),
+            )
+            .unwrap();
         }
         let out = Command::new("valgrind")
             .args(["--error-exitcode=9", "--quiet", "--leak-check=no"])
@@ -191,8 +267,15 @@ fn valgrind_memcheck_on_compiled_models() {
 }
 
 fn rel_err(a: &Value, b: &Value) -> f64 {
-    let (a, b) = (a.as_tensor().unwrap().to_f64().unwrap(), b.as_tensor().unwrap().to_f64().unwrap());
-    let diff = a.iter().zip(b.iter()).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+    let (a, b) = (
+        a.as_tensor().unwrap().to_f64().unwrap(),
+        b.as_tensor().unwrap().to_f64().unwrap(),
+    );
+    let diff = a
+        .iter()
+        .zip(b.iter())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max);
     diff / b.iter().map(|y| y.abs()).fold(0.0, f64::max).max(1e-30)
 }
 
@@ -201,7 +284,11 @@ fn rel_err(a: &Value, b: &Value) -> f64 {
 /// of its lower bound.
 fn fixtures_compiled(target: &str) {
     let dir = common::repo_root().join("tests/fixtures");
-    let mut names: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.join("model.onnx").is_file()).collect();
+    let mut names: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("model.onnx").is_file())
+        .collect();
     names.sort();
     names.push(common::repo_root().join("examples/digits"));
     for d in names {
@@ -213,7 +300,9 @@ fn fixtures_compiled(target: &str) {
             .map(|p| Value::Tensor(io::from_npy(&std::fs::read(p).unwrap(), "input").unwrap()))
             .collect();
         let inputs = if inputs.is_empty() {
-            vec![Value::Tensor(io::from_npy(&std::fs::read(d.join("digit_7.npy")).unwrap(), "digit").unwrap())]
+            vec![Value::Tensor(
+                io::from_npy(&std::fs::read(d.join("digit_7.npy")).unwrap(), "digit").unwrap(),
+            )]
         } else {
             inputs
         };
@@ -223,19 +312,36 @@ fn fixtures_compiled(target: &str) {
             .inputs
             .iter()
             .zip(&inputs)
-            .map(|(&i, v)| (model.graph.value(i).name.clone(), v.as_tensor().unwrap().shape().to_vec()))
+            .map(|(&i, v)| {
+                (
+                    model.graph.value(i).name.clone(),
+                    v.as_tensor().unwrap().shape().to_vec(),
+                )
+            })
             .collect();
-        let opts = Options { target: target.into(), shapes, ..Options::default() };
-        let c = onnxc::driver::compile_graph(model.graph, "model", &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let opts = Options {
+            target: target.into(),
+            shapes,
+            ..Options::default()
+        };
+        let c = onnxc::driver::compile_graph(model.graph, "model", &opts)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
         let scratch = tempfile::tempdir().unwrap();
-        let got = runner::run_compiled(&c, &inputs, scratch.path()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got = runner::run_compiled(&c, &inputs, scratch.path())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
         for (k, (g, e)) in got.iter().zip(&expected).enumerate() {
             let err = rel_err(g, e);
             println!("{name} [{target}] output {k}: relative error {err:.2e}");
-            assert!(err <= 1e-4, "{name} output {k} on {target}: relative error {err:.3e}");
+            assert!(
+                err <= 1e-4,
+                "{name} output {k} on {target}: relative error {err:.3e}"
+            );
         }
         let plan = &c.lowered.plan;
-        println!("{name}: arena {} bytes, lower bound {}", plan.arena_bytes, plan.lower_bound);
+        println!(
+            "{name}: arena {} bytes, lower bound {}",
+            plan.arena_bytes, plan.lower_bound
+        );
         assert!(
             plan.arena_bytes as f64 <= plan.lower_bound as f64 * 1.10,
             "{name}: arena {} is more than 10% above the lower bound {}",

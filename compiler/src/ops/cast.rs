@@ -314,7 +314,11 @@ mod lower {
 
     /// Statements that leave the bit pattern of float `x` (F32 or F64 value of a float
     /// of `params`) in the returned i64 variable. NaN payloads become the quiet NaN.
-    fn float_to_bits(k: &mut Kernel, x: Expr, (mb, bias, w): (i64, i64, i64)) -> (Vec<Stmt>, VarId) {
+    fn float_to_bits(
+        k: &mut Kernel,
+        x: Expr,
+        (mb, bias, w): (i64, i64, i64),
+    ) -> (Vec<Stmt>, VarId) {
         let (fx, a) = (k.var(Ty::F64), k.var(Ty::F64));
         let (s, e, bits) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
         let emask = (1i64 << (w - 1 - mb)) - 1;
@@ -331,7 +335,11 @@ mod lower {
                     Ty::I64,
                     Expr::un(
                         UnOp::Floor,
-                        bin(BinOp::Div, Expr::call(MathFn::Log, vec![v(a)]), f(std::f64::consts::LN_2)),
+                        bin(
+                            BinOp::Div,
+                            Expr::call(MathFn::Log, vec![v(a)]),
+                            f(std::f64::consts::LN_2),
+                        ),
                     ),
                 ),
             ),
@@ -365,7 +373,10 @@ mod lower {
                 v(s),
                 Expr::cast(
                     Ty::I64,
-                    Expr::mul(Expr::mul(v(a), f(((bias - 1) as f64).exp2())), f((mb as f64).exp2())),
+                    Expr::mul(
+                        Expr::mul(v(a), f(((bias - 1) as f64).exp2())),
+                        f((mb as f64).exp2()),
+                    ),
                 ),
             ),
         )];
@@ -392,20 +403,35 @@ mod lower {
 
     /// Statements that leave the F64 value of the bit pattern `b` (i64) of a float of
     /// `params` in the returned variable.
-    fn bits_to_float(k: &mut Kernel, b: Expr, (mb, bias, w): (i64, i64, i64)) -> (Vec<Stmt>, VarId) {
+    fn bits_to_float(
+        k: &mut Kernel,
+        b: Expr,
+        (mb, bias, w): (i64, i64, i64),
+    ) -> (Vec<Stmt>, VarId) {
         let (bu, e, m) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
         let (mf, val) = (k.var(Ty::F64), k.var(Ty::F64));
         let emask = (1i64 << (w - 1 - mb)) - 1;
-        let b = if w < 64 { bin(BinOp::And, b, i((1i64 << w) - 1)) } else { b };
+        let b = if w < 64 {
+            bin(BinOp::And, b, i((1i64 << w) - 1))
+        } else {
+            b
+        };
         let sign_bit = if w == 64 { i64::MIN } else { 1i64 << (w - 1) };
         let frac = Expr::mul(v(mf), f((-mb as f64).exp2()));
         let value = Expr::select(
             Expr::cmp(CmpOp::Eq, v(e), i(emask)),
-            Expr::select(Expr::cmp(CmpOp::Eq, v(m), i(0)), f(f64::INFINITY), f(f64::NAN)),
+            Expr::select(
+                Expr::cmp(CmpOp::Eq, v(m), i(0)),
+                f(f64::INFINITY),
+                f(f64::NAN),
+            ),
             Expr::select(
                 Expr::cmp(CmpOp::Eq, v(e), i(0)),
                 Expr::mul(frac.clone(), f(((1 - bias) as f64).exp2())),
-                Expr::mul(Expr::add(f(1.0), frac), pow2(bin(BinOp::Sub, v(e), i(bias)))),
+                Expr::mul(
+                    Expr::add(f(1.0), frac),
+                    pow2(bin(BinOp::Sub, v(e), i(bias))),
+                ),
             ),
         );
         let stmts = vec![
@@ -427,7 +453,10 @@ mod lower {
         let x = lw.input(0)?.clone();
         let out = lw.outputs[0].clone();
         let (ft, tt) = (x.ty(), out.ty());
-        ensure!(ft.bytes() == tt.bytes() || out.dtype == DType::Bool || x.dtype == DType::Bool, "BitCast needs one bit width");
+        ensure!(
+            ft.bytes() == tt.bytes() || out.dtype == DType::Bool || x.dtype == DType::Bool,
+            "BitCast needs one bit width"
+        );
         let mut k = lw.kernel("");
         let j = k.var(Ty::I64);
         let xj = Expr::load(x.buf, v(j));
@@ -435,7 +464,11 @@ mod lower {
         // The bit pattern as i64.
         let bits = match fparams(ft) {
             Some(p) => {
-                let xf = if ft.compute() == Ty::F64 { xj } else { Expr::cast(Ty::F64, xj) };
+                let xf = if ft.compute() == Ty::F64 {
+                    xj
+                } else {
+                    Expr::cast(Ty::F64, xj)
+                };
                 let (st, b) = float_to_bits(&mut k, xf, p);
                 body.extend(st);
                 v(b)

@@ -568,7 +568,9 @@ fn unique(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
 mod lower {
     use crate::ir::{OpError, OpResult};
     use crate::kir::{BinOp, CmpOp, Expr, Kernel, Stmt, Ty, VarId};
-    use crate::ops::lowering::{index, lit, lower_by_index_map, nest, strides, LowerCtx, TensorRef};
+    use crate::ops::lowering::{
+        index, lit, lower_by_index_map, nest, strides, LowerCtx, TensorRef,
+    };
     use crate::ops::{Lowering, Registry};
     use crate::{bail, ensure};
 
@@ -729,11 +731,20 @@ mod lower {
         let out = lw.outputs[0].clone();
         let b = lw.op.attrs.int("batch_dims", 0)?;
         let (r, q) = (x.shape.len(), ind.shape.len());
-        ensure!(q >= 1 && b >= 0 && (b as usize) < r.min(q), "GatherND: bad batch_dims {b}");
+        ensure!(
+            q >= 1 && b >= 0 && (b as usize) < r.min(q),
+            "GatherND: bad batch_dims {b}"
+        );
         let b = b as usize;
         let k = ind.shape[q - 1];
-        ensure!(k >= 1 && b + k <= r, "GatherND: last indices dimension {k} is too large");
-        ensure!(ind.shape[..b] == x.shape[..b], "GatherND: batch dimensions differ");
+        ensure!(
+            k >= 1 && b + k <= r,
+            "GatherND: last indices dimension {k} is too large"
+        );
+        ensure!(
+            ind.shape[..b] == x.shape[..b],
+            "GatherND: batch dimensions differ"
+        );
         if x.shape[b..b + k].contains(&0) && !out.is_empty() {
             bail!("GatherND: indices into an empty axis");
         }
@@ -840,10 +851,17 @@ mod lower {
         let (r, q) = (x.shape.len(), ind.shape.len());
         ensure!(q >= 1, "ScatterND: indices must have rank >= 1");
         let k = ind.shape[q - 1];
-        ensure!(k <= r, "ScatterND: last indices dimension {k} exceeds rank {r}");
+        ensure!(
+            k <= r,
+            "ScatterND: last indices dimension {k} exceeds rank {r}"
+        );
         let mut ushape = ind.shape[..q - 1].to_vec();
         ushape.extend(&x.shape[k..]);
-        ensure!(upd.shape == ushape, "ScatterND: updates shape {:?} should be {ushape:?}", upd.shape);
+        ensure!(
+            upd.shape == ushape,
+            "ScatterND: updates shape {:?} should be {ushape:?}",
+            upd.shape
+        );
         ensure!(upd.ty() == x.ty(), "ScatterND: updates dtype differs");
         let red = reduction(lw)?;
         if x.shape[..k].contains(&0) && !upd.is_empty() {
@@ -881,7 +899,10 @@ mod lower {
             .to_f64_vec()
             .and_then(|v| v.first().copied())
             .ok_or_else(|| OpError::new("OneHot: depth must be a scalar"))?;
-        ensure!(depth >= 1.0 && depth.is_finite(), "OneHot: depth must be positive");
+        ensure!(
+            depth >= 1.0 && depth.is_finite(),
+            "OneHot: depth must be positive"
+        );
         ensure!(vals.len() == 2, "OneHot: values must have two elements");
         let depth = depth as i64;
         let r = ind.shape.len();
@@ -893,7 +914,11 @@ mod lower {
             let mut iv: Vec<VarId> = v[..ax].to_vec();
             iv.extend(&v[ax + 1..]);
             let raw = Expr::load(ind.buf, index(&iv, &is));
-            let i = if it == Ty::I64 { raw } else { Expr::cast(Ty::I64, raw) };
+            let i = if it == Ty::I64 {
+                raw
+            } else {
+                Expr::cast(Ty::I64, raw)
+            };
             let i = Expr::select(
                 Expr::cmp(CmpOp::Lt, i.clone(), Expr::Int(0)),
                 Expr::add(i.clone(), Expr::Int(depth)),

@@ -266,7 +266,10 @@ mod lower {
             return Ok(Expr::Int(0));
         }
         let r = xs.len() as i64;
-        ensure!(axis >= -r && axis < r, "axis {axis} is out of range for rank {r}");
+        ensure!(
+            axis >= -r && axis < r,
+            "axis {axis} is out of range for rank {r}"
+        );
         let ax = if axis < 0 { axis + r } else { axis } as usize;
         if block <= 0 {
             ensure!(
@@ -330,7 +333,9 @@ mod lower {
         let block = lw.op.attrs.int("block_size", 0)?;
         let precision = lw.op.attrs.int("precision", 0)?;
         if precision != 0 && DType::from_onnx(precision as i32) != Some(x.dtype) {
-            return Err(OpError::unsupported("QuantizeLinear with another precision"));
+            return Err(OpError::unsupported(
+                "QuantizeLinear with another precision",
+            ));
         }
         ensure!(x.dtype.is_float(), "QuantizeLinear expects a float input");
         let (lo, hi) = match out.dtype {
@@ -342,7 +347,10 @@ mod lower {
             d => return Err(OpError::unsupported(format!("QuantizeLinear to {d}"))),
         };
         if let Some(z) = &zp {
-            ensure!(z.dtype == out.dtype, "zero point dtype differs from the output");
+            ensure!(
+                z.dtype == out.dtype,
+                "zero point dtype differs from the output"
+            );
         }
         let ct = x.ty().compute();
         let xs = strides(&x.shape);
@@ -381,10 +389,16 @@ mod lower {
         let axis = lw.op.attrs.int("axis", 1)?;
         let block = lw.op.attrs.int("block_size", 0)?;
         if !x.dtype.is_int() {
-            return Err(OpError::unsupported(format!("DequantizeLinear of {}", x.dtype)));
+            return Err(OpError::unsupported(format!(
+                "DequantizeLinear of {}",
+                x.dtype
+            )));
         }
         if let Some(z) = &zp {
-            ensure!(z.dtype == x.dtype, "zero point dtype differs from the input");
+            ensure!(
+                z.dtype == x.dtype,
+                "zero point dtype differs from the input"
+            );
         }
         let ot = out.ty().compute();
         ensure!(ot.is_float(), "DequantizeLinear output must be a float");
@@ -408,9 +422,19 @@ mod lower {
 
     fn dynamic_quantize(lw: &mut LowerCtx) -> OpResult<()> {
         let x = lw.input(0)?.clone();
-        ensure!(x.dtype.is_float(), "DynamicQuantizeLinear expects a float input");
-        ensure!(lw.outputs.len() == 3, "DynamicQuantizeLinear needs its three outputs");
-        let (y, ys, yz) = (lw.outputs[0].clone(), lw.outputs[1].clone(), lw.outputs[2].clone());
+        ensure!(
+            x.dtype.is_float(),
+            "DynamicQuantizeLinear expects a float input"
+        );
+        ensure!(
+            lw.outputs.len() == 3,
+            "DynamicQuantizeLinear needs its three outputs"
+        );
+        let (y, ys, yz) = (
+            lw.outputs[0].clone(),
+            lw.outputs[1].clone(),
+            lw.outputs[2].clone(),
+        );
         if ys.ty().compute() != x.ty().compute() {
             bail!("DynamicQuantizeLinear: scale type differs from the input");
         }
@@ -423,14 +447,26 @@ mod lower {
         let xj = Expr::load(x.buf, Expr::Var(j));
         let v = |e| Expr::Var(e);
         let mut body = vec![
-            Stmt::Set { var: mx, value: l(0.0) },
-            Stmt::Set { var: mn, value: l(0.0) },
+            Stmt::Set {
+                var: mx,
+                value: l(0.0),
+            },
+            Stmt::Set {
+                var: mn,
+                value: l(0.0),
+            },
             Stmt::For {
                 var: j,
                 extent: n,
                 body: vec![
-                    Stmt::Set { var: mx, value: Expr::bin(BinOp::Max, v(mx), xj.clone()) },
-                    Stmt::Set { var: mn, value: Expr::bin(BinOp::Min, v(mn), xj) },
+                    Stmt::Set {
+                        var: mx,
+                        value: Expr::bin(BinOp::Max, v(mx), xj.clone()),
+                    },
+                    Stmt::Set {
+                        var: mn,
+                        value: Expr::bin(BinOp::Min, v(mn), xj),
+                    },
                 ],
             },
             Stmt::Set {
@@ -460,8 +496,16 @@ mod lower {
                     ),
                 ),
             },
-            Stmt::Store { buf: ys.buf, index: Expr::Int(0), value: v(sc) },
-            Stmt::Store { buf: yz.buf, index: Expr::Int(0), value: Expr::cast(Ty::U8, v(zp)) },
+            Stmt::Store {
+                buf: ys.buf,
+                index: Expr::Int(0),
+                value: v(sc),
+            },
+            Stmt::Store {
+                buf: yz.buf,
+                index: Expr::Int(0),
+                value: Expr::cast(Ty::U8, v(zp)),
+            },
         ];
         let q = Expr::add(
             Expr::un(

@@ -1079,10 +1079,7 @@ mod lower {
     }
 
     /// Writes `f(vars)` at every position of output 0.
-    fn fill_out(
-        lw: &mut LowerCtx,
-        f: impl FnOnce(&mut Kernel, &[VarId]) -> Expr,
-    ) -> OpResult<()> {
+    fn fill_out(lw: &mut LowerCtx, f: impl FnOnce(&mut Kernel, &[VarId]) -> Expr) -> OpResult<()> {
         let out = lw.outputs[0].clone();
         // Empty shapes still get a (zero-trip) loop, so the output counts as written.
         let os = strides(&out.shape);
@@ -1115,7 +1112,11 @@ mod lower {
         let xs = strides(&x.shape);
         fill_out(lw, |_, v| {
             let kv = Expr::load(kt.buf, Expr::Int(0));
-            let kv = if kt.ty() == Ty::I64 { kv } else { Expr::cast(Ty::I64, kv) };
+            let kv = if kt.ty() == Ty::I64 {
+                kv
+            } else {
+                Expr::cast(Ty::I64, kv)
+            };
             let d = Expr::bin(BinOp::Sub, Expr::Var(v[r - 1]), Expr::Var(v[r - 2]));
             let keep = if upper {
                 Expr::cmp(CmpOp::Ge, d, kv)
@@ -1133,7 +1134,11 @@ mod lower {
         let ty = out.ty();
         fill_out(lw, |_, v| {
             let d = Expr::bin(BinOp::Sub, Expr::Var(v[1]), Expr::Var(v[0]));
-            Expr::select(Expr::cmp(CmpOp::Eq, d, Expr::Int(k)), lit(1.0, ty), lit(0.0, ty))
+            Expr::select(
+                Expr::cmp(CmpOp::Eq, d, Expr::Int(k)),
+                lit(1.0, ty),
+                lit(0.0, ty),
+            )
         })
     }
 
@@ -1145,7 +1150,10 @@ mod lower {
         };
         ensure!(v.len() == 1, "ConstantOfShape: value must have one element");
         let fill = if ty.compute().is_float() {
-            let x = v.to_f64_vec().and_then(|x| x.first().copied()).unwrap_or(0.0);
+            let x = v
+                .to_f64_vec()
+                .and_then(|x| x.first().copied())
+                .unwrap_or(0.0);
             lit(x, ty)
         } else {
             let x = v.to_i64_vec().and_then(|x| x.first().copied()).unwrap_or(0);
@@ -1161,9 +1169,18 @@ mod lower {
         let ct = ty.compute();
         fill_out(lw, |_, v| {
             let i = Expr::Var(v[0]);
-            let (sv, dv) = (Expr::load(s.buf, Expr::Int(0)), Expr::load(d.buf, Expr::Int(0)));
+            let (sv, dv) = (
+                Expr::load(s.buf, Expr::Int(0)),
+                Expr::load(d.buf, Expr::Int(0)),
+            );
             if ct.is_float() {
-                let f = |e: Expr| if ct == Ty::F64 { e } else { Expr::cast(Ty::F64, e) };
+                let f = |e: Expr| {
+                    if ct == Ty::F64 {
+                        e
+                    } else {
+                        Expr::cast(Ty::F64, e)
+                    }
+                };
                 let x = Expr::add(f(sv), Expr::mul(Expr::cast(Ty::F64, i), f(dv)));
                 if ct == Ty::F64 {
                     x
