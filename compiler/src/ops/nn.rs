@@ -888,7 +888,7 @@ fn causal_conv_with_state(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<V
 mod lower {
     use super::{conv_shapes, group_attr, positive, window};
     use crate::ir::OpResult;
-    use crate::kir::{BinOp, CmpOp, Expr, Stmt, Ty, UnOp, VarId};
+    use crate::kir::{BinOp, CmpOp, Expr, MathFn, Stmt, Ty, UnOp, VarId};
     use crate::ops::lowering::{index, lit, strides, LowerCtx, TensorRef};
     use crate::ops::{Lowering, Registry};
     use crate::{bail, ensure};
@@ -1310,7 +1310,133 @@ mod lower {
         Ok(())
     }
 
+    /// CausalConvWithState: a depthwise causal 1-D convolution over `past_state ++ X`;
+    /// the optional SiLU is applied to the stored (rounded) convolution, as the reference.
+    fn causal_conv(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let w = lw.input(1)?.clone();
+        let bias = lw.opt_input(2).cloned();
+        let past = lw.opt_input(3).cloned();
+        let outs = lw.outputs.clone();
+        ensure!(x.ty().compute().is_float(), "CausalConvWithState of {}", x.ty());
+        let silu = match lw.op.attrs.string("activation", "none".into())?.as_str() {
+            "none" => false,
+            "silu" | "swish" => true,
+            other => bail!("unsupported activation `{other}`"),
+        };
+        let (xs, ws) = (&x.shape, &w.shape);
+        ensure!(xs.len() == 3, "input must be rank 3");
+        ensure!(
+            ws.len() == 3 && ws[0] == xs[1] && ws[1] == 1 && ws[2] >= 1,
+            "bad weight shape {ws:?}"
+        );
+        let (n, c, l) = (xs[0], xs[1], xs[2]);
+        let kw = ws[2];
+        if let Some(p) = &past {
+            ensure!(p.shape == [n, c, kw - 1], "bad past_state shape");
+        }
+        if let Some(b) = &bias {
+            ensure!(b.len() == 1 || b.len() == c, "bad bias");
+        }
+        let km1 = (kw - 1) as i64;
+        let mut k_ = lw.kernel("");
+        let kr = &mut k_;
+        let row = kr.var(Ty::I64);
+        let t = kr.var(Ty::I64);
+        let j = kr.var(Ty::I64);
+        let tmp = kr.var(Ty::F64);
+        let acc = kr.var(Ty::F64);
+        let f = |e: Expr| Expr::cast(Ty::F64, e);
+        // tmp = (past ++ x)[row][q]
+        let padded = |q: Expr| -> Stmt {
+            let head = match &past {
+                Some(p) => f(Expr::load(p.buf, add(mul(v(row), int(km1)), q.clone()))),
+                None => Expr::f(0.0, Ty::F64),
+            };
+            Stmt::If {
+                cond: cmp(CmpOp::Lt, q.clone(), int(km1)),
+                then: vec![set(tmp, head)],
+                els: vec![set(
+                    tmp,
+                    f(Expr::load(
+                        x.buf,
+                        add(mul(v(row), int(l as i64)), sub(q, int(km1))),
+                    )),
+                )],
+            }
+        };
+        let ch = Expr::bin(BinOp::Rem, v(row), int(c as i64));
+        let init = match &bias {
+            Some(b) => f(per_ch(b, ch.clone())),
+            None => Expr::f(0.0, Ty::F64),
+        };
+        let yi = add(mul(v(row), int(l as i64)), v(t));
+        let y = &outs[0];
+        let yt = y.ty().compute();
+        let mut tbody = vec![set(acc, init)];
+        tbody.push(Stmt::For {
+            var: j,
+            extent: kw as u64,
+            body: vec![
+                padded(add(v(t), v(j))),
+                set(
+                    acc,
+                    add(
+                        v(acc),
+                        mul(
+                            v(tmp),
+                            f(Expr::load(w.buf, add(mul(ch.clone(), int(kw as i64)), v(j)))),
+                        ),
+                    ),
+                ),
+            ],
+        });
+        tbody.push(Stmt::Store {
+            buf: y.buf,
+            index: yi.clone(),
+            value: Expr::cast(yt, v(acc)),
+        });
+        if silu {
+            let r = Expr::load(y.buf, yi.clone());
+            tbody.push(Stmt::Store {
+                buf: y.buf,
+                index: yi,
+                value: Expr::bin(
+                    BinOp::Div,
+                    r.clone(),
+                    add(
+                        lit(1.0, yt),
+                        Expr::call(MathFn::Exp, vec![Expr::un(UnOp::Neg, r)]),
+                    ),
+                ),
+            });
+        }
+        let mut body = vec![Stmt::For {
+            var: t,
+            extent: l as u64,
+            body: tbody,
+        }];
+        if let Some(st) = outs.get(1) {
+            body.push(Stmt::For {
+                var: j,
+                extent: kw as u64 - 1,
+                body: vec![
+                    padded(add(int(l as i64), v(j))),
+                    Stmt::Store {
+                        buf: st.buf,
+                        index: add(mul(v(row), int(km1)), v(j)),
+                        value: Expr::cast(st.ty().compute(), v(tmp)),
+                    },
+                ],
+            });
+        }
+        k_.body = loops(&[(row, n * c)], body);
+        lw.push(k_);
+        Ok(())
+    }
+
     pub fn register(r: &mut Registry) {
+        r.lower("CausalConvWithState", Lowering::Custom(causal_conv));
         r.lower("Conv", Lowering::Custom(conv));
         r.lower("ConvInteger", Lowering::Custom(conv_integer));
         r.lower("QLinearConv", Lowering::Custom(qlinear_conv));
