@@ -760,7 +760,97 @@ mod lower {
         global(lw, Global::Lp)
     }
 
+    /// Stores `value` at flat index `at` of shape `from` re-addressed into shape `to`
+    /// (the top-left corner), skipping positions outside `to`.
+    fn remap(at: &Expr, from: &[usize], to: &[usize], buf: usize, value: Expr) -> Vec<Stmt> {
+        if from == to {
+            return vec![Stmt::Store {
+                buf,
+                index: at.clone(),
+                value,
+            }];
+        }
+        let fs = strides(from);
+        let ts = strides(to);
+        let mut ok = lit(1.0, Ty::U8);
+        let mut idx = int(0);
+        for d in 0..from.len() {
+            let c = Expr::bin(
+                BinOp::Rem,
+                Expr::bin(BinOp::Div, at.clone(), int(fs[d] as i64)),
+                int(from[d] as i64),
+            );
+            ok = and(ok, cmp(CmpOp::Lt, c.clone(), int(to[d] as i64)));
+            idx = add(idx, mul(c, int(ts[d] as i64)));
+        }
+        vec![iff(
+            ok,
+            vec![Stmt::Store {
+                buf,
+                index: idx,
+                value,
+            }],
+        )]
+    }
+
+    /// MaxUnpool: zero fill, then scatter X through the (runtime) indices. Indices out of
+    /// range are skipped. With an explicit output_shape
+    /// the indices address the inferred shape, copied into the output's top-left corner.
+    fn max_unpool(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let ind = lw.input(1)?.clone();
+        let out = lw.outputs[0].clone();
+        let xs = &x.shape;
+        ensure!(xs.len() >= 3 && ind.shape == *xs, "bad MaxUnpool shapes");
+        let nsp = xs.len() - 2;
+        let k = lw.op.attrs.req_ints("kernel_shape")?;
+        let st = lw.op.attrs.ints("strides", &vec![1; nsp])?;
+        let pads = lw.op.attrs.ints("pads", &vec![0; 2 * nsp])?;
+        ensure!(
+            k.len() == nsp && st.len() == nsp && pads.len() == 2 * nsp,
+            "bad MaxUnpool attributes"
+        );
+        let mut inferred = vec![xs[0] as i64, xs[1] as i64];
+        for i in 0..nsp {
+            inferred.push((xs[i + 2] as i64 - 1) * st[i] - (pads[i] + pads[nsp + i]) + k[i]);
+        }
+        ensure!(
+            inferred.len() == out.shape.len() && inferred.iter().all(|&d| d >= 0),
+            "bad MaxUnpool output shape"
+        );
+        let inferred: Vec<usize> = inferred.iter().map(|&d| d as usize).collect();
+        let total = inferred.iter().product::<usize>() as i64;
+        let t = out.ty().compute();
+        let mut k1 = lw.kernel("fill");
+        let i = k1.var(Ty::I64);
+        k1.body = loops(
+            &[(i, out.len())],
+            vec![Stmt::Store {
+                buf: out.buf,
+                index: v(i),
+                value: lit(0.0, t),
+            }],
+        );
+        lw.push(k1);
+        let mut k2 = lw.kernel("scatter");
+        let i = k2.var(Ty::I64);
+        let at = Expr::cast(Ty::I64, Expr::load(ind.buf, v(i)));
+        k2.body = loops(
+            &[(i, x.len())],
+            vec![iff(
+                and(
+                    cmp(CmpOp::Ge, at.clone(), int(0)),
+                    cmp(CmpOp::Lt, at.clone(), int(total)),
+                ),
+                remap(&at, &inferred, &out.shape, out.buf, Expr::load(x.buf, v(i))),
+            )],
+        );
+        lw.push(k2);
+        Ok(())
+    }
+
     pub fn register(r: &mut Registry) {
+        r.lower("MaxUnpool", Lowering::Custom(max_unpool));
         r.lower("MaxPool", Lowering::Custom(max_pool));
         r.lower("AveragePool", Lowering::Custom(average_pool));
         r.lower("LpPool", Lowering::Custom(lp_pool));
