@@ -1435,7 +1435,166 @@ mod lower {
         Ok(())
     }
 
+    /// DeformConv: for every output position, kernel offset and input channel, the input
+    /// is sampled by multilinear interpolation at the offset position (runtime offsets),
+    /// times the optional mask; sums in f64.
+    fn deform_conv(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let w = lw.input(1)?.clone();
+        let off = lw.input(2)?.clone();
+        let bias = lw.opt_input(3).cloned();
+        let mask = lw.opt_input(4).cloned();
+        let out = lw.outputs[0].clone();
+        ensure!(x.ty().compute().is_float(), "DeformConv of {}", x.ty());
+        let group = group_attr(lw.op)?;
+        let (n, m, cg, k) = conv_shapes(lw.op, &x.shape, &w.shape, group)?;
+        let c = x.shape[1];
+        let nsp = k.len();
+        let og = lw.op.attrs.int("offset_group", 1)?;
+        ensure!(og >= 1 && c % og as usize == 0, "bad offset_group {og}");
+        let og = og as usize;
+        let cpo = c / og;
+        let win = window(lw.op, &x.shape[2..], &k, false)?;
+        let kl = win.kernel_len();
+        let pl = win.out_len();
+        let il = win.in_len();
+        let mg = m / group;
+        let mut want = vec![n, og * kl * nsp];
+        want.extend_from_slice(&win.out);
+        ensure!(off.shape == want, "offset has shape {:?}, expected {want:?}", off.shape);
+        if let Some(mt) = &mask {
+            ensure!(mt.len() == n * og * kl * pl, "bad mask shape {:?}", mt.shape);
+        }
+        let mut k_ = lw.kernel("");
+        let kr = &mut k_;
+        let nv = kr.var(Ty::I64);
+        let gv = kr.var(Ty::I64);
+        let mv = kr.var(Ty::I64);
+        let ov: Vec<VarId> = win.out.iter().map(|_| kr.var(Ty::I64)).collect();
+        let civ = kr.var(Ty::I64);
+        let kv: Vec<VarId> = k.iter().map(|_| kr.var(Ty::I64)).collect();
+        let pos: Vec<VarId> = k.iter().map(|_| kr.var(Ty::F64)).collect();
+        let flo: Vec<VarId> = k.iter().map(|_| kr.var(Ty::I64)).collect();
+        let acc = kr.var(Ty::F64);
+        let val = kr.var(Ty::F64);
+        let f = |e: Expr| Expr::cast(Ty::F64, e);
+        let oc = add(mul(v(gv), int(mg as i64)), v(mv));
+        let ch = add(mul(v(gv), int(cg as i64)), v(civ));
+        let gi = Expr::bin(BinOp::Div, ch.clone(), int(cpo as i64));
+        let kk = index(&kv, &strides(&k));
+        let p = index(&ov, &strides(&win.out));
+        let mut stmts = Vec::new();
+        let mut finite = lit(1.0, Ty::U8);
+        for i in 0..nsp {
+            let base = add(
+                sub(mul(v(ov[i]), int(win.s[i] as i64)), int(win.pb[i])),
+                mul(v(kv[i]), int(win.d[i] as i64)),
+            );
+            let chn = add(
+                mul(add(mul(gi.clone(), int(kl as i64)), kk.clone()), int(nsp as i64)),
+                int(i as i64),
+            );
+            let oidx = add(
+                mul(
+                    add(mul(v(nv), int((og * kl * nsp) as i64)), chn),
+                    int(pl as i64),
+                ),
+                p.clone(),
+            );
+            stmts.push(set(
+                pos[i],
+                add(f(base), f(Expr::load(off.buf, oidx))),
+            ));
+            finite = and(
+                finite,
+                cmp(CmpOp::Eq, sub(v(pos[i]), v(pos[i])), Expr::f(0.0, Ty::F64)),
+            );
+        }
+        let mut corners = Vec::new();
+        for i in 0..nsp {
+            corners.push(set(
+                flo[i],
+                Expr::cast(Ty::I64, Expr::un(UnOp::Floor, v(pos[i]))),
+            ));
+        }
+        corners.push(set(val, Expr::f(0.0, Ty::F64)));
+        for cm in 0..(1usize << nsp) {
+            let mut ok = lit(1.0, Ty::U8);
+            let mut wgt = Expr::f(1.0, Ty::F64);
+            let mut coords = Vec::new();
+            for i in 0..nsp {
+                let bit = (cm >> i) & 1;
+                let frac = sub(v(pos[i]), Expr::un(UnOp::Floor, v(pos[i])));
+                let wi = if bit == 1 {
+                    frac
+                } else {
+                    sub(Expr::f(1.0, Ty::F64), frac)
+                };
+                let ci = add(v(flo[i]), int(bit as i64));
+                ok = and(ok, cmp(CmpOp::Ne, wi.clone(), Expr::f(0.0, Ty::F64)));
+                ok = and(ok, cmp(CmpOp::Ge, ci.clone(), int(0)));
+                ok = and(ok, cmp(CmpOp::Lt, ci.clone(), int(win.in_sp[i] as i64)));
+                wgt = mul(wgt, wi);
+                coords.push(ci);
+            }
+            let xidx = add(
+                mul(add(mul(v(nv), int(c as i64)), ch.clone()), int(il as i64)),
+                flat(&coords, &win.in_sp),
+            );
+            corners.push(iff(
+                ok,
+                vec![set(val, add(v(val), mul(wgt, f(Expr::load(x.buf, xidx)))))],
+            ));
+        }
+        let mut sample = v(val);
+        if let Some(mt) = &mask {
+            let midx = add(
+                mul(
+                    add(
+                        mul(v(nv), int((og * kl) as i64)),
+                        add(mul(gi.clone(), int(kl as i64)), kk.clone()),
+                    ),
+                    int(pl as i64),
+                ),
+                p.clone(),
+            );
+            sample = mul(sample, f(Expr::load(mt.buf, midx)));
+        }
+        let widx = add(
+            mul(add(mul(oc.clone(), int(cg as i64)), v(civ)), int(kl as i64)),
+            kk.clone(),
+        );
+        corners.push(set(acc, add(v(acc), mul(sample, f(Expr::load(w.buf, widx))))));
+        stmts.push(iff(finite, corners));
+        let mut wl: Vec<(VarId, usize)> = vec![(civ, cg)];
+        wl.extend(kv.iter().copied().zip(k.iter().copied()));
+        let init = match &bias {
+            Some(b) => f(per_ch(b, oc.clone())),
+            None => Expr::f(0.0, Ty::F64),
+        };
+        let mut oshape = vec![n, m];
+        oshape.extend_from_slice(&win.out);
+        let ost = strides(&oshape);
+        let oidx = add(
+            add(mul(v(nv), int(ost[0] as i64)), mul(oc, int(ost[1] as i64))),
+            index(&ov, &ost[2..]),
+        );
+        let mut body = vec![set(acc, init)];
+        body.extend(loops(&wl, stmts));
+        body.push(Stmt::Store {
+            buf: out.buf,
+            index: oidx,
+            value: Expr::cast(out.ty().compute(), v(acc)),
+        });
+        let mut outer: Vec<(VarId, usize)> = vec![(nv, n), (gv, group), (mv, mg)];
+        outer.extend(ov.iter().copied().zip(win.out.iter().copied()));
+        k_.body = loops(&outer, body);
+        lw.push(k_);
+        Ok(())
+    }
+
     pub fn register(r: &mut Registry) {
+        r.lower("DeformConv", Lowering::Custom(deform_conv));
         r.lower("CausalConvWithState", Lowering::Custom(causal_conv));
         r.lower("Conv", Lowering::Custom(conv));
         r.lower("ConvInteger", Lowering::Custom(conv_integer));
