@@ -17,6 +17,7 @@ pub fn register(r: &mut Registry) {
     r.add("QLinearConv", qlinear_conv);
     r.add("DeformConv", deform_conv);
     r.add("CausalConvWithState", causal_conv_with_state);
+    lower::register(r);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -877,4 +878,727 @@ fn causal_conv_with_state(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<V
             false,
         ),
     ])
+}
+
+// ---------------------------------------------------------------------------------------
+// Lowering to kernel IR: direct loop nests (output position x kernel window), with the
+// padding bounds checked by `If` statements. Sums are accumulated in f64 (float convs)
+// or i64 (integer convs).
+
+mod lower {
+    use super::{conv_shapes, group_attr, positive, window};
+    use crate::ir::OpResult;
+    use crate::kir::{BinOp, CmpOp, Expr, MathFn, Stmt, Ty, UnOp, VarId};
+    use crate::ops::lowering::{index, lit, strides, LowerCtx, TensorRef};
+    use crate::ops::{Lowering, Registry};
+    use crate::{bail, ensure};
+
+    fn v(x: VarId) -> Expr {
+        Expr::Var(x)
+    }
+    fn int(x: i64) -> Expr {
+        Expr::Int(x)
+    }
+    fn add(a: Expr, b: Expr) -> Expr {
+        Expr::add(a, b)
+    }
+    fn sub(a: Expr, b: Expr) -> Expr {
+        Expr::bin(BinOp::Sub, a, b)
+    }
+    fn mul(a: Expr, b: Expr) -> Expr {
+        Expr::mul(a, b)
+    }
+    fn and(a: Expr, b: Expr) -> Expr {
+        Expr::bin(BinOp::And, a, b)
+    }
+    fn cmp(op: CmpOp, a: Expr, b: Expr) -> Expr {
+        Expr::cmp(op, a, b)
+    }
+    fn set(var: VarId, e: Expr) -> Stmt {
+        Stmt::Set { var, value: e }
+    }
+    fn iff(cond: Expr, then: Vec<Stmt>) -> Stmt {
+        Stmt::If {
+            cond,
+            then,
+            els: vec![],
+        }
+    }
+    /// Wraps `body` in loops (outermost first).
+    fn loops(dims: &[(VarId, usize)], mut body: Vec<Stmt>) -> Vec<Stmt> {
+        for &(var, n) in dims.iter().rev() {
+            body = vec![Stmt::For {
+                var,
+                extent: n as u64,
+                body,
+            }];
+        }
+        body
+    }
+    /// Row-major flat index of coordinate expressions over `ext`.
+    fn flat(coords: &[Expr], ext: &[usize]) -> Expr {
+        let st = strides(ext);
+        let mut e: Option<Expr> = None;
+        for (c, &s) in coords.iter().zip(&st) {
+            let t = if s == 1 {
+                c.clone()
+            } else {
+                mul(c.clone(), int(s as i64))
+            };
+            e = Some(match e {
+                None => t,
+                Some(x) => add(x, t),
+            });
+        }
+        e.unwrap_or(int(0))
+    }
+    /// `0 <= c < ext` for every dim (U8).
+    fn inside(coords: &[Expr], ext: &[usize]) -> Expr {
+        let mut e = lit(1.0, Ty::U8);
+        for (c, &n) in coords.iter().zip(ext) {
+            e = and(e, cmp(CmpOp::Ge, c.clone(), int(0)));
+            e = and(e, cmp(CmpOp::Lt, c.clone(), int(n as i64)));
+        }
+        e
+    }
+
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mode {
+        Float,
+        Integer,
+        QLinear,
+    }
+
+    /// Loads a per-channel (or scalar) parameter at channel `oc`.
+    fn per_ch(t: &TensorRef, oc: Expr) -> Expr {
+        if t.len() == 1 {
+            Expr::load(t.buf, int(0))
+        } else {
+            Expr::load(t.buf, oc)
+        }
+    }
+
+    fn conv_lower(lw: &mut LowerCtx, mode: Mode) -> OpResult<()> {
+        let (xi, wi) = match mode {
+            Mode::QLinear => (0, 3),
+            _ => (0, 1),
+        };
+        let x = lw.input(xi)?.clone();
+        let w = lw.input(wi)?.clone();
+        let out = lw.outputs[0].clone();
+        let xt = x.ty().compute();
+        if mode == Mode::Float {
+            ensure!(xt.is_float() && w.ty().compute().is_float(), "Conv of {xt}");
+        } else {
+            ensure!(
+                !xt.is_float() && !w.ty().compute().is_float(),
+                "integer convolution of {xt}"
+            );
+        }
+        let group = group_attr(lw.op)?;
+        let (n, m, cg, k) = conv_shapes(lw.op, &x.shape, &w.shape, group)?;
+        let win = window(lw.op, &x.shape[2..], &k, false)?;
+        let c = x.shape[1];
+        let mg = m / group;
+        let kl = win.kernel_len();
+        let il = win.in_len();
+        let acc_t = if mode == Mode::Float { Ty::F64 } else { Ty::I64 };
+        let load_acc = |e: Expr| Expr::cast(acc_t, e);
+        let bias = match mode {
+            Mode::Float => lw.opt_input(2).cloned(),
+            Mode::QLinear => lw.opt_input(8).cloned(),
+            Mode::Integer => None,
+        };
+        let (xzp, wzp) = match mode {
+            Mode::Float => (None, None),
+            Mode::Integer => (lw.opt_input(2).cloned(), lw.opt_input(3).cloned()),
+            Mode::QLinear => (lw.opt_input(2).cloned(), lw.opt_input(5).cloned()),
+        };
+        if let Some(z) = &xzp {
+            ensure!(z.len() == 1, "x_zero_point must be a scalar");
+        }
+        if let Some(z) = &wzp {
+            ensure!(z.len() == 1 || z.len() == m, "bad w_zero_point");
+        }
+        let mut k_ = lw.kernel("");
+        let kr = &mut k_;
+        let nv = kr.var(Ty::I64);
+        let gv = kr.var(Ty::I64);
+        let mv = kr.var(Ty::I64);
+        let ov: Vec<VarId> = win.out.iter().map(|_| kr.var(Ty::I64)).collect();
+        let civ = kr.var(Ty::I64);
+        let kv: Vec<VarId> = k.iter().map(|_| kr.var(Ty::I64)).collect();
+        let acc = kr.var(acc_t);
+        let oc = add(mul(v(gv), int(mg as i64)), v(mv));
+        let coords: Vec<Expr> = (0..k.len())
+            .map(|i| {
+                add(
+                    sub(mul(v(ov[i]), int(win.s[i] as i64)), int(win.pb[i])),
+                    mul(v(kv[i]), int(win.d[i] as i64)),
+                )
+            })
+            .collect();
+        let ch = add(mul(v(gv), int(cg as i64)), v(civ));
+        let xidx = add(
+            mul(add(mul(v(nv), int(c as i64)), ch), int(il as i64)),
+            flat(&coords, &win.in_sp),
+        );
+        let kflat = index(&kv, &strides(&k));
+        let widx = add(
+            mul(add(mul(oc.clone(), int(cg as i64)), v(civ)), int(kl as i64)),
+            kflat,
+        );
+        let mut xval = load_acc(Expr::load(x.buf, xidx));
+        if let Some(z) = &xzp {
+            xval = sub(xval, load_acc(Expr::load(z.buf, int(0))));
+        }
+        let mut wval = load_acc(Expr::load(w.buf, widx));
+        if let Some(z) = &wzp {
+            wval = sub(wval, load_acc(per_ch(z, oc.clone())));
+        }
+        let inner = vec![iff(
+            inside(&coords, &win.in_sp),
+            vec![set(acc, add(v(acc), mul(xval, wval)))],
+        )];
+        let mut window_loops: Vec<(VarId, usize)> = vec![(civ, cg)];
+        window_loops.extend(kv.iter().copied().zip(k.iter().copied()));
+        let init = match &bias {
+            Some(b) => load_acc(per_ch(b, oc.clone())),
+            None => lit(0.0, acc_t),
+        };
+        let ot = out.ty().compute();
+        let value = match mode {
+            Mode::Float => Expr::cast(ot, v(acc)),
+            Mode::Integer => Expr::cast(ot, v(acc)),
+            Mode::QLinear => {
+                let xs = lw.input(1)?.clone();
+                let ws = lw.input(4)?.clone();
+                let ys = lw.input(6)?.clone();
+                ensure!(xs.len() == 1 && ys.len() == 1, "x_scale and y_scale must be scalars");
+                ensure!(ws.len() == 1 || ws.len() == m, "bad w_scale");
+                let f = |e: Expr| Expr::cast(Ty::F64, e);
+                let scale = Expr::bin(
+                    BinOp::Div,
+                    mul(
+                        f(Expr::load(xs.buf, int(0))),
+                        f(per_ch(&ws, oc.clone())),
+                    ),
+                    f(Expr::load(ys.buf, int(0))),
+                );
+                let mut q = mul(f(v(acc)), scale);
+                if let Some(z) = lw.opt_input(7) {
+                    ensure!(z.len() == 1, "y_zero_point must be a scalar");
+                    q = add(q, f(Expr::load(z.buf, int(0))));
+                }
+                let (lo, hi) = match ot {
+                    Ty::U8 => (0.0, 255.0),
+                    Ty::I8 => (-128.0, 127.0),
+                    Ty::U16 => (0.0, 65535.0),
+                    Ty::I16 => (-32768.0, 32767.0),
+                    t => bail!("QLinearConv output of {t} is not compiled"),
+                };
+                let q = Expr::bin(
+                    BinOp::Min,
+                    Expr::bin(BinOp::Max, q, Expr::f(lo, Ty::F64)),
+                    Expr::f(hi, Ty::F64),
+                );
+                Expr::cast(ot, Expr::cast(Ty::I64, Expr::un(UnOp::Nearest, q)))
+            }
+        };
+        let mut oshape = vec![n, m];
+        oshape.extend_from_slice(&win.out);
+        let mut ovars = vec![nv, mv];
+        ovars.extend_from_slice(&ov);
+        // Output index with oc in place of the channel var.
+        let ost = strides(&oshape);
+        let oidx = add(
+            add(mul(v(nv), int(ost[0] as i64)), mul(oc, int(ost[1] as i64))),
+            index(&ov, &ost[2..]),
+        );
+        let mut body = vec![set(acc, init)];
+        body.extend(loops(&window_loops, inner));
+        body.push(Stmt::Store {
+            buf: out.buf,
+            index: oidx,
+            value,
+        });
+        let mut outer: Vec<(VarId, usize)> = vec![(nv, n), (gv, group), (mv, mg)];
+        outer.extend(ov.iter().copied().zip(win.out.iter().copied()));
+        k_.body = loops(&outer, body);
+        lw.push(k_);
+        Ok(())
+    }
+
+    fn conv(lw: &mut LowerCtx) -> OpResult<()> {
+        conv_lower(lw, Mode::Float)
+    }
+    fn conv_integer(lw: &mut LowerCtx) -> OpResult<()> {
+        conv_lower(lw, Mode::Integer)
+    }
+    fn qlinear_conv(lw: &mut LowerCtx) -> OpResult<()> {
+        conv_lower(lw, Mode::QLinear)
+    }
+
+    /// ConvTranspose geometry: (pads at the beginning, output spatial shape, strides,
+    /// dilations), following the reference evaluation.
+    #[allow(clippy::type_complexity)]
+    fn transpose_geometry(
+        lw: &LowerCtx,
+        in_sp: &[usize],
+        k: &[usize],
+    ) -> OpResult<(Vec<i64>, Vec<usize>, Vec<usize>, Vec<usize>)> {
+        let ctx = lw.op;
+        let nsp = k.len();
+        let s = positive(&ctx.attrs.ints("strides", &vec![1; nsp])?, "strides", nsp)?;
+        let d = positive(
+            &ctx.attrs.ints("dilations", &vec![1; nsp])?,
+            "dilations",
+            nsp,
+        )?;
+        let op = ctx.attrs.ints("output_padding", &vec![0; nsp])?;
+        ensure!(op.len() == nsp, "bad output_padding");
+        let pads = ctx.attrs.ints("pads", &vec![0; 2 * nsp])?;
+        ensure!(pads.len() == 2 * nsp, "bad pads");
+        let auto_pad = ctx.attrs.string("auto_pad", "NOTSET".into())?;
+        let same = matches!(auto_pad.as_str(), "SAME_UPPER" | "SAME_LOWER");
+        let mut output_shape = ctx.attrs.get_ints("output_shape")?;
+        if let Some(os) = &output_shape {
+            ensure!(os.len() >= nsp, "bad output_shape");
+            output_shape = Some(os[os.len() - nsp..].to_vec());
+        }
+        if output_shape.is_none() && same {
+            output_shape = Some(
+                in_sp
+                    .iter()
+                    .zip(&s)
+                    .map(|(&a, &b)| (a * b) as i64)
+                    .collect(),
+            );
+        }
+        let mut pb = pads[..nsp].to_vec();
+        let pe = pads[nsp..].to_vec();
+        let mut out_sp = Vec::with_capacity(nsp);
+        for i in 0..nsp {
+            let ek = (k[i] as i64 - 1) * d[i] as i64 + 1;
+            let full = s[i] as i64 * (in_sp[i] as i64 - 1) + op[i] + ek;
+            match &output_shape {
+                Some(os) => {
+                    let total = full - os[i];
+                    let half = total.div_euclid(2);
+                    pb[i] = if auto_pad == "SAME_UPPER" {
+                        half
+                    } else {
+                        total - half
+                    };
+                    out_sp.push(os[i]);
+                }
+                None => out_sp.push(full - pb[i] - pe[i]),
+            }
+        }
+        ensure!(out_sp.iter().all(|&o| o >= 0), "negative output shape");
+        Ok((
+            pb,
+            out_sp.iter().map(|&o| o as usize).collect(),
+            s,
+            d,
+        ))
+    }
+
+    fn conv_transpose(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let w = lw.input(1)?.clone();
+        let bias = lw.opt_input(2).cloned();
+        let out = lw.outputs[0].clone();
+        ensure!(x.ty().compute().is_float(), "ConvTranspose of {}", x.ty());
+        let group = group_attr(lw.op)?;
+        let (xs, ws) = (&x.shape, &w.shape);
+        ensure!(xs.len() >= 3 && ws.len() == xs.len(), "bad ConvTranspose shapes");
+        let (n, c) = (xs[0], xs[1]);
+        ensure!(ws[0] == c && c % group == 0, "bad ConvTranspose shapes");
+        let cg = c / group;
+        let mg = ws[1];
+        let m = mg * group;
+        let k = ws[2..].to_vec();
+        let in_sp = xs[2..].to_vec();
+        let (pb, out_sp, s, d) = transpose_geometry(lw, &in_sp, &k)?;
+        ensure!(
+            out.shape[2..] == out_sp[..] && out.shape[1] == m,
+            "ConvTranspose output shape {:?} does not match {out_sp:?}",
+            out.shape
+        );
+        let kl: usize = k.iter().product();
+        let pin: usize = in_sp.iter().product();
+        let mut k_ = lw.kernel("");
+        let kr = &mut k_;
+        let nv = kr.var(Ty::I64);
+        let gv = kr.var(Ty::I64);
+        let mv = kr.var(Ty::I64);
+        let ov: Vec<VarId> = out_sp.iter().map(|_| kr.var(Ty::I64)).collect();
+        let civ = kr.var(Ty::I64);
+        let kv: Vec<VarId> = k.iter().map(|_| kr.var(Ty::I64)).collect();
+        let acc = kr.var(Ty::F64);
+        let oc = add(mul(v(gv), int(mg as i64)), v(mv));
+        let ch = add(mul(v(gv), int(cg as i64)), v(civ));
+        let mut cond = lit(1.0, Ty::U8);
+        let mut coords = Vec::new();
+        for i in 0..k.len() {
+            let t = sub(
+                add(v(ov[i]), int(pb[i])),
+                mul(v(kv[i]), int(d[i] as i64)),
+            );
+            cond = and(cond, cmp(CmpOp::Ge, t.clone(), int(0)));
+            let si = s[i] as i64;
+            let ci = if si == 1 {
+                t.clone()
+            } else {
+                cond = and(
+                    cond,
+                    cmp(
+                        CmpOp::Eq,
+                        Expr::bin(BinOp::Rem, t.clone(), int(si)),
+                        int(0),
+                    ),
+                );
+                Expr::bin(BinOp::Div, t.clone(), int(si))
+            };
+            cond = and(cond, cmp(CmpOp::Lt, ci.clone(), int(in_sp[i] as i64)));
+            coords.push(ci);
+        }
+        let f = |e: Expr| Expr::cast(Ty::F64, e);
+        let xidx = add(
+            mul(add(mul(v(nv), int(c as i64)), ch.clone()), int(pin as i64)),
+            flat(&coords, &in_sp),
+        );
+        let widx = add(
+            mul(add(mul(ch, int(mg as i64)), v(mv)), int(kl as i64)),
+            index(&kv, &strides(&k)),
+        );
+        let inner = vec![iff(
+            cond,
+            vec![set(
+                acc,
+                add(
+                    v(acc),
+                    mul(f(Expr::load(x.buf, xidx)), f(Expr::load(w.buf, widx))),
+                ),
+            )],
+        )];
+        let mut wl: Vec<(VarId, usize)> = vec![(civ, cg)];
+        wl.extend(kv.iter().copied().zip(k.iter().copied()));
+        let init = match &bias {
+            Some(b) => f(per_ch(b, oc.clone())),
+            None => Expr::f(0.0, Ty::F64),
+        };
+        let mut oshape = vec![n, m];
+        oshape.extend_from_slice(&out_sp);
+        let ost = strides(&oshape);
+        let oidx = add(
+            add(mul(v(nv), int(ost[0] as i64)), mul(oc, int(ost[1] as i64))),
+            index(&ov, &ost[2..]),
+        );
+        let mut body = vec![set(acc, init)];
+        body.extend(loops(&wl, inner));
+        body.push(Stmt::Store {
+            buf: out.buf,
+            index: oidx,
+            value: Expr::cast(out.ty().compute(), v(acc)),
+        });
+        let mut outer: Vec<(VarId, usize)> = vec![(nv, n), (gv, group), (mv, mg)];
+        outer.extend(ov.iter().copied().zip(out_sp.iter().copied()));
+        k_.body = loops(&outer, body);
+        lw.push(k_);
+        Ok(())
+    }
+
+    /// CausalConvWithState: a depthwise causal 1-D convolution over `past_state ++ X`;
+    /// the optional SiLU is applied to the stored (rounded) convolution, as the reference.
+    fn causal_conv(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let w = lw.input(1)?.clone();
+        let bias = lw.opt_input(2).cloned();
+        let past = lw.opt_input(3).cloned();
+        let outs = lw.outputs.clone();
+        ensure!(x.ty().compute().is_float(), "CausalConvWithState of {}", x.ty());
+        let silu = match lw.op.attrs.string("activation", "none".into())?.as_str() {
+            "none" => false,
+            "silu" | "swish" => true,
+            other => bail!("unsupported activation `{other}`"),
+        };
+        let (xs, ws) = (&x.shape, &w.shape);
+        ensure!(xs.len() == 3, "input must be rank 3");
+        ensure!(
+            ws.len() == 3 && ws[0] == xs[1] && ws[1] == 1 && ws[2] >= 1,
+            "bad weight shape {ws:?}"
+        );
+        let (n, c, l) = (xs[0], xs[1], xs[2]);
+        let kw = ws[2];
+        if let Some(p) = &past {
+            ensure!(p.shape == [n, c, kw - 1], "bad past_state shape");
+        }
+        if let Some(b) = &bias {
+            ensure!(b.len() == 1 || b.len() == c, "bad bias");
+        }
+        let km1 = (kw - 1) as i64;
+        let mut k_ = lw.kernel("");
+        let kr = &mut k_;
+        let row = kr.var(Ty::I64);
+        let t = kr.var(Ty::I64);
+        let j = kr.var(Ty::I64);
+        let tmp = kr.var(Ty::F64);
+        let acc = kr.var(Ty::F64);
+        let f = |e: Expr| Expr::cast(Ty::F64, e);
+        // tmp = (past ++ x)[row][q]
+        let padded = |q: Expr| -> Stmt {
+            let head = match &past {
+                Some(p) => f(Expr::load(p.buf, add(mul(v(row), int(km1)), q.clone()))),
+                None => Expr::f(0.0, Ty::F64),
+            };
+            Stmt::If {
+                cond: cmp(CmpOp::Lt, q.clone(), int(km1)),
+                then: vec![set(tmp, head)],
+                els: vec![set(
+                    tmp,
+                    f(Expr::load(
+                        x.buf,
+                        add(mul(v(row), int(l as i64)), sub(q, int(km1))),
+                    )),
+                )],
+            }
+        };
+        let ch = Expr::bin(BinOp::Rem, v(row), int(c as i64));
+        let init = match &bias {
+            Some(b) => f(per_ch(b, ch.clone())),
+            None => Expr::f(0.0, Ty::F64),
+        };
+        let yi = add(mul(v(row), int(l as i64)), v(t));
+        let y = &outs[0];
+        let yt = y.ty().compute();
+        let mut tbody = vec![set(acc, init)];
+        tbody.push(Stmt::For {
+            var: j,
+            extent: kw as u64,
+            body: vec![
+                padded(add(v(t), v(j))),
+                set(
+                    acc,
+                    add(
+                        v(acc),
+                        mul(
+                            v(tmp),
+                            f(Expr::load(w.buf, add(mul(ch.clone(), int(kw as i64)), v(j)))),
+                        ),
+                    ),
+                ),
+            ],
+        });
+        tbody.push(Stmt::Store {
+            buf: y.buf,
+            index: yi.clone(),
+            value: Expr::cast(yt, v(acc)),
+        });
+        if silu {
+            let r = Expr::load(y.buf, yi.clone());
+            tbody.push(Stmt::Store {
+                buf: y.buf,
+                index: yi,
+                value: Expr::bin(
+                    BinOp::Div,
+                    r.clone(),
+                    add(
+                        lit(1.0, yt),
+                        Expr::call(MathFn::Exp, vec![Expr::un(UnOp::Neg, r)]),
+                    ),
+                ),
+            });
+        }
+        let mut body = vec![Stmt::For {
+            var: t,
+            extent: l as u64,
+            body: tbody,
+        }];
+        if let Some(st) = outs.get(1) {
+            body.push(Stmt::For {
+                var: j,
+                extent: kw as u64 - 1,
+                body: vec![
+                    padded(add(int(l as i64), v(j))),
+                    Stmt::Store {
+                        buf: st.buf,
+                        index: add(mul(v(row), int(km1)), v(j)),
+                        value: Expr::cast(st.ty().compute(), v(tmp)),
+                    },
+                ],
+            });
+        }
+        k_.body = loops(&[(row, n * c)], body);
+        lw.push(k_);
+        Ok(())
+    }
+
+    /// DeformConv: for every output position, kernel offset and input channel, the input
+    /// is sampled by multilinear interpolation at the offset position (runtime offsets),
+    /// times the optional mask; sums in f64.
+    fn deform_conv(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let w = lw.input(1)?.clone();
+        let off = lw.input(2)?.clone();
+        let bias = lw.opt_input(3).cloned();
+        let mask = lw.opt_input(4).cloned();
+        let out = lw.outputs[0].clone();
+        ensure!(x.ty().compute().is_float(), "DeformConv of {}", x.ty());
+        let group = group_attr(lw.op)?;
+        let (n, m, cg, k) = conv_shapes(lw.op, &x.shape, &w.shape, group)?;
+        let c = x.shape[1];
+        let nsp = k.len();
+        let og = lw.op.attrs.int("offset_group", 1)?;
+        ensure!(og >= 1 && c % og as usize == 0, "bad offset_group {og}");
+        let og = og as usize;
+        let cpo = c / og;
+        let win = window(lw.op, &x.shape[2..], &k, false)?;
+        let kl = win.kernel_len();
+        let pl = win.out_len();
+        let il = win.in_len();
+        let mg = m / group;
+        let mut want = vec![n, og * kl * nsp];
+        want.extend_from_slice(&win.out);
+        ensure!(off.shape == want, "offset has shape {:?}, expected {want:?}", off.shape);
+        if let Some(mt) = &mask {
+            ensure!(mt.len() == n * og * kl * pl, "bad mask shape {:?}", mt.shape);
+        }
+        let mut k_ = lw.kernel("");
+        let kr = &mut k_;
+        let nv = kr.var(Ty::I64);
+        let gv = kr.var(Ty::I64);
+        let mv = kr.var(Ty::I64);
+        let ov: Vec<VarId> = win.out.iter().map(|_| kr.var(Ty::I64)).collect();
+        let civ = kr.var(Ty::I64);
+        let kv: Vec<VarId> = k.iter().map(|_| kr.var(Ty::I64)).collect();
+        let pos: Vec<VarId> = k.iter().map(|_| kr.var(Ty::F64)).collect();
+        let flo: Vec<VarId> = k.iter().map(|_| kr.var(Ty::I64)).collect();
+        let acc = kr.var(Ty::F64);
+        let val = kr.var(Ty::F64);
+        let f = |e: Expr| Expr::cast(Ty::F64, e);
+        let oc = add(mul(v(gv), int(mg as i64)), v(mv));
+        let ch = add(mul(v(gv), int(cg as i64)), v(civ));
+        let gi = Expr::bin(BinOp::Div, ch.clone(), int(cpo as i64));
+        let kk = index(&kv, &strides(&k));
+        let p = index(&ov, &strides(&win.out));
+        let mut stmts = Vec::new();
+        let mut finite = lit(1.0, Ty::U8);
+        for i in 0..nsp {
+            let base = add(
+                sub(mul(v(ov[i]), int(win.s[i] as i64)), int(win.pb[i])),
+                mul(v(kv[i]), int(win.d[i] as i64)),
+            );
+            let chn = add(
+                mul(add(mul(gi.clone(), int(kl as i64)), kk.clone()), int(nsp as i64)),
+                int(i as i64),
+            );
+            let oidx = add(
+                mul(
+                    add(mul(v(nv), int((og * kl * nsp) as i64)), chn),
+                    int(pl as i64),
+                ),
+                p.clone(),
+            );
+            stmts.push(set(
+                pos[i],
+                add(f(base), f(Expr::load(off.buf, oidx))),
+            ));
+            finite = and(
+                finite,
+                cmp(CmpOp::Eq, sub(v(pos[i]), v(pos[i])), Expr::f(0.0, Ty::F64)),
+            );
+        }
+        let mut corners = Vec::new();
+        for i in 0..nsp {
+            corners.push(set(
+                flo[i],
+                Expr::cast(Ty::I64, Expr::un(UnOp::Floor, v(pos[i]))),
+            ));
+        }
+        corners.push(set(val, Expr::f(0.0, Ty::F64)));
+        for cm in 0..(1usize << nsp) {
+            let mut ok = lit(1.0, Ty::U8);
+            let mut wgt = Expr::f(1.0, Ty::F64);
+            let mut coords = Vec::new();
+            for i in 0..nsp {
+                let bit = (cm >> i) & 1;
+                let frac = sub(v(pos[i]), Expr::un(UnOp::Floor, v(pos[i])));
+                let wi = if bit == 1 {
+                    frac
+                } else {
+                    sub(Expr::f(1.0, Ty::F64), frac)
+                };
+                let ci = add(v(flo[i]), int(bit as i64));
+                ok = and(ok, cmp(CmpOp::Ne, wi.clone(), Expr::f(0.0, Ty::F64)));
+                ok = and(ok, cmp(CmpOp::Ge, ci.clone(), int(0)));
+                ok = and(ok, cmp(CmpOp::Lt, ci.clone(), int(win.in_sp[i] as i64)));
+                wgt = mul(wgt, wi);
+                coords.push(ci);
+            }
+            let xidx = add(
+                mul(add(mul(v(nv), int(c as i64)), ch.clone()), int(il as i64)),
+                flat(&coords, &win.in_sp),
+            );
+            corners.push(iff(
+                ok,
+                vec![set(val, add(v(val), mul(wgt, f(Expr::load(x.buf, xidx)))))],
+            ));
+        }
+        let mut sample = v(val);
+        if let Some(mt) = &mask {
+            let midx = add(
+                mul(
+                    add(
+                        mul(v(nv), int((og * kl) as i64)),
+                        add(mul(gi.clone(), int(kl as i64)), kk.clone()),
+                    ),
+                    int(pl as i64),
+                ),
+                p.clone(),
+            );
+            sample = mul(sample, f(Expr::load(mt.buf, midx)));
+        }
+        let widx = add(
+            mul(add(mul(oc.clone(), int(cg as i64)), v(civ)), int(kl as i64)),
+            kk.clone(),
+        );
+        corners.push(set(acc, add(v(acc), mul(sample, f(Expr::load(w.buf, widx))))));
+        stmts.push(iff(finite, corners));
+        let mut wl: Vec<(VarId, usize)> = vec![(civ, cg)];
+        wl.extend(kv.iter().copied().zip(k.iter().copied()));
+        let init = match &bias {
+            Some(b) => f(per_ch(b, oc.clone())),
+            None => Expr::f(0.0, Ty::F64),
+        };
+        let mut oshape = vec![n, m];
+        oshape.extend_from_slice(&win.out);
+        let ost = strides(&oshape);
+        let oidx = add(
+            add(mul(v(nv), int(ost[0] as i64)), mul(oc, int(ost[1] as i64))),
+            index(&ov, &ost[2..]),
+        );
+        let mut body = vec![set(acc, init)];
+        body.extend(loops(&wl, stmts));
+        body.push(Stmt::Store {
+            buf: out.buf,
+            index: oidx,
+            value: Expr::cast(out.ty().compute(), v(acc)),
+        });
+        let mut outer: Vec<(VarId, usize)> = vec![(nv, n), (gv, group), (mv, mg)];
+        outer.extend(ov.iter().copied().zip(win.out.iter().copied()));
+        k_.body = loops(&outer, body);
+        lw.push(k_);
+        Ok(())
+    }
+
+    pub fn register(r: &mut Registry) {
+        r.lower("DeformConv", Lowering::Custom(deform_conv));
+        r.lower("CausalConvWithState", Lowering::Custom(causal_conv));
+        r.lower("Conv", Lowering::Custom(conv));
+        r.lower("ConvInteger", Lowering::Custom(conv_integer));
+        r.lower("QLinearConv", Lowering::Custom(qlinear_conv));
+        r.lower("ConvTranspose", Lowering::Custom(conv_transpose));
+    }
 }

@@ -17,6 +17,7 @@ pub fn register(r: &mut Registry) {
     r.add("LRN", lrn);
     r.add("LpNormalization", lp_norm);
     r.add("MeanVarianceNormalization", mvn);
+    lower::register(r);
 }
 
 fn float_input<'a>(ins: &[Option<&'a Value>], i: usize) -> OpResult<&'a Tensor> {
@@ -352,4 +353,505 @@ fn mvn(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let centered = zip_broadcast(&a, &m, |v, m| v - m)?;
     let y = zip_broadcast(&centered, &std, |c, s| c / s)?;
     out(Tensor::from_f64(x.dtype(), y, false))
+}
+
+// ---------------------------------------------------------------------------------------
+// Lowering to kernel IR. Every op is viewed as X reshaped to some `shape` with a set of
+// reduced axes: one kernel loops over the kept positions and, for each, runs statistics
+// passes and a write pass over the reduced axes. Statistics are in f64.
+
+mod lower {
+    use super::{eps, stash_dtype};
+    use crate::ensure;
+    use crate::ir::OpResult;
+    use crate::kir::{BinOp, CmpOp, Expr, Kernel, MathFn, Stmt, Ty, UnOp, VarId};
+    use crate::ops::lowering::{broadcast_strides, index, strides, LowerCtx, TensorRef};
+    use crate::ops::util::{axes, axis};
+    use crate::ops::{Lowering, Registry};
+
+    fn v(x: VarId) -> Expr {
+        Expr::Var(x)
+    }
+    fn f64c(x: f64) -> Expr {
+        Expr::f(x, Ty::F64)
+    }
+    fn add(a: Expr, b: Expr) -> Expr {
+        Expr::add(a, b)
+    }
+    fn sub(a: Expr, b: Expr) -> Expr {
+        Expr::bin(BinOp::Sub, a, b)
+    }
+    fn mul(a: Expr, b: Expr) -> Expr {
+        Expr::mul(a, b)
+    }
+    fn div(a: Expr, b: Expr) -> Expr {
+        Expr::bin(BinOp::Div, a, b)
+    }
+    fn set(var: VarId, e: Expr) -> Stmt {
+        Stmt::Set { var, value: e }
+    }
+    fn to64(e: Expr) -> Expr {
+        Expr::cast(Ty::F64, e)
+    }
+    fn loops(dims: &[(VarId, usize)], mut body: Vec<Stmt>) -> Vec<Stmt> {
+        for &(var, n) in dims.iter().rev() {
+            body = vec![Stmt::For {
+                var,
+                extent: n as u64,
+                body,
+            }];
+        }
+        body
+    }
+
+    /// X viewed as `shape` with reduced axes.
+    struct View {
+        shape: Vec<usize>,
+        vars: Vec<VarId>,
+        kept: Vec<(VarId, usize)>,
+        red: Vec<(VarId, usize)>,
+        /// Number of reduced elements.
+        cnt: usize,
+    }
+
+    impl View {
+        fn new(k: &mut Kernel, shape: &[usize], red: &[usize]) -> View {
+            let vars: Vec<VarId> = shape.iter().map(|_| k.var(Ty::I64)).collect();
+            let mut kept = Vec::new();
+            let mut rd = Vec::new();
+            for (d, &n) in shape.iter().enumerate() {
+                if red.contains(&d) {
+                    rd.push((vars[d], n));
+                } else {
+                    kept.push((vars[d], n));
+                }
+            }
+            View {
+                shape: shape.to_vec(),
+                cnt: red.iter().map(|&d| shape[d]).product(),
+                vars,
+                kept,
+                red: rd,
+            }
+        }
+        /// Flat index into a tensor of the view's shape.
+        fn idx(&self) -> Expr {
+            index(&self.vars, &strides(&self.shape))
+        }
+        /// Index of a parameter of shape `ps` broadcast to the view.
+        fn pidx(&self, ps: &[usize]) -> Expr {
+            index(&self.vars, &broadcast_strides(ps, &self.shape))
+        }
+        /// Flat index over the kept dims.
+        fn kidx(&self) -> Expr {
+            let vars: Vec<VarId> = self.kept.iter().map(|x| x.0).collect();
+            let ext: Vec<usize> = self.kept.iter().map(|x| x.1).collect();
+            index(&vars, &strides(&ext))
+        }
+        /// `acc = sum over reduced dims of term`.
+        fn sum(&self, acc: VarId, term: Expr) -> Vec<Stmt> {
+            let mut s = vec![set(acc, f64c(0.0))];
+            s.extend(loops(&self.red, vec![set(acc, add(v(acc), term))]));
+            s
+        }
+        fn over_red(&self, body: Vec<Stmt>) -> Vec<Stmt> {
+            loops(&self.red, body)
+        }
+        fn finish(&self, k: &mut Kernel, body: Vec<Stmt>) {
+            k.body = loops(&self.kept, body);
+        }
+    }
+
+    fn float_x(lw: &LowerCtx) -> OpResult<TensorRef> {
+        let x = lw.input(0)?.clone();
+        ensure!(x.ty().compute().is_float(), "input of {}", x.ty());
+        Ok(x)
+    }
+
+    fn store(t: &TensorRef, index: Expr, value: Expr) -> Stmt {
+        Stmt::Store {
+            buf: t.buf,
+            index,
+            value: Expr::cast(t.ty().compute(), value),
+        }
+    }
+
+    /// Loads parameter `t` (shape `ps` aligned to the view) as f64.
+    fn param(view: &View, t: &TensorRef, ps: &[usize]) -> Expr {
+        to64(Expr::load(t.buf, view.pidx(ps)))
+    }
+
+    /// Shape of a per-channel parameter aligned to a view with channels at dim 1.
+    fn ch_shape(t: &TensorRef, c: usize, rank: usize) -> OpResult<Vec<usize>> {
+        let mut s = vec![1; rank];
+        if t.len() != 1 {
+            ensure!(t.len() == c, "parameter has {} values for {c} channels", t.len());
+            s[1] = c;
+        }
+        Ok(s)
+    }
+
+    /// Mean and inverse standard deviation passes; returns (statements, mean, inv).
+    fn mean_inv(k: &mut Kernel, view: &View, xv: &Expr, eps: f64) -> (Vec<Stmt>, VarId, VarId) {
+        let mean = k.var(Ty::F64);
+        let inv = k.var(Ty::F64);
+        let n = view.cnt as f64;
+        let mut s = view.sum(mean, xv.clone());
+        s.push(set(mean, div(v(mean), f64c(n))));
+        let d = sub(xv.clone(), v(mean));
+        s.extend(view.sum(inv, mul(d.clone(), d)));
+        s.push(set(
+            inv,
+            div(
+                f64c(1.0),
+                Expr::un(UnOp::Sqrt, add(div(v(inv), f64c(n)), f64c(eps))),
+            ),
+        ));
+        (s, mean, inv)
+    }
+
+    fn batch_norm(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = float_x(lw)?;
+        ensure!(x.shape.len() >= 2, "X must have rank >= 2");
+        let (n, c) = (x.shape[0], x.shape[1]);
+        let sp: usize = x.shape[2..].iter().product();
+        let training = if lw.op.opset >= 14 {
+            lw.op.attrs.int("training_mode", 0)? != 0
+        } else {
+            lw.op.n_outputs > 1
+        };
+        let eps = eps(lw.op)?;
+        let momentum = lw.op.attrs.float("momentum", 0.9)? as f64;
+        let ins: Vec<TensorRef> = (1..5)
+            .map(|i| lw.input(i).cloned())
+            .collect::<OpResult<_>>()?;
+        let outs = lw.outputs.clone();
+        let mut k = lw.kernel("");
+        let shape = [n, c, sp];
+        let view = View::new(&mut k, &shape, if training { &[0, 2] } else { &[] });
+        let pss: Vec<Vec<usize>> = ins
+            .iter()
+            .map(|t| ch_shape(t, c, 3))
+            .collect::<OpResult<_>>()?;
+        let p = |i: usize| param(&view, &ins[i], &pss[i]);
+        let xv = to64(Expr::load(x.buf, view.idx()));
+        let mut body = Vec::new();
+        let (mean, var) = if training {
+            let mean = k.var(Ty::F64);
+            let var = k.var(Ty::F64);
+            body.extend(view.sum(mean, xv.clone()));
+            body.push(set(mean, div(v(mean), f64c(view.cnt as f64))));
+            let d = sub(xv.clone(), v(mean));
+            body.extend(view.sum(var, mul(d.clone(), d)));
+            body.push(set(var, div(v(var), f64c(view.cnt as f64))));
+            (v(mean), v(var))
+        } else {
+            (p(2), p(3))
+        };
+        let y = add(
+            div(
+                mul(p(0), sub(xv, mean.clone())),
+                Expr::un(UnOp::Sqrt, add(var.clone(), f64c(eps))),
+            ),
+            p(1),
+        );
+        body.extend(view.over_red(vec![store(&outs[0], view.idx(), y)]));
+        if training {
+            // Channel-indexed outputs (the kept var is the channel).
+            let ci = view.kidx();
+            let run = |old: Expr, new: Expr| {
+                add(mul(old, f64c(momentum)), mul(new, f64c(1.0 - momentum)))
+            };
+            // Running statistics read the inputs at the channel (not broadcast over N/SP:
+            // the reduced vars are out of their loops here, so index by channel only).
+            let mean_in = to64(Expr::load(ins[2].buf, if ins[2].len() == 1 { Expr::Int(0) } else { ci.clone() }));
+            let var_in = to64(Expr::load(ins[3].buf, if ins[3].len() == 1 { Expr::Int(0) } else { ci.clone() }));
+            let vals = [
+                run(mean_in, mean.clone()),
+                run(var_in, var.clone()),
+                mean,
+                var,
+            ];
+            for (o, val) in outs.iter().skip(1).zip(vals) {
+                body.push(store(o, ci.clone(), val));
+            }
+        }
+        view.finish(&mut k, body);
+        lw.push(k);
+        Ok(())
+    }
+
+    fn instance_norm(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = float_x(lw)?;
+        ensure!(x.shape.len() >= 2, "X must have rank >= 2");
+        let (n, c) = (x.shape[0], x.shape[1]);
+        let sp: usize = x.shape[2..].iter().product();
+        let (s, b) = (lw.input(1)?.clone(), lw.input(2)?.clone());
+        let out = lw.outputs[0].clone();
+        let eps = eps(lw.op)?;
+        let mut k = lw.kernel("");
+        let view = View::new(&mut k, &[n, c, sp], &[2]);
+        let xv = to64(Expr::load(x.buf, view.idx()));
+        let (mut body, mean, inv) = mean_inv(&mut k, &view, &xv, eps);
+        let y = add(
+            mul(mul(sub(xv, v(mean)), v(inv)), param(&view, &s, &ch_shape(&s, c, 3)?)),
+            param(&view, &b, &ch_shape(&b, c, 3)?),
+        );
+        body.extend(view.over_red(vec![store(&out, view.idx(), y)]));
+        view.finish(&mut k, body);
+        lw.push(k);
+        Ok(())
+    }
+
+    fn group_norm(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = float_x(lw)?;
+        ensure!(x.shape.len() >= 2, "X must have rank >= 2");
+        let (n, c) = (x.shape[0], x.shape[1]);
+        let sp: usize = x.shape[2..].iter().product();
+        let g = lw.op.attrs.req_int("num_groups")?;
+        ensure!(g >= 1 && c % g as usize == 0, "num_groups {g} must divide {c}");
+        let g = g as usize;
+        let cpg = c / g;
+        let (s, b) = (lw.input(1)?.clone(), lw.input(2)?.clone());
+        let per_group = lw.op.opset < 21 && s.len() == g && b.len() == g;
+        let pshape = |t: &TensorRef| -> OpResult<Vec<usize>> {
+            Ok(if t.len() == 1 {
+                vec![1, 1, 1, 1]
+            } else if per_group {
+                vec![1, g, 1, 1]
+            } else {
+                ensure!(t.len() == c, "parameter has {} values for {c} channels", t.len());
+                vec![1, g, cpg, 1]
+            })
+        };
+        let out = lw.outputs[0].clone();
+        let eps = eps(lw.op)?;
+        let mut k = lw.kernel("");
+        let view = View::new(&mut k, &[n, g, cpg, sp], &[2, 3]);
+        let xv = to64(Expr::load(x.buf, view.idx()));
+        let (mut body, mean, inv) = mean_inv(&mut k, &view, &xv, eps);
+        let y = add(
+            mul(mul(sub(xv, v(mean)), v(inv)), param(&view, &s, &pshape(&s)?)),
+            param(&view, &b, &pshape(&b)?),
+        );
+        body.extend(view.over_red(vec![store(&out, view.idx(), y)]));
+        view.finish(&mut k, body);
+        lw.push(k);
+        Ok(())
+    }
+
+    /// Checks that `ps` broadcasts to `shape` (numpy rules, no growth).
+    fn broadcasts(ps: &[usize], shape: &[usize]) -> bool {
+        ps.len() <= shape.len()
+            && ps
+                .iter()
+                .rev()
+                .zip(shape.iter().rev())
+                .all(|(&a, &b)| a == 1 || a == b)
+    }
+
+    fn layer_norm(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = float_x(lw)?;
+        let s = lw.input(1)?.clone();
+        let b = lw.opt_input(2).cloned();
+        let shape = x.shape.clone();
+        let ax = axis(lw.op.attrs.int("axis", -1)?, shape.len())?;
+        let eps = eps(lw.op)?;
+        ensure!(broadcasts(&s.shape, &shape), "scale does not broadcast to X");
+        if let Some(b) = &b {
+            ensure!(broadcasts(&b.shape, &shape), "bias does not broadcast to X");
+        }
+        if lw.op.n_outputs > 1 {
+            stash_dtype(lw.op)?;
+        }
+        let outs = lw.outputs.clone();
+        let red: Vec<usize> = (ax..shape.len()).collect();
+        let mut k = lw.kernel("");
+        let view = View::new(&mut k, &shape, &red);
+        let xv = to64(Expr::load(x.buf, view.idx()));
+        let (mut body, mean, inv) = mean_inv(&mut k, &view, &xv, eps);
+        let mut y = mul(mul(sub(xv, v(mean)), v(inv)), param(&view, &s, &s.shape));
+        if let Some(b) = &b {
+            y = add(y, param(&view, b, &b.shape));
+        }
+        body.extend(view.over_red(vec![store(&outs[0], view.idx(), y)]));
+        if let Some(o) = outs.get(1) {
+            body.push(store(o, view.kidx(), v(mean)));
+        }
+        if let Some(o) = outs.get(2) {
+            body.push(store(o, view.kidx(), v(inv)));
+        }
+        view.finish(&mut k, body);
+        lw.push(k);
+        Ok(())
+    }
+
+    fn rms_norm(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = float_x(lw)?;
+        let s = lw.input(1)?.clone();
+        let shape = x.shape.clone();
+        let ax = axis(lw.op.attrs.int("axis", -1)?, shape.len())?;
+        stash_dtype(lw.op)?;
+        let eps = eps(lw.op)?;
+        ensure!(broadcasts(&s.shape, &shape), "scale does not broadcast to X");
+        let out = lw.outputs[0].clone();
+        let red: Vec<usize> = (ax..shape.len()).collect();
+        let mut k = lw.kernel("");
+        let view = View::new(&mut k, &shape, &red);
+        let xv = to64(Expr::load(x.buf, view.idx()));
+        let inv = k.var(Ty::F64);
+        let mut body = view.sum(inv, mul(xv.clone(), xv.clone()));
+        body.push(set(
+            inv,
+            div(
+                f64c(1.0),
+                Expr::un(
+                    UnOp::Sqrt,
+                    add(div(v(inv), f64c(view.cnt as f64)), f64c(eps)),
+                ),
+            ),
+        ));
+        let y = mul(mul(xv, v(inv)), param(&view, &s, &s.shape));
+        body.extend(view.over_red(vec![store(&out, view.idx(), y)]));
+        view.finish(&mut k, body);
+        lw.push(k);
+        Ok(())
+    }
+
+    fn lp_norm(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = float_x(lw)?;
+        let shape = x.shape.clone();
+        let ax = axis(lw.op.attrs.int("axis", -1)?, shape.len())?;
+        let p = lw.op.attrs.int("p", 2)?;
+        ensure!(p == 1 || p == 2, "p must be 1 or 2, got {p}");
+        let outer: usize = shape[..ax].iter().product();
+        let len = shape.get(ax).copied().unwrap_or(1);
+        let inner: usize = shape.get(ax + 1..).map_or(1, |s| s.iter().product());
+        let out = lw.outputs[0].clone();
+        let mut k = lw.kernel("");
+        let view = View::new(&mut k, &[outer, len, inner], &[1]);
+        let xv = to64(Expr::load(x.buf, view.idx()));
+        let norm = k.var(Ty::F64);
+        let term = if p == 1 {
+            Expr::un(UnOp::Abs, xv.clone())
+        } else {
+            mul(xv.clone(), xv.clone())
+        };
+        let mut body = view.sum(norm, term);
+        if p == 2 {
+            body.push(set(norm, Expr::un(UnOp::Sqrt, v(norm))));
+        }
+        let y = Expr::select(
+            Expr::cmp(CmpOp::Eq, v(norm), f64c(0.0)),
+            f64c(0.0),
+            div(xv, v(norm)),
+        );
+        body.extend(view.over_red(vec![store(&out, view.idx(), y)]));
+        view.finish(&mut k, body);
+        lw.push(k);
+        Ok(())
+    }
+
+    fn mvn(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = float_x(lw)?;
+        let shape = x.shape.clone();
+        let red = axes(&lw.op.attrs.ints("axes", &[0, 2, 3])?, shape.len())?;
+        let out = lw.outputs[0].clone();
+        let mut k = lw.kernel("");
+        let view = View::new(&mut k, &shape, &red);
+        let xv = to64(Expr::load(x.buf, view.idx()));
+        let m = k.var(Ty::F64);
+        let m2 = k.var(Ty::F64);
+        let n = view.cnt as f64;
+        let mut body = view.sum(m, xv.clone());
+        body.push(set(m, div(v(m), f64c(n))));
+        body.extend(view.sum(m2, mul(xv.clone(), xv.clone())));
+        body.push(set(m2, div(v(m2), f64c(n))));
+        // std = sqrt(E[x^2] - E[x]^2) + 1e-9, as the reference.
+        body.push(set(
+            m2,
+            add(
+                Expr::un(UnOp::Sqrt, sub(v(m2), mul(v(m), v(m)))),
+                f64c(1e-9),
+            ),
+        ));
+        let y = div(sub(xv, v(m)), v(m2));
+        body.extend(view.over_red(vec![store(&out, view.idx(), y)]));
+        view.finish(&mut k, body);
+        lw.push(k);
+        Ok(())
+    }
+
+    fn lrn(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = float_x(lw)?;
+        ensure!(x.shape.len() >= 2, "X must have rank >= 2");
+        let (n, c) = (x.shape[0], x.shape[1]);
+        let sp: usize = x.shape[2..].iter().product();
+        let alpha = lw.op.attrs.float("alpha", 1e-4)? as f64;
+        let beta = lw.op.attrs.float("beta", 0.75)? as f64;
+        let bias = lw.op.attrs.float("bias", 1.0)? as f64;
+        let size = lw.op.attrs.req_int("size")?;
+        ensure!(size >= 1, "size must be positive, got {size}");
+        let lo = (size - 1) / 2;
+        let out = lw.outputs[0].clone();
+        let mut k = lw.kernel("");
+        let view = View::new(&mut k, &[n, c, sp], &[]);
+        let (nv, cv, sv) = (view.vars[0], view.vars[1], view.vars[2]);
+        let j = k.var(Ty::I64);
+        let sq = k.var(Ty::F64);
+        let cj = add(sub(v(cv), Expr::Int(lo)), v(j));
+        let xj = to64(Expr::load(
+            x.buf,
+            add(
+                mul(add(mul(v(nv), Expr::Int(c as i64)), cj.clone()), Expr::Int(sp as i64)),
+                v(sv),
+            ),
+        ));
+        let valid = Expr::bin(
+            BinOp::And,
+            Expr::cmp(CmpOp::Ge, cj.clone(), Expr::Int(0)),
+            Expr::cmp(CmpOp::Lt, cj, Expr::Int(c as i64)),
+        );
+        let xv = to64(Expr::load(x.buf, view.idx()));
+        let body = vec![
+            set(sq, f64c(0.0)),
+            Stmt::For {
+                var: j,
+                extent: size as u64,
+                body: vec![Stmt::If {
+                    cond: valid,
+                    then: vec![set(sq, add(v(sq), mul(xj.clone(), xj)))],
+                    els: vec![],
+                }],
+            },
+            store(
+                &out,
+                view.idx(),
+                div(
+                    xv,
+                    Expr::call(
+                        MathFn::Pow,
+                        vec![
+                            add(f64c(bias), mul(f64c(alpha / size as f64), v(sq))),
+                            f64c(beta),
+                        ],
+                    ),
+                ),
+            ),
+        ];
+        view.finish(&mut k, body);
+        lw.push(k);
+        Ok(())
+    }
+
+    pub fn register(r: &mut Registry) {
+        r.lower("BatchNormalization", Lowering::Custom(batch_norm));
+        r.lower("InstanceNormalization", Lowering::Custom(instance_norm));
+        r.lower("LayerNormalization", Lowering::Custom(layer_norm));
+        r.lower("GroupNormalization", Lowering::Custom(group_norm));
+        r.lower("RMSNormalization", Lowering::Custom(rms_norm));
+        r.lower("LRN", Lowering::Custom(lrn));
+        r.lower("LpNormalization", Lowering::Custom(lp_norm));
+        r.lower("MeanVarianceNormalization", Lowering::Custom(mvn));
+    }
 }

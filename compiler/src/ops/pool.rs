@@ -20,6 +20,7 @@ pub fn register(r: &mut Registry) {
     r.add("GlobalLpPool", global_lp_pool);
     r.add_shaped("MaxUnpool", max_unpool, &[2]);
     r.add("MaxRoiPool", max_roi_pool);
+    lower::register(r);
 }
 
 fn flat(t: &Tensor) -> OpResult<Vec<f64>> {
@@ -403,4 +404,458 @@ fn max_roi_pool(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         ArrayD::from_shape_vec(IxDyn(&[nr, c, ph, pw]), y).expect("sized"),
         false,
     ))
+}
+
+// ---------------------------------------------------------------------------------------
+// Lowering to kernel IR: one loop nest per pool (output position x window), padding
+// checked with `If` statements; sums in f64.
+
+mod lower {
+    use super::super::nn::{window, Window};
+    use super::p_attr;
+    use crate::ensure;
+    use crate::ir::OpResult;
+    use crate::kir::{BinOp, CmpOp, Expr, Kernel, MathFn, Stmt, Ty, UnOp, VarId};
+    use crate::ops::lowering::{index, lit, strides, LowerCtx, TensorRef};
+    use crate::ops::{Lowering, Registry};
+
+    fn v(x: VarId) -> Expr {
+        Expr::Var(x)
+    }
+    fn int(x: i64) -> Expr {
+        Expr::Int(x)
+    }
+    fn add(a: Expr, b: Expr) -> Expr {
+        Expr::add(a, b)
+    }
+    fn mul(a: Expr, b: Expr) -> Expr {
+        Expr::mul(a, b)
+    }
+    fn and(a: Expr, b: Expr) -> Expr {
+        Expr::bin(BinOp::And, a, b)
+    }
+    fn or(a: Expr, b: Expr) -> Expr {
+        Expr::bin(BinOp::Or, a, b)
+    }
+    fn cmp(op: CmpOp, a: Expr, b: Expr) -> Expr {
+        Expr::cmp(op, a, b)
+    }
+    fn set(var: VarId, e: Expr) -> Stmt {
+        Stmt::Set { var, value: e }
+    }
+    fn iff(cond: Expr, then: Vec<Stmt>) -> Stmt {
+        Stmt::If {
+            cond,
+            then,
+            els: vec![],
+        }
+    }
+    fn loops(dims: &[(VarId, usize)], mut body: Vec<Stmt>) -> Vec<Stmt> {
+        for &(var, n) in dims.iter().rev() {
+            body = vec![Stmt::For {
+                var,
+                extent: n as u64,
+                body,
+            }];
+        }
+        body
+    }
+    /// Flat index of coordinates over `ext`, row-major or (col) column-major.
+    fn flat(coords: &[Expr], ext: &[usize], col: bool) -> Expr {
+        let n = ext.len();
+        let mut st = vec![1usize; n];
+        if col {
+            for i in 1..n {
+                st[i] = st[i - 1] * ext[i - 1];
+            }
+        } else {
+            st = strides(ext);
+        }
+        let mut e = int(0);
+        for (c, &s) in coords.iter().zip(&st) {
+            e = add(e, mul(c.clone(), int(s as i64)));
+        }
+        e
+    }
+    /// `lo <= c < ext + hi` in every dim.
+    fn within(coords: &[Expr], lo: &[i64], hi: &[i64]) -> Expr {
+        let mut e = lit(1.0, Ty::U8);
+        for i in 0..coords.len() {
+            e = and(e, cmp(CmpOp::Ge, coords[i].clone(), int(lo[i])));
+            e = and(e, cmp(CmpOp::Lt, coords[i].clone(), int(hi[i])));
+        }
+        e
+    }
+
+    /// Kernel-shape window geometry for a pool over X.
+    fn setup(lw: &LowerCtx) -> OpResult<(TensorRef, Window)> {
+        let x = lw.input(0)?.clone();
+        ensure!(x.shape.len() >= 3, "X must have rank >= 3");
+        let k = lw.op.attrs.req_ints("kernel_shape")?;
+        ensure!(
+            k.len() == x.shape.len() - 2 && k.iter().all(|&v| (1..=1 << 20).contains(&v)),
+            "bad kernel_shape {k:?}"
+        );
+        let k: Vec<usize> = k.iter().map(|&v| v as usize).collect();
+        let win = window(lw.op, &x.shape[2..], &k, true)?;
+        Ok((x, win))
+    }
+
+    /// The pieces of a pool's loop nest.
+    struct Nest {
+        /// Plane (n * C + c) as an expression.
+        plane: Expr,
+        /// Output flat index.
+        oidx: Expr,
+        /// Input spatial coordinates of the current window element.
+        coords: Vec<Expr>,
+        outer: Vec<(VarId, usize)>,
+        inner: Vec<(VarId, usize)>,
+    }
+
+    fn nest_for(k: &mut Kernel, x: &TensorRef, win: &Window) -> Nest {
+        let (n, c) = (x.shape[0], x.shape[1]);
+        let nv = k.var(Ty::I64);
+        let cv = k.var(Ty::I64);
+        let ov: Vec<VarId> = win.out.iter().map(|_| k.var(Ty::I64)).collect();
+        let kv: Vec<VarId> = win.k.iter().map(|_| k.var(Ty::I64)).collect();
+        let coords = (0..win.k.len())
+            .map(|i| {
+                add(
+                    Expr::bin(
+                        BinOp::Sub,
+                        mul(v(ov[i]), int(win.s[i] as i64)),
+                        int(win.pb[i]),
+                    ),
+                    mul(v(kv[i]), int(win.d[i] as i64)),
+                )
+            })
+            .collect();
+        let mut oshape = vec![n, c];
+        oshape.extend_from_slice(&win.out);
+        let mut ovars = vec![nv, cv];
+        ovars.extend_from_slice(&ov);
+        let mut outer = vec![(nv, n), (cv, c)];
+        outer.extend(ov.iter().copied().zip(win.out.iter().copied()));
+        Nest {
+            plane: add(mul(v(nv), int(c as i64)), v(cv)),
+            oidx: index(&ovars, &strides(&oshape)),
+            coords,
+            outer,
+            inner: kv.iter().copied().zip(win.k.iter().copied()).collect(),
+        }
+    }
+
+    fn max_pool(lw: &mut LowerCtx) -> OpResult<()> {
+        let (x, win) = setup(lw)?;
+        let t = x.ty().compute();
+        let col = lw.op.attrs.int("storage_order", 0)? != 0;
+        let out = lw.outputs[0].clone();
+        let ind = lw.outputs.get(1).cloned();
+        let mut k = lw.kernel("");
+        let ns = nest_for(&mut k, &x, &win);
+        let acc = k.var(t);
+        let best = k.var(Ty::I64);
+        let il = win.in_len() as i64;
+        let xv = Expr::load(
+            x.buf,
+            add(mul(ns.plane.clone(), int(il)), flat(&ns.coords, &win.in_sp, false)),
+        );
+        let mut better = or(
+            cmp(CmpOp::Lt, v(best), int(0)),
+            cmp(CmpOp::Gt, xv.clone(), v(acc)),
+        );
+        if t.is_float() {
+            better = and(better, cmp(CmpOp::Eq, xv.clone(), xv.clone()));
+        }
+        let zero = vec![0i64; win.k.len()];
+        let ext: Vec<i64> = win.in_sp.iter().map(|&e| e as i64).collect();
+        let inner = vec![iff(
+            within(&ns.coords, &zero, &ext),
+            vec![iff(
+                better,
+                vec![
+                    set(acc, xv),
+                    set(best, flat(&ns.coords, &win.in_sp, col)),
+                ],
+            )],
+        )];
+        let none = cmp(CmpOp::Lt, v(best), int(0));
+        let y = if t.is_float() {
+            Expr::select(none.clone(), lit(f64::NAN, t), v(acc))
+        } else {
+            v(acc)
+        };
+        let mut body = vec![set(acc, lit(0.0, t)), set(best, int(-1))];
+        body.extend(loops(&ns.inner, inner));
+        body.push(Stmt::Store {
+            buf: out.buf,
+            index: ns.oidx.clone(),
+            value: y,
+        });
+        if let Some(ind) = ind {
+            ensure!(ind.ty() == Ty::I64, "Indices must be int64");
+            body.push(Stmt::Store {
+                buf: ind.buf,
+                index: ns.oidx.clone(),
+                value: Expr::select(none, int(-1), add(mul(ns.plane, int(il)), v(best))),
+            });
+        }
+        k.body = loops(&ns.outer, body);
+        lw.push(k);
+        Ok(())
+    }
+
+    /// AveragePool and LpPool (p = None for average).
+    fn sum_pool(lw: &mut LowerCtx, p: Option<f64>) -> OpResult<()> {
+        let (x, win) = setup(lw)?;
+        let t = x.ty().compute();
+        ensure!(t.is_float(), "pool of {t}");
+        let include = p.is_none() && lw.op.attrs.int("count_include_pad", 0)? != 0;
+        let out = lw.outputs[0].clone();
+        let mut k = lw.kernel("");
+        let ns = nest_for(&mut k, &x, &win);
+        let acc = k.var(Ty::F64);
+        let cnt = k.var(Ty::I64);
+        let il = win.in_len() as i64;
+        let xv = Expr::cast(
+            Ty::F64,
+            Expr::load(
+                x.buf,
+                add(mul(ns.plane.clone(), int(il)), flat(&ns.coords, &win.in_sp, false)),
+            ),
+        );
+        let term = match p {
+            None => xv,
+            Some(p) if p == 1.0 => Expr::un(UnOp::Abs, xv),
+            Some(p) if p == 2.0 => mul(xv.clone(), xv),
+            Some(p) => Expr::call(
+                MathFn::Pow,
+                vec![Expr::un(UnOp::Abs, xv), Expr::f(p, Ty::F64)],
+            ),
+        };
+        let zero = vec![0i64; win.k.len()];
+        let ext: Vec<i64> = win.in_sp.iter().map(|&e| e as i64).collect();
+        let inc = set(cnt, add(v(cnt), int(1)));
+        let mut valid = vec![set(acc, add(v(acc), term))];
+        if !include {
+            valid.push(inc.clone());
+        }
+        let mut inner = vec![iff(within(&ns.coords, &zero, &ext), valid)];
+        if include {
+            let lo: Vec<i64> = win.pb.iter().map(|&p| -p).collect();
+            let hi: Vec<i64> = ext.iter().zip(&win.pe).map(|(e, p)| e + p).collect();
+            inner.push(iff(within(&ns.coords, &lo, &hi), vec![inc]));
+        }
+        let y = match p {
+            None => Expr::bin(BinOp::Div, v(acc), Expr::cast(Ty::F64, v(cnt))),
+            Some(p) if p == 1.0 => v(acc),
+            Some(p) if p == 2.0 => Expr::un(UnOp::Sqrt, v(acc)),
+            Some(p) => Expr::call(MathFn::Pow, vec![v(acc), Expr::f(1.0 / p, Ty::F64)]),
+        };
+        let mut body = vec![set(acc, Expr::f(0.0, Ty::F64)), set(cnt, int(0))];
+        body.extend(loops(&ns.inner, inner));
+        body.push(Stmt::Store {
+            buf: out.buf,
+            index: ns.oidx,
+            value: Expr::cast(out.ty().compute(), y),
+        });
+        k.body = loops(&ns.outer, body);
+        lw.push(k);
+        Ok(())
+    }
+
+    fn average_pool(lw: &mut LowerCtx) -> OpResult<()> {
+        sum_pool(lw, None)
+    }
+    fn lp_pool(lw: &mut LowerCtx) -> OpResult<()> {
+        let p = p_attr(lw.op)?;
+        sum_pool(lw, Some(p))
+    }
+
+    #[derive(Clone, Copy, PartialEq)]
+    enum Global {
+        Avg,
+        Max,
+        Lp,
+    }
+
+    fn global(lw: &mut LowerCtx, kind: Global) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let t = x.ty().compute();
+        ensure!(t.is_float(), "global pool of {t}");
+        ensure!(x.shape.len() >= 2, "X must have rank >= 2");
+        let p = if kind == Global::Lp { p_attr(lw.op)? } else { 1.0 };
+        let out = lw.outputs[0].clone();
+        let planes = x.shape[0] * x.shape[1];
+        let il: usize = x.shape[2..].iter().product();
+        let mut k = lw.kernel("");
+        let pv = k.var(Ty::I64);
+        let j = k.var(Ty::I64);
+        let acc = k.var(Ty::F64);
+        let xv = Expr::cast(
+            Ty::F64,
+            Expr::load(x.buf, add(mul(v(pv), int(il as i64)), v(j))),
+        );
+        let (init, step, fin) = match kind {
+            Global::Avg => (
+                0.0,
+                set(acc, add(v(acc), xv)),
+                Expr::bin(BinOp::Div, v(acc), Expr::f(il as f64, Ty::F64)),
+            ),
+            Global::Lp => (
+                0.0,
+                set(
+                    acc,
+                    add(
+                        v(acc),
+                        Expr::call(
+                            MathFn::Pow,
+                            vec![Expr::un(UnOp::Abs, xv), Expr::f(p, Ty::F64)],
+                        ),
+                    ),
+                ),
+                Expr::call(MathFn::Pow, vec![v(acc), Expr::f(1.0 / p, Ty::F64)]),
+            ),
+            Global::Max => (
+                f64::NAN,
+                iff(
+                    and(
+                        cmp(CmpOp::Eq, xv.clone(), xv.clone()),
+                        or(
+                            cmp(CmpOp::Ne, v(acc), v(acc)),
+                            cmp(CmpOp::Gt, xv.clone(), v(acc)),
+                        ),
+                    ),
+                    vec![set(acc, xv)],
+                ),
+                v(acc),
+            ),
+        };
+        let body = vec![
+            set(acc, Expr::f(init, Ty::F64)),
+            Stmt::For {
+                var: j,
+                extent: il as u64,
+                body: vec![step],
+            },
+            Stmt::Store {
+                buf: out.buf,
+                index: v(pv),
+                value: Expr::cast(out.ty().compute(), fin),
+            },
+        ];
+        k.body = loops(&[(pv, planes)], body);
+        lw.push(k);
+        Ok(())
+    }
+
+    fn global_average_pool(lw: &mut LowerCtx) -> OpResult<()> {
+        global(lw, Global::Avg)
+    }
+    fn global_max_pool(lw: &mut LowerCtx) -> OpResult<()> {
+        global(lw, Global::Max)
+    }
+    fn global_lp_pool(lw: &mut LowerCtx) -> OpResult<()> {
+        global(lw, Global::Lp)
+    }
+
+    /// Stores `value` at flat index `at` of shape `from` re-addressed into shape `to`
+    /// (the top-left corner), skipping positions outside `to`.
+    fn remap(at: &Expr, from: &[usize], to: &[usize], buf: usize, value: Expr) -> Vec<Stmt> {
+        if from == to {
+            return vec![Stmt::Store {
+                buf,
+                index: at.clone(),
+                value,
+            }];
+        }
+        let fs = strides(from);
+        let ts = strides(to);
+        let mut ok = lit(1.0, Ty::U8);
+        let mut idx = int(0);
+        for d in 0..from.len() {
+            let c = Expr::bin(
+                BinOp::Rem,
+                Expr::bin(BinOp::Div, at.clone(), int(fs[d] as i64)),
+                int(from[d] as i64),
+            );
+            ok = and(ok, cmp(CmpOp::Lt, c.clone(), int(to[d] as i64)));
+            idx = add(idx, mul(c, int(ts[d] as i64)));
+        }
+        vec![iff(
+            ok,
+            vec![Stmt::Store {
+                buf,
+                index: idx,
+                value,
+            }],
+        )]
+    }
+
+    /// MaxUnpool: zero fill, then scatter X through the (runtime) indices. Indices out of
+    /// range are skipped. With an explicit output_shape
+    /// the indices address the inferred shape, copied into the output's top-left corner.
+    fn max_unpool(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let ind = lw.input(1)?.clone();
+        let out = lw.outputs[0].clone();
+        let xs = &x.shape;
+        ensure!(xs.len() >= 3 && ind.shape == *xs, "bad MaxUnpool shapes");
+        let nsp = xs.len() - 2;
+        let k = lw.op.attrs.req_ints("kernel_shape")?;
+        let st = lw.op.attrs.ints("strides", &vec![1; nsp])?;
+        let pads = lw.op.attrs.ints("pads", &vec![0; 2 * nsp])?;
+        ensure!(
+            k.len() == nsp && st.len() == nsp && pads.len() == 2 * nsp,
+            "bad MaxUnpool attributes"
+        );
+        let mut inferred = vec![xs[0] as i64, xs[1] as i64];
+        for i in 0..nsp {
+            inferred.push((xs[i + 2] as i64 - 1) * st[i] - (pads[i] + pads[nsp + i]) + k[i]);
+        }
+        ensure!(
+            inferred.len() == out.shape.len() && inferred.iter().all(|&d| d >= 0),
+            "bad MaxUnpool output shape"
+        );
+        let inferred: Vec<usize> = inferred.iter().map(|&d| d as usize).collect();
+        let total = inferred.iter().product::<usize>() as i64;
+        let t = out.ty().compute();
+        let mut k1 = lw.kernel("fill");
+        let i = k1.var(Ty::I64);
+        k1.body = loops(
+            &[(i, out.len())],
+            vec![Stmt::Store {
+                buf: out.buf,
+                index: v(i),
+                value: lit(0.0, t),
+            }],
+        );
+        lw.push(k1);
+        let mut k2 = lw.kernel("scatter");
+        let i = k2.var(Ty::I64);
+        let at = Expr::cast(Ty::I64, Expr::load(ind.buf, v(i)));
+        k2.body = loops(
+            &[(i, x.len())],
+            vec![iff(
+                and(
+                    cmp(CmpOp::Ge, at.clone(), int(0)),
+                    cmp(CmpOp::Lt, at.clone(), int(total)),
+                ),
+                remap(&at, &inferred, &out.shape, out.buf, Expr::load(x.buf, v(i))),
+            )],
+        );
+        lw.push(k2);
+        Ok(())
+    }
+
+    pub fn register(r: &mut Registry) {
+        r.lower("MaxUnpool", Lowering::Custom(max_unpool));
+        r.lower("MaxPool", Lowering::Custom(max_pool));
+        r.lower("AveragePool", Lowering::Custom(average_pool));
+        r.lower("LpPool", Lowering::Custom(lp_pool));
+        r.lower("GlobalAveragePool", Lowering::Custom(global_average_pool));
+        r.lower("GlobalMaxPool", Lowering::Custom(global_max_pool));
+        r.lower("GlobalLpPool", Lowering::Custom(global_lp_pool));
+    }
 }
