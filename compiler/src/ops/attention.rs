@@ -1052,9 +1052,9 @@ mod lower {
             matches!(dt, DType::F32 | DType::F64 | DType::F16 | DType::BF16),
             "Attention of {dt}"
         );
-        if matches!(dt, DType::F16 | DType::BF16) {
+        if dt == DType::BF16 {
             return Err(OpError::unsupported(
-                "float16/bfloat16 Attention needs step rounding",
+                "bfloat16 Attention needs step rounding",
             ));
         }
         let ct = if dt == DType::F64 { Ty::F64 } else { Ty::F32 };
