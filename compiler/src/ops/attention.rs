@@ -18,6 +18,7 @@ pub fn register(r: &mut Registry) {
     r.add("RotaryEmbedding", rotary_embedding);
     r.add("LinearAttention", linear_attention);
     r.add_builder("ai.onnx.preview", "FlexAttention", flex_builder);
+    lower::register(r);
 }
 
 // ---------------------------------------------------------------------------------
@@ -891,5 +892,617 @@ impl Op for FlexAttention {
             .chain(self.prob_mod.iter())
             .map(|g| &**g)
             .collect()
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Lowering to kernel IR
+
+mod lower {
+    use crate::ir::{DType, OpError, OpResult};
+    use crate::kir::{BinOp, BufId, BufKind, CmpOp, Expr, MathFn, Stmt, Ty, VarId};
+    use crate::ops::lowering::{broadcast_strides, LowerCtx, TensorRef};
+    use crate::ops::{Lowering, Registry};
+    use crate::{bail, ensure};
+
+    pub fn register(r: &mut Registry) {
+        r.lower("Attention", Lowering::Custom(attention));
+        r.lower("RotaryEmbedding", Lowering::Custom(rotary));
+    }
+
+    fn v(x: VarId) -> Expr {
+        Expr::Var(x)
+    }
+    fn int(x: usize) -> Expr {
+        Expr::Int(x as i64)
+    }
+    fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
+        Expr::bin(op, a, b)
+    }
+    fn add(a: Expr, b: Expr) -> Expr {
+        Expr::add(a, b)
+    }
+    fn sub(a: Expr, b: Expr) -> Expr {
+        bin(BinOp::Sub, a, b)
+    }
+    fn mul(a: Expr, b: Expr) -> Expr {
+        Expr::mul(a, b)
+    }
+    fn div(a: Expr, b: Expr) -> Expr {
+        bin(BinOp::Div, a, b)
+    }
+    fn cmp(op: CmpOp, a: Expr, b: Expr) -> Expr {
+        Expr::cmp(op, a, b)
+    }
+    fn sel(c: Expr, a: Expr, b: Expr) -> Expr {
+        Expr::select(c, a, b)
+    }
+    fn fl(x: f64, t: Ty) -> Expr {
+        Expr::f(x, t)
+    }
+    fn cast_to(t: Ty, e: Expr, from: Ty) -> Expr {
+        if t == from {
+            e
+        } else {
+            Expr::cast(t, e)
+        }
+    }
+    fn for_(var: VarId, n: usize, body: Vec<Stmt>) -> Stmt {
+        Stmt::For {
+            var,
+            extent: n as u64,
+            body,
+        }
+    }
+    fn set(var: VarId, value: Expr) -> Stmt {
+        Stmt::Set { var, value }
+    }
+    fn store(buf: BufId, index: Expr, value: Expr) -> Stmt {
+        Stmt::Store { buf, index, value }
+    }
+    fn if_(cond: Expr, then: Vec<Stmt>, els: Vec<Stmt>) -> Stmt {
+        Stmt::If { cond, then, els }
+    }
+    /// `sum(e * stride)`, skipping zero strides.
+    fn lin(terms: Vec<(Expr, usize)>) -> Expr {
+        let mut acc: Option<Expr> = None;
+        for (e, s) in terms {
+            if s == 0 {
+                continue;
+            }
+            let t = if s == 1 { e } else { mul(e, int(s)) };
+            acc = Some(match acc {
+                None => t,
+                Some(a) => add(a, t),
+            });
+        }
+        acc.unwrap_or(Expr::Int(0))
+    }
+    /// NaN-propagating running maximum: `m = max(m, x)`.
+    fn nan_max(m: VarId, x: Expr) -> Stmt {
+        set(
+            m,
+            sel(
+                cmp(CmpOp::Ne, x.clone(), x.clone()),
+                x.clone(),
+                sel(cmp(CmpOp::Gt, x.clone(), v(m)), x, v(m)),
+            ),
+        )
+    }
+    fn scratch(lw: &mut LowerCtx, what: &str, ty: Ty, len: usize) -> BufId {
+        let name = format!("{}/{what}", lw.name);
+        lw.program
+            .add_buffer(name, BufKind::Arena { offset: 0 }, ty, len.max(1) as u64)
+    }
+
+    /// A rank-4 (b, h, s, d) view of a flat buffer.
+    #[derive(Clone)]
+    struct View {
+        buf: BufId,
+        st: [usize; 4],
+    }
+    impl View {
+        fn idx(&self, b: Expr, h: Expr, s: Expr, d: Expr) -> Expr {
+            lin(vec![(b, self.st[0]), (h, self.st[1]), (s, self.st[2]), (d, self.st[3])])
+        }
+        fn at(&self, b: Expr, h: Expr, s: Expr, d: Expr) -> Expr {
+            Expr::load(self.buf, self.idx(b, h, s, d))
+        }
+        /// Standard (B, H, S, D) layout.
+        fn std4(buf: BufId, h: usize, s: usize, d: usize) -> View {
+            View {
+                buf,
+                st: [h * s * d, s * d, d, 1],
+            }
+        }
+        /// (B, S, H*D) layout.
+        fn heads3(buf: BufId, h: usize, s: usize, d: usize) -> View {
+            View {
+                buf,
+                st: [s * h * d, d, h * d, 1],
+            }
+        }
+    }
+
+    /// (view, batch, heads, seq, head size) of Q/K/V.
+    fn qkv_view(t: &TensorRef, heads: usize) -> OpResult<(View, usize, usize, usize, usize)> {
+        let s = &t.shape;
+        Ok(match s.len() {
+            4 => (View::std4(t.buf, s[1], s[2], s[3]), s[0], s[1], s[2], s[3]),
+            3 => {
+                ensure!(heads > 0 && s[2] % heads == 0, "bad head count");
+                let d = s[2] / heads;
+                (View::heads3(t.buf, heads, s[1], d), s[0], heads, s[1], d)
+            }
+            n => bail!("Attention inputs must be rank 3 or 4, got {n}"),
+        })
+    }
+
+    fn attention(lw: &mut LowerCtx) -> OpResult<()> {
+        let q = lw.input(0)?.clone();
+        let kt = lw.input(1)?.clone();
+        let vt = lw.input(2)?.clone();
+        let mask = lw.opt_input(3).cloned();
+        let pk = lw.opt_input(4).cloned();
+        let pv = lw.opt_input(5).cloned();
+        let nonpad = lw.opt_input(6).cloned();
+        let at = &lw.op.attrs;
+        let dt = q.dtype;
+        ensure!(
+            matches!(dt, DType::F32 | DType::F64 | DType::F16 | DType::BF16),
+            "Attention of {dt}"
+        );
+        if dt == DType::BF16 {
+            return Err(OpError::unsupported(
+                "bfloat16 Attention needs step rounding",
+            ));
+        }
+        let ct = if dt == DType::F64 { Ty::F64 } else { Ty::F32 };
+        let acc_t = Ty::F64;
+        let rank = q.shape.len();
+        let (qh_attr, kvh_attr) = if rank == 3 {
+            (
+                at.get_int("q_num_heads")?.unwrap_or(0) as usize,
+                at.get_int("kv_num_heads")?.unwrap_or(0) as usize,
+            )
+        } else {
+            (0, 0)
+        };
+        let (qv, bsz, hq, lq, dq) = qkv_view(&q, qh_attr)?;
+        let (kv0, _, hk, lk, dk) = qkv_view(&kt, kvh_attr)?;
+        let (vv0, _, _, _, dv) = qkv_view(&vt, kvh_attr)?;
+        ensure!(dk == dq && hk > 0 && hq % hk == 0, "Attention shapes");
+        let rep = hq / hk;
+        let scale = match at.get_float("scale")? {
+            Some(s) => s as f64,
+            None => 1.0 / (dq as f64).sqrt(),
+        };
+        let sc = if ct == Ty::F32 {
+            (scale.sqrt() as f32) as f64
+        } else {
+            scale.sqrt()
+        };
+        let past_len = pk.as_ref().map(|p| p.shape[2]).unwrap_or(0);
+        let lkv = past_len + lk;
+        let is_causal = at.int("is_causal", 0)? != 0;
+        let (left, right) = if lw.op.opset >= 25 {
+            (
+                at.int("left_window_size", -1)?,
+                at.int("right_window_size", -1)?,
+            )
+        } else {
+            (-1, -1)
+        };
+        let softcap = at.float("softcap", 0.0)? as f64;
+        let mode = at.int("qk_matmul_output_mode", 0)?;
+        let nout = lw.outputs.len();
+        let y = lw.outputs[0].clone();
+        let present_k = if nout > 1 { Some(lw.outputs[1].clone()) } else { None };
+        let present_v = if nout > 2 { Some(lw.outputs[2].clone()) } else { None };
+        let qk_out = if nout > 3 { Some(lw.outputs[3].clone()) } else { None };
+
+        // Present key/value (past ++ new) in (B, H, Lkv, D).
+        let mut k = lw.kernel("present");
+        let mut body = Vec::new();
+        let mut kview = kv0.clone();
+        let mut vview = vv0.clone();
+        for (which, newv, past, pres, d) in [
+            ("key", kv0.clone(), pk.clone(), present_k.clone(), dk),
+            ("value", vv0.clone(), pv.clone(), present_v.clone(), dv),
+        ] {
+            if past.is_none() && pres.is_none() {
+                continue;
+            }
+            let dst = match &pres {
+                Some(p) => p.buf,
+                None => scratch(lw, &format!("all_{which}"), kt.ty(), bsz * hk * lkv * d),
+            };
+            let dview = View::std4(dst, hk, lkv, d);
+            let (b, h, j, e) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+            let mut inner = Vec::new();
+            if let Some(p) = &past {
+                let pview = View::std4(p.buf, hk, past_len, d);
+                inner.push(for_(
+                    j,
+                    past_len,
+                    vec![for_(
+                        e,
+                        d,
+                        vec![store(
+                            dst,
+                            dview.idx(v(b), v(h), v(j), v(e)),
+                            pview.at(v(b), v(h), v(j), v(e)),
+                        )],
+                    )],
+                ));
+            }
+            inner.push(for_(
+                j,
+                lk,
+                vec![for_(
+                    e,
+                    d,
+                    vec![store(
+                        dst,
+                        dview.idx(v(b), v(h), add(v(j), int(past_len)), v(e)),
+                        newv.at(v(b), v(h), v(j), v(e)),
+                    )],
+                )],
+            ));
+            body.push(for_(b, bsz, vec![for_(h, hk, inner)]));
+            if past.is_some() {
+                if which == "key" {
+                    kview = dview;
+                } else {
+                    vview = dview;
+                }
+            }
+        }
+        if !body.is_empty() {
+            k.body = body;
+            lw.push(k);
+        }
+
+        // Scores row scratch.
+        let row = scratch(lw, "row", ct, lkv);
+        let mut k = lw.kernel("");
+        let (b, h, i, j, d) = (
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+        );
+        let acc = k.var(acc_t);
+        let s = k.var(ct);
+        let bias = k.var(ct);
+        let m = k.var(ct);
+        let bm = k.var(ct);
+        let sum = k.var(ct);
+        let masked = k.var(Ty::U8);
+        let kh = bin(BinOp::Div, v(h), int(rep));
+        let ninf = fl(f64::NEG_INFINITY, ct);
+        let zero = fl(0.0, ct);
+        let ld = |t: Ty, e: Expr| cast_to(ct, e, t);
+        let qty = q.ty().compute();
+        let kty = kt.ty().compute();
+        let vty = vt.ty().compute();
+        let qkidx = |jj: Expr| {
+            lin(vec![
+                (v(b), hq * lq * lkv),
+                (v(h), lq * lkv),
+                (v(i), lkv),
+                (jj, 1),
+            ])
+        };
+
+        // Pass 1: scores, bias, row max.
+        let mut p1 = vec![set(acc, fl(0.0, acc_t))];
+        let qs = mul(ld(qty, qv.at(v(b), v(h), v(i), v(d))), fl(sc, ct));
+        let ks = mul(ld(kty, kview.at(v(b), kh.clone(), v(j), v(d))), fl(sc, ct));
+        p1.push(for_(
+            d,
+            dq,
+            vec![set(
+                acc,
+                add(
+                    v(acc),
+                    mul(cast_to(acc_t, qs, ct), cast_to(acc_t, ks, ct)),
+                ),
+            )],
+        ));
+        p1.push(set(s, cast_to(ct, v(acc), acc_t)));
+        if softcap > 0.0 {
+            p1.push(set(
+                s,
+                mul(
+                    Expr::call(MathFn::Tanh, vec![div(v(s), fl(softcap, ct))]),
+                    fl(softcap, ct),
+                ),
+            ));
+        }
+        if let Some(o) = &qk_out {
+            if mode != 2 && mode != 3 {
+                p1.push(store(o.buf, qkidx(v(j)), v(s)));
+            }
+        }
+        // Bias.
+        p1.push(set(bias, zero.clone()));
+        if let Some(mt) = &mask {
+            let ms = &mt.shape;
+            ensure!(!ms.is_empty() && ms.len() <= 4, "attn_mask rank");
+            let mlen = *ms.last().expect("nonempty");
+            let full = [bsz, hq, lq, mlen];
+            let off = 4 - ms.len();
+            for (dd, &n) in ms.iter().enumerate() {
+                ensure!(
+                    n == 1 || n == full[dd + off],
+                    "attn_mask shape {ms:?} does not broadcast"
+                );
+            }
+            ensure!(mlen <= lkv, "attn_mask longer than the key sequence");
+            let st = broadcast_strides(ms, &full);
+            let raw = Expr::load(
+                mt.buf,
+                lin(vec![(v(b), st[0]), (v(h), st[1]), (v(i), st[2]), (v(j), st[3])]),
+            );
+            let val = if mt.dtype == DType::Bool {
+                sel(raw, zero.clone(), ninf.clone())
+            } else {
+                ensure!(mt.dtype.is_float(), "attn_mask of {}", mt.dtype);
+                ld(mt.ty().compute(), raw)
+            };
+            if mlen < lkv {
+                p1.push(if_(
+                    cmp(CmpOp::Lt, v(j), int(mlen)),
+                    vec![set(bias, val)],
+                    vec![set(bias, ninf.clone())],
+                ));
+            } else {
+                p1.push(set(bias, val));
+            }
+        }
+        // Causal / window / padding.
+        let offset = match (&nonpad, &pk) {
+            (Some(np), None) => {
+                ensure!(np.shape == [bsz], "nonpad_kv_seqlen shape");
+                sub(
+                    cast_to(Ty::I64, Expr::load(np.buf, v(b)), np.ty().compute()),
+                    int(lq),
+                )
+            }
+            _ => int(past_len),
+        };
+        let diff = sub(add(v(i), offset), v(j));
+        let mut conds = Vec::new();
+        if is_causal {
+            conds.push(cmp(CmpOp::Lt, diff.clone(), Expr::Int(0)));
+        }
+        if left >= 0 {
+            conds.push(cmp(CmpOp::Gt, diff.clone(), Expr::Int(left)));
+        }
+        if right >= 0 {
+            conds.push(cmp(
+                CmpOp::Gt,
+                bin(BinOp::Sub, Expr::Int(0), diff.clone()),
+                Expr::Int(right),
+            ));
+        }
+        if let Some(np) = &nonpad {
+            conds.push(cmp(
+                CmpOp::Ge,
+                v(j),
+                cast_to(Ty::I64, Expr::load(np.buf, v(b)), np.ty().compute()),
+            ));
+        }
+        if let Some(c) = conds.into_iter().reduce(|a, b| bin(BinOp::Or, a, b)) {
+            p1.push(set(bias, add(v(bias), sel(c, ninf.clone(), zero.clone()))));
+        }
+        p1.push(set(s, add(v(s), v(bias))));
+        if let Some(o) = &qk_out {
+            if mode == 2 {
+                p1.push(store(o.buf, qkidx(v(j)), v(s)));
+            }
+        }
+        p1.push(store(row, v(j), v(s)));
+        p1.push(nan_max(m, v(s)));
+        p1.push(nan_max(bm, v(bias)));
+
+        let mut rowb = vec![set(m, ninf.clone()), set(bm, ninf.clone())];
+        rowb.push(for_(j, lkv, p1));
+        // Pass 2: exp and sum.
+        rowb.push(set(m, sel(cmp(CmpOp::Eq, v(m), ninf.clone()), zero.clone(), v(m))));
+        rowb.push(set(sum, zero.clone()));
+        let e = Expr::call(MathFn::Exp, vec![sub(Expr::load(row, v(j)), v(m))]);
+        rowb.push(for_(
+            j,
+            lkv,
+            vec![
+                store(row, v(j), e),
+                set(sum, add(v(sum), Expr::load(row, v(j)))),
+            ],
+        ));
+        rowb.push(set(
+            sum,
+            sel(cmp(CmpOp::Eq, v(sum), zero.clone()), fl(1.0, ct), v(sum)),
+        ));
+        rowb.push(set(
+            masked,
+            if lkv > 0 {
+                cmp(CmpOp::Eq, v(bm), ninf.clone())
+            } else {
+                Expr::cast(Ty::U8, Expr::Int(0))
+            },
+        ));
+        // Pass 3: normalise.
+        let mut p3 = vec![store(
+            row,
+            v(j),
+            sel(v(masked), zero.clone(), div(Expr::load(row, v(j)), v(sum))),
+        )];
+        if let Some(o) = &qk_out {
+            if mode == 3 {
+                p3.push(store(o.buf, qkidx(v(j)), Expr::load(row, v(j))));
+            }
+        }
+        rowb.push(for_(j, lkv, p3));
+        // Pass 4: P @ V.
+        let yview = if rank == 3 {
+            View::heads3(y.buf, hq, lq, dv)
+        } else {
+            View::std4(y.buf, hq, lq, dv)
+        };
+        let pvv = mul(
+            cast_to(acc_t, Expr::load(row, v(j)), ct),
+            cast_to(acc_t, ld(vty, vview.at(v(b), kh.clone(), v(j), v(d))), ct),
+        );
+        rowb.push(for_(
+            d,
+            dv,
+            vec![
+                set(acc, fl(0.0, acc_t)),
+                for_(j, lkv, vec![set(acc, add(v(acc), pvv))]),
+                store(
+                    y.buf,
+                    yview.idx(v(b), v(h), v(i), v(d)),
+                    cast_to(ct, v(acc), acc_t),
+                ),
+            ],
+        ));
+        k.body = vec![for_(b, bsz, vec![for_(h, hq, vec![for_(i, lq, rowb)])])];
+        lw.push(k);
+        Ok(())
+    }
+
+    fn rotary(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let cos = lw.input(1)?.clone();
+        let sin = lw.input(2)?.clone();
+        let pos = lw.opt_input(3).cloned();
+        let at = &lw.op.attrs;
+        let dt = x.dtype;
+        if matches!(dt, DType::F16 | DType::BF16) {
+            return Err(OpError::unsupported(
+                "float16/bfloat16 RotaryEmbedding needs step rounding",
+            ));
+        }
+        let ct = x.ty().compute();
+        ensure!(ct.is_float(), "RotaryEmbedding of {dt}");
+        let interleaved = at.int("interleaved", 0)? != 0;
+        let rot_attr = at.int("rotary_embedding_dim", 0)?;
+        let s = &x.shape;
+        // View as (b, s, h, d).
+        let (view, bsz, seq, nh, hd) = match s.len() {
+            4 => (
+                View {
+                    buf: x.buf,
+                    st: [s[1] * s[2] * s[3], s[2] * s[3], s[3], 1],
+                },
+                s[0],
+                s[2],
+                s[1],
+                s[3],
+            ),
+            3 => {
+                let nh = at.int("num_heads", 0)? as usize;
+                ensure!(nh > 0 && s[2] % nh == 0, "num_heads");
+                let hd = s[2] / nh;
+                (
+                    View {
+                        buf: x.buf,
+                        st: [s[1] * s[2], hd, s[2], 1],
+                    },
+                    s[0],
+                    s[1],
+                    nh,
+                    hd,
+                )
+            }
+            n => bail!("RotaryEmbedding input of rank {n}"),
+        };
+        let out = View {
+            buf: lw.outputs[0].buf,
+            st: view.st,
+        };
+        let rot = if rot_attr == 0 { hd } else { rot_attr as usize };
+        ensure!(rot > 0 && rot <= hd && rot % 2 == 0, "rotary_embedding_dim");
+        let half = rot / 2;
+        let mut k = lw.kernel("");
+        let (b, si, h, ii) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+        // Cache row for (b, s).
+        let cache = |t: &TensorRef, ii: Expr| -> OpResult<Expr> {
+            let cs = &t.shape;
+            ensure!(cs.last() == Some(&half), "cache last dim");
+            Ok(match &pos {
+                Some(p) => {
+                    ensure!(cs.len() == 2, "cache rank with position_ids");
+                    let pst = broadcast_strides(&p.shape, &[bsz, seq]);
+                    let pi = cast_to(
+                        Ty::I64,
+                        Expr::load(p.buf, lin(vec![(v(b), pst[0]), (v(si), pst[1])])),
+                        p.ty().compute(),
+                    );
+                    Expr::load(t.buf, add(mul(pi, int(half)), ii))
+                }
+                None => {
+                    ensure!(cs.len() == 2 || cs.len() == 3, "cache rank");
+                    let full: Vec<usize> = if cs.len() == 3 {
+                        vec![bsz, seq, half]
+                    } else {
+                        vec![seq, half]
+                    };
+                    for (a, c) in cs.iter().zip(&full) {
+                        ensure!(a == c || *a == 1, "cache shape {cs:?}");
+                    }
+                    let st = broadcast_strides(cs, &full);
+                    if cs.len() == 3 {
+                        Expr::load(t.buf, lin(vec![(v(b), st[0]), (v(si), st[1]), (ii, st[2])]))
+                    } else {
+                        Expr::load(t.buf, lin(vec![(v(si), st[0]), (ii, st[1])]))
+                    }
+                }
+            })
+        };
+        let c = cast_to(ct, cache(&cos, v(ii))?, cos.ty().compute());
+        let sn = cast_to(ct, cache(&sin, v(ii))?, sin.ty().compute());
+        let (i1, i2) = if interleaved {
+            (mul(v(ii), int(2)), add(mul(v(ii), int(2)), int(1)))
+        } else {
+            (v(ii), add(v(ii), int(half)))
+        };
+        let x1 = view.at(v(b), v(h), v(si), i1.clone());
+        let x2 = view.at(v(b), v(h), v(si), i2.clone());
+        let inner = vec![
+            store(
+                out.buf,
+                out.idx(v(b), v(h), v(si), i1),
+                sub(mul(c.clone(), x1.clone()), mul(sn.clone(), x2.clone())),
+            ),
+            store(
+                out.buf,
+                out.idx(v(b), v(h), v(si), i2),
+                add(mul(sn, x1), mul(c, x2)),
+            ),
+        ];
+        let mut body = vec![for_(ii, half, inner)];
+        if rot < hd {
+            let dd = k.var(Ty::I64);
+            body.push(for_(
+                dd,
+                hd - rot,
+                vec![store(
+                    out.buf,
+                    out.idx(v(b), v(h), v(si), add(v(dd), int(rot))),
+                    view.at(v(b), v(h), v(si), add(v(dd), int(rot))),
+                )],
+            ));
+        }
+        k.body = vec![for_(
+            b,
+            bsz,
+            vec![for_(si, seq, vec![for_(h, nh, body)])],
+        )];
+        lw.push(k);
+        Ok(())
     }
 }

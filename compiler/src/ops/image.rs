@@ -17,6 +17,7 @@ pub fn register(r: &mut Registry) {
     r.add("RoiAlign", roi_align);
     r.add_dynamic("NonMaxSuppression", nms);
     r.add_dynamic("ImageDecoder", image_decoder);
+    lower::register(r);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -142,6 +143,10 @@ fn coeffs(p: &ResizeParams, ratio: f64, scale: f64) -> Vec<f64> {
 }
 
 /// Resizes one axis of `data` (as in `_interpolate_1d_along_axis`).
+/// Per output position along one axis: source indices (clamped), weights, and whether
+/// the position is extrapolated.
+type Taps = Vec<(Vec<usize>, Vec<f64>, bool)>;
+
 fn resize_axis(
     data: &ArrayD<f64>,
     ax: usize,
@@ -156,6 +161,27 @@ fn resize_axis(
     if out_len == 0 || data.is_empty() {
         return Ok(ArrayD::zeros(IxDyn(&shape)));
     }
+    let taps = resize_taps(inw, scale, out_len, roi, p)?;
+    let mut o = ArrayD::zeros(IxDyn(&shape));
+    for (lin, mut lout) in data.lanes(Axis(ax)).into_iter().zip(o.lanes_mut(Axis(ax))) {
+        for (dst, (idx, c, ex)) in lout.iter_mut().zip(&taps) {
+            *dst = if *ex {
+                p.extrapolation
+            } else {
+                idx.iter().zip(c).map(|(&i, &w)| lin[i] * w).sum()
+            };
+        }
+    }
+    Ok(o)
+}
+
+fn resize_taps(
+    inw: usize,
+    scale: f64,
+    out_len: usize,
+    roi: (f64, f64),
+    p: &ResizeParams,
+) -> OpResult<Taps> {
     ensure!(inw > 0, "cannot resize an empty axis to {out_len}");
     ensure!(
         scale > 0.0 && scale.is_finite(),
@@ -246,17 +272,7 @@ fn resize_axis(
             .collect();
         taps.push((idx, c, extrap));
     }
-    let mut o = ArrayD::zeros(IxDyn(&shape));
-    for (lin, mut lout) in data.lanes(Axis(ax)).into_iter().zip(o.lanes_mut(Axis(ax))) {
-        for (dst, (idx, c, ex)) in lout.iter_mut().zip(&taps) {
-            *dst = if *ex {
-                p.extrapolation
-            } else {
-                idx.iter().zip(c).map(|(&i, &w)| lin[i] * w).sum()
-            };
-        }
-    }
-    Ok(o)
+    Ok(taps)
 }
 
 /// Rounds f64 results back to `dt` like `onnx.numpy_helper.saturate_cast`.
@@ -300,9 +316,23 @@ fn run_resize(
         "Resize does not support {}",
         x.dtype()
     );
-    let r = x.rank();
     let mut a = f64s(x)?;
     dims(&sizes.iter().map(|&s| s as i64).collect::<Vec<_>>())?;
+    for (ax, lo, hi) in resized_axes(x.shape(), scales, sizes, roi) {
+        a = resize_axis(&a, ax, scales[ax], sizes[ax], (lo, hi), p)?;
+    }
+    Ok(saturate(x.dtype(), a))
+}
+
+/// The axes Resize changes, in order, with their roi bounds.
+fn resized_axes(
+    in_shape: &[usize],
+    scales: &[f64],
+    sizes: &[usize],
+    roi: Option<&[f64]>,
+) -> Vec<(usize, f64, f64)> {
+    let r = in_shape.len();
+    let mut v = Vec::new();
     for ax in 0..r {
         let (lo, hi) = match roi {
             Some(v) => (v[ax], v[ax + r]),
@@ -310,14 +340,14 @@ fn run_resize(
         };
         let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs());
         if close(scales[ax], 1.0)
-            && sizes[ax] == a.shape()[ax]
+            && sizes[ax] == in_shape[ax]
             && (roi.is_none() || (lo == 0.0 && close(hi, 1.0)))
         {
             continue;
         }
-        a = resize_axis(&a, ax, scales[ax], sizes[ax], (lo, hi), p)?;
+        v.push((ax, lo, hi));
     }
-    Ok(saturate(x.dtype(), a))
+    v
 }
 
 fn parse_ctm(s: &str) -> OpResult<Ctm> {
@@ -352,8 +382,17 @@ fn nonempty_f64(t: Option<&Tensor>) -> OpResult<Option<Vec<f64>>> {
 
 fn resize(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let x = input(ins, 0)?;
-    let r = x.rank();
-    let in_shape = x.shape().to_vec();
+    let (scales, sizes, roi, p) = resize_setup(ctx, x.shape(), ins)?;
+    out(run_resize(x, &scales, &sizes, roi.as_deref(), &p)?)
+}
+
+type Setup = (Vec<f64>, Vec<usize>, Option<Vec<f64>>, ResizeParams);
+
+/// Resize's scales, output sizes, full roi and parameters (inputs 1-3 are read from
+/// `ins`; input 0 is not).
+fn resize_setup(ctx: &OpCtx, in_shape: &[usize], ins: &[Option<&Value>]) -> OpResult<Setup> {
+    let r = in_shape.len();
+    let in_shape = in_shape.to_vec();
     let mode = parse_mode(&ctx.attrs.string("mode", "nearest".into())?)?;
     let (ctm, nearest, roi_in, scales_in, sizes_in) = if ctx.opset < 11 {
         (
@@ -485,12 +524,17 @@ fn resize(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     } else {
         roi
     };
-    out(run_resize(x, &scales, &sizes, roi.as_deref(), &p)?)
+    Ok((scales, sizes, roi, p))
 }
 
 fn upsample(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let x = input(ins, 0)?;
-    let r = x.rank();
+    let (scales, sizes, _, p) = upsample_setup(ctx, x.shape(), ins)?;
+    out(run_resize(x, &scales, &sizes, None, &p)?)
+}
+
+fn upsample_setup(ctx: &OpCtx, in_shape: &[usize], ins: &[Option<&Value>]) -> OpResult<Setup> {
+    let r = in_shape.len();
     let scales: Vec<f64> = if ctx.opset < 9 {
         ctx.attrs
             .get_floats("scales")?
@@ -509,7 +553,7 @@ fn upsample(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let mut sizes = Vec::with_capacity(r);
     for (i, &s) in scales.iter().enumerate() {
         ensure!(s >= 1.0 && s.is_finite(), "Upsample scale {s} must be >= 1");
-        let o = s * x.shape()[i] as f64;
+        let o = s * in_shape[i] as f64;
         ensure!(o < 1e12, "output size too large");
         sizes.push(o as usize);
     }
@@ -522,7 +566,7 @@ fn upsample(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         extrapolation: 0.0,
         antialias: false,
     };
-    out(run_resize(x, &scales, &sizes, None, &p)?)
+    Ok((scales, sizes, None, p))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1667,4 +1711,229 @@ fn image_decoder(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         o => bail!("unsupported pixel_format `{o}`"),
     };
     out(Tensor::from_vec(&[h, w, c], data))
+}
+
+// ---------------------------------------------------------------------------------------
+// Lowering to kernel IR
+// ---------------------------------------------------------------------------------------
+
+mod lower {
+    use super::{resize_setup, resize_taps, resized_axes, upsample_setup, Setup};
+    use crate::ir::{OpError, OpResult, Tensor, Value};
+    use crate::kir::{BufId, BufKind, Expr, Stmt, Ty, UnOp};
+    use crate::ops::lowering::LowerCtx;
+    use crate::ops::{Lowering, OpCtx, Registry};
+    use crate::ensure;
+
+    pub fn register(r: &mut Registry) {
+        r.lower("Resize", Lowering::Custom(resize));
+        r.lower("Upsample", Lowering::Custom(upsample));
+    }
+
+    fn resize(lw: &mut LowerCtx) -> OpResult<()> {
+        lower_resize(lw, resize_setup)
+    }
+
+    fn upsample(lw: &mut LowerCtx) -> OpResult<()> {
+        lower_resize(lw, upsample_setup)
+    }
+
+    fn int(x: usize) -> Expr {
+        Expr::Int(x as i64)
+    }
+
+    fn for_(var: usize, n: usize, body: Vec<Stmt>) -> Stmt {
+        Stmt::For {
+            var,
+            extent: n as u64,
+            body,
+        }
+    }
+
+    /// Separable resize: one kernel per changed axis, each a weighted sum of source
+    /// elements through per-axis tap tables computed at compile time (like the reference).
+    fn lower_resize(
+        lw: &mut LowerCtx,
+        setup: fn(&OpCtx, &[usize], &[Option<&Value>]) -> OpResult<Setup>,
+    ) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let mut vals: Vec<Option<Value>> = vec![None];
+        for i in 1..lw.inputs.len() {
+            vals.push(match lw.opt_input(i) {
+                None => None,
+                Some(t) => match &t.value {
+                    Some(v) => Some(Value::Tensor(v.clone())),
+                    None if t.is_empty() => None,
+                    None => {
+                        return Err(OpError::unsupported(format!(
+                            "input {i} must be a constant to compile Resize"
+                        )))
+                    }
+                },
+            });
+        }
+        let refs: Vec<Option<&Value>> = vals.iter().map(|v| v.as_ref()).collect();
+        let (scales, sizes, roi, p) = setup(lw.op, &x.shape, &refs)?;
+        let out = lw.outputs[0].clone();
+        ensure!(out.shape == sizes, "Resize output shape {:?} vs {sizes:?}", out.shape);
+        let xt = x.ty().compute();
+        let ot = out.ty();
+        ensure!(ot == x.ty(), "Resize output type");
+        let steps = resized_axes(&x.shape, &scales, &sizes, roi.as_deref());
+        // Current source: (buffer, its compute type, shape).
+        let mut cur: (BufId, Ty, Vec<usize>) = (x.buf, xt, x.shape.clone());
+        let finish = |e: Expr, from: Ty| -> Expr {
+            let oc = ot.compute();
+            if oc.is_float() {
+                if from == oc {
+                    e
+                } else {
+                    Expr::cast(oc, e)
+                }
+            } else if from.is_float() {
+                Expr::cast(oc, Expr::un(UnOp::Nearest, e))
+            } else if from == oc {
+                e
+            } else {
+                Expr::cast(oc, e)
+            }
+        };
+        if steps.is_empty() || out.is_empty() || x.is_empty() {
+            let mut k = lw.kernel("copy");
+            let j = k.var(Ty::I64);
+            let n = out.len();
+            k.body = if x.is_empty() || out.is_empty() {
+                vec![for_(
+                    j,
+                    n,
+                    vec![Stmt::Store {
+                        buf: out.buf,
+                        index: Expr::Var(j),
+                        value: finish(Expr::f(0.0, Ty::F64), Ty::F64),
+                    }],
+                )]
+            } else {
+                vec![for_(
+                    j,
+                    n,
+                    vec![Stmt::Store {
+                        buf: out.buf,
+                        index: Expr::Var(j),
+                        value: finish(Expr::load(x.buf, Expr::Var(j)), xt),
+                    }],
+                )]
+            };
+            lw.push(k);
+            return Ok(());
+        }
+        let nsteps = steps.len();
+        for (si, &(ax, lo, hi)) in steps.iter().enumerate() {
+            let (src, st, shape) = cur.clone();
+            let inw = shape[ax];
+            let olen = sizes[ax];
+            let taps = resize_taps(inw, scales[ax], olen, (lo, hi), &p)?;
+            let n = taps[0].0.len();
+            ensure!(
+                taps.iter().all(|t| t.0.len() == n && t.1.len() == n),
+                "Resize taps of varying width"
+            );
+            let idx: Vec<i32> = taps
+                .iter()
+                .flat_map(|t| t.0.iter().map(|&i| i as i32))
+                .collect();
+            let w: Vec<f64> = taps.iter().flat_map(|t| t.1.iter().copied()).collect();
+            let ex: Vec<u8> = taps.iter().map(|t| t.2 as u8).collect();
+            let any_ex = ex.iter().any(|&e| e != 0);
+            let idx_b = lw.constant(&format!("idx{ax}"), &Tensor::from_vec(&[idx.len()], idx))?;
+            let w_b = lw.constant(&format!("w{ax}"), &Tensor::from_vec(&[w.len()], w))?;
+            let ex_b = if any_ex {
+                Some(lw.constant(&format!("ex{ax}"), &Tensor::from_vec(&[ex.len()], ex))?)
+            } else {
+                None
+            };
+            let mut oshape = shape.clone();
+            oshape[ax] = olen;
+            let last = si + 1 == nsteps;
+            let dst = if last {
+                out.buf
+            } else {
+                let name = format!("{}/step{si}", lw.name);
+                lw.program.add_buffer(
+                    name,
+                    BufKind::Arena { offset: 0 },
+                    Ty::F64,
+                    oshape.iter().product::<usize>() as u64,
+                )
+            };
+            let outer: usize = shape[..ax].iter().product();
+            let inner: usize = shape[ax + 1..].iter().product();
+            let mut k = lw.kernel(&format!("axis{ax}"));
+            let (a, o, b, t) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+            let acc = k.var(Ty::F64);
+            let tap = Expr::add(Expr::mul(Expr::Var(o), int(n)), Expr::Var(t));
+            let si_ = Expr::cast(Ty::I64, Expr::load(idx_b, tap.clone()));
+            let src_idx = Expr::add(
+                Expr::mul(
+                    Expr::add(Expr::mul(Expr::Var(a), int(inw)), si_),
+                    int(inner),
+                ),
+                Expr::Var(b),
+            );
+            let sv = Expr::load(src, src_idx);
+            let sv = if st == Ty::F64 { sv } else { Expr::cast(Ty::F64, sv) };
+            let mut val = Expr::Var(acc);
+            if let Some(eb) = ex_b {
+                val = Expr::select(
+                    Expr::load(eb, Expr::Var(o)),
+                    Expr::f(p.extrapolation, Ty::F64),
+                    val,
+                );
+            }
+            let val = if last { finish(val, Ty::F64) } else { val };
+            let didx = Expr::add(
+                Expr::mul(
+                    Expr::add(Expr::mul(Expr::Var(a), int(olen)), Expr::Var(o)),
+                    int(inner),
+                ),
+                Expr::Var(b),
+            );
+            k.body = vec![for_(
+                a,
+                outer,
+                vec![for_(
+                    o,
+                    olen,
+                    vec![for_(
+                        b,
+                        inner,
+                        vec![
+                            Stmt::Set {
+                                var: acc,
+                                value: Expr::f(0.0, Ty::F64),
+                            },
+                            for_(
+                                t,
+                                n,
+                                vec![Stmt::Set {
+                                    var: acc,
+                                    value: Expr::add(
+                                        Expr::Var(acc),
+                                        Expr::mul(sv, Expr::load(w_b, tap)),
+                                    ),
+                                }],
+                            ),
+                            Stmt::Store {
+                                buf: dst,
+                                index: didx,
+                                value: val,
+                            },
+                        ],
+                    )],
+                )],
+            )];
+            lw.push(k);
+            cur = (dst, Ty::F64, oshape);
+        }
+        Ok(())
+    }
 }

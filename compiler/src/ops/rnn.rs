@@ -15,6 +15,7 @@ pub fn register(r: &mut Registry) {
     r.add("RNN", rnn);
     r.add("GRU", gru);
     r.add("LSTM", lstm);
+    lower::register(r);
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -426,4 +427,448 @@ fn run(ctx: &OpCtx, ins: &[Option<&Value>], kind: Kind) -> OpResult<Vec<Value>> 
     let mut v = vec![y_t, yh_t, yc_t];
     v.truncate(max.min(ctx.n_outputs.max(1)));
     outs(v)
+}
+
+// ---------------------------------------------------------------------------------
+// Lowering to kernel IR
+
+mod lower {
+    use super::{activations, Act, Kind};
+    use crate::ir::{OpError, OpResult};
+    use crate::kir::{BinOp, BufId, BufKind, CmpOp, Expr, MathFn, Stmt, Ty, UnOp, VarId};
+    use crate::ops::lowering::{LowerCtx, TensorRef};
+    use crate::ops::{Lowering, Registry};
+    use crate::{bail, ensure};
+
+    pub fn register(r: &mut Registry) {
+        r.lower("RNN", Lowering::Custom(|lw| lower(lw, Kind::Rnn)));
+        r.lower("GRU", Lowering::Custom(|lw| lower(lw, Kind::Gru)));
+        r.lower("LSTM", Lowering::Custom(|lw| lower(lw, Kind::Lstm)));
+    }
+
+    const F: Ty = Ty::F64;
+
+    fn v(x: VarId) -> Expr {
+        Expr::Var(x)
+    }
+    fn int(x: usize) -> Expr {
+        Expr::Int(x as i64)
+    }
+    fn fl(x: f64) -> Expr {
+        Expr::f(x, F)
+    }
+    fn add(a: Expr, b: Expr) -> Expr {
+        Expr::add(a, b)
+    }
+    fn sub(a: Expr, b: Expr) -> Expr {
+        Expr::bin(BinOp::Sub, a, b)
+    }
+    fn mul(a: Expr, b: Expr) -> Expr {
+        Expr::mul(a, b)
+    }
+    fn div(a: Expr, b: Expr) -> Expr {
+        Expr::bin(BinOp::Div, a, b)
+    }
+    fn lt(a: Expr, b: Expr) -> Expr {
+        Expr::cmp(CmpOp::Lt, a, b)
+    }
+    fn gt(a: Expr, b: Expr) -> Expr {
+        Expr::cmp(CmpOp::Gt, a, b)
+    }
+    fn sel(c: Expr, a: Expr, b: Expr) -> Expr {
+        Expr::select(c, a, b)
+    }
+    fn call(f: MathFn, a: Expr) -> Expr {
+        Expr::call(f, vec![a])
+    }
+    fn for_(var: VarId, n: usize, body: Vec<Stmt>) -> Stmt {
+        Stmt::For {
+            var,
+            extent: n as u64,
+            body,
+        }
+    }
+    fn set(var: VarId, value: Expr) -> Stmt {
+        Stmt::Set { var, value }
+    }
+    fn store(buf: BufId, index: Expr, value: Expr) -> Stmt {
+        Stmt::Store { buf, index, value }
+    }
+    /// Linear index `sum(e * stride)`.
+    fn lin(terms: Vec<(Expr, usize)>) -> Expr {
+        let mut acc: Option<Expr> = None;
+        for (e, s) in terms {
+            if s == 0 {
+                continue;
+            }
+            let t = if s == 1 { e } else { mul(e, int(s)) };
+            acc = Some(match acc {
+                None => t,
+                Some(a) => add(a, t),
+            });
+        }
+        acc.unwrap_or(Expr::Int(0))
+    }
+    /// A load widened to f64.
+    fn ld(t: &TensorRef, idx: Expr) -> Expr {
+        let e = Expr::load(t.buf, idx);
+        if t.ty().compute() == F {
+            e
+        } else {
+            Expr::cast(F, e)
+        }
+    }
+    fn to_out(t: &TensorRef, e: Expr) -> Expr {
+        if t.ty().compute() == F {
+            e
+        } else {
+            Expr::cast(t.ty().compute(), e)
+        }
+    }
+
+    fn act(a: Act, x: Expr) -> Expr {
+        match a {
+            Act::Relu => sel(lt(x.clone(), fl(0.0)), fl(0.0), sel(Expr::cmp(CmpOp::Ne, x.clone(), x.clone()), fl(0.0), x)),
+            Act::Tanh => call(MathFn::Tanh, x),
+            Act::Sigmoid => div(fl(1.0), add(fl(1.0), call(MathFn::Exp, Expr::un(UnOp::Neg, x)))),
+            Act::Affine(a, b) => add(mul(fl(a), x), fl(b)),
+            Act::LeakyRelu(a) => sel(Expr::cmp(CmpOp::Ge, x.clone(), fl(0.0)), x.clone(), mul(fl(a), x)),
+            Act::ThresholdedRelu(a) => sel(gt(x.clone(), fl(a)), x, fl(0.0)),
+            Act::ScaledTanh(a, b) => mul(fl(a), call(MathFn::Tanh, mul(fl(b), x))),
+            Act::HardSigmoid(a, b) => {
+                let y = add(mul(fl(a), x), fl(b));
+                clampf(y, 0.0, 1.0)
+            }
+            Act::Elu(a) => sel(
+                Expr::cmp(CmpOp::Ge, x.clone(), fl(0.0)),
+                x.clone(),
+                mul(fl(a), sub(call(MathFn::Exp, x), fl(1.0))),
+            ),
+            Act::Softsign => div(x.clone(), add(fl(1.0), Expr::un(UnOp::Abs, x))),
+            Act::Softplus => call(MathFn::Log, add(fl(1.0), call(MathFn::Exp, x))),
+        }
+    }
+    /// `x.clamp(lo, hi)` (NaN stays NaN).
+    fn clampf(x: Expr, lo: f64, hi: f64) -> Expr {
+        sel(lt(x.clone(), fl(lo)), fl(lo), sel(gt(x.clone(), fl(hi)), fl(hi), x))
+    }
+
+    fn lower(lw: &mut LowerCtx, kind: Kind) -> OpResult<()> {
+        let (gates, defaults): (usize, &[&str]) = match kind {
+            Kind::Rnn => (1, &["Tanh"]),
+            Kind::Gru => (3, &["Sigmoid", "Tanh"]),
+            Kind::Lstm => (4, &["Sigmoid", "Tanh", "Tanh"]),
+        };
+        let x = lw.input(0)?.clone();
+        let w = lw.input(1)?.clone();
+        let r = lw.input(2)?.clone();
+        let bias = lw.opt_input(3).cloned().filter(|t| !t.is_empty());
+        let lens = lw.opt_input(4).cloned().filter(|t| !t.is_empty());
+        let h0 = lw.opt_input(5).cloned().filter(|t| !t.is_empty());
+        let c0 = lw.opt_input(6).cloned().filter(|t| !t.is_empty());
+        let pp = lw.opt_input(7).cloned().filter(|t| !t.is_empty());
+        let at = &lw.op.attrs;
+        ensure!(x.dtype.is_float(), "X must be a float tensor");
+        let layout = at.int("layout", 0)?;
+        let direction = at.string("direction", "forward".into())?;
+        let dirs = match direction.as_str() {
+            "forward" | "reverse" => 1,
+            "bidirectional" => 2,
+            d => bail!("unknown direction `{d}`"),
+        };
+        ensure!(x.shape.len() == 3, "X must have rank 3");
+        let (seq, batch, isz) = if layout == 0 {
+            (x.shape[0], x.shape[1], x.shape[2])
+        } else {
+            (x.shape[1], x.shape[0], x.shape[2])
+        };
+        let hs = r.shape[2];
+        let gh = gates * hs;
+        ensure!(w.shape == [dirs, gh, isz] && r.shape == [dirs, gh, hs], "W/R shapes");
+        if let Some(b) = &bias {
+            ensure!(b.shape == [dirs, 2 * gh], "B shape");
+        }
+        if let Some(p) = &pp {
+            ensure!(p.shape == [dirs, 3 * hs], "P shape");
+        }
+        let acts = activations(lw.op, defaults, dirs)?;
+        let clip = at.get_float("clip")?.map(|c| c as f64);
+        let lbr = at.int("linear_before_reset", 0)? != 0;
+        let input_forget = at.int("input_forget", 0)? != 0;
+        let per = defaults.len();
+        if seq == 0 {
+            return Err(OpError::unsupported("empty sequence"));
+        }
+
+        let cl = |e: Expr| match clip {
+            Some(c) => clampf(e, -c, c),
+            None => e,
+        };
+        let scratch = |lw: &mut LowerCtx, what: &str, n: usize| -> BufId {
+            let name = format!("{}/{what}", lw.name);
+            lw.program
+                .add_buffer(name, BufKind::Arena { offset: 0 }, F, n.max(1) as u64)
+        };
+        let hb = scratch(lw, "h", hs);
+        let cb = scratch(lw, "c", hs);
+        let gb = scratch(lw, "g", gh);
+        let tb = scratch(lw, "tmp", hs);
+        let outs = lw.outputs.clone();
+        let y = outs.first().cloned();
+        let yh = outs.get(1).cloned();
+        let yc = if kind == Kind::Lstm { outs.get(2).cloned() } else { None };
+
+        let mut k = lw.kernel("");
+        let (d, b, step, t, j, kk) = (
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+        );
+        let (acc, s) = (k.var(F), k.var(F));
+        let mut body = Vec::new();
+        // Zero Y (positions past a sequence's length stay 0).
+        if let (Some(yt), Some(_)) = (&y, &lens) {
+            body.push(for_(j, yt.len(), vec![store(yt.buf, v(j), to_out(yt, fl(0.0)))]));
+        }
+        // Indexing.
+        let xidx = |t: Expr, b: Expr, i: Expr| {
+            if layout == 0 {
+                lin(vec![(t, batch * isz), (b, isz), (i, 1)])
+            } else {
+                lin(vec![(b, seq * isz), (t, isz), (i, 1)])
+            }
+        };
+        let sidx = |d: Expr, b: Expr, i: Expr| {
+            if layout == 0 {
+                lin(vec![(d, batch * hs), (b, hs), (i, 1)])
+            } else {
+                lin(vec![(b, dirs * hs), (d, hs), (i, 1)])
+            }
+        };
+        let yidx = |t: Expr, d: Expr, b: Expr, i: Expr| {
+            if layout == 0 {
+                lin(vec![(t, dirs * batch * hs), (d, batch * hs), (b, hs), (i, 1)])
+            } else {
+                lin(vec![(b, seq * dirs * hs), (t, dirs * hs), (d, hs), (i, 1)])
+            }
+        };
+        let wat = |row: Expr, i: Expr| ld(&w, lin(vec![(v(d), gh * isz), (row, isz), (i, 1)]));
+        let rat = |row: Expr, i: Expr| ld(&r, lin(vec![(v(d), gh * hs), (row, hs), (i, 1)]));
+        let bat = |i: Expr| match &bias {
+            Some(bt) => ld(bt, add(mul(v(d), int(2 * gh)), i)),
+            None => fl(0.0),
+        };
+        let pat = |i: Expr| match &pp {
+            Some(pt) => ld(pt, add(mul(v(d), int(3 * hs)), i)),
+            None => fl(0.0),
+        };
+        let hat = |i: Expr| Expr::load(hb, i);
+        let cat = |i: Expr| Expr::load(cb, i);
+        let gat = |i: Expr| Expr::load(gb, i);
+        // acc += W[row0 + j] . x_t ; acc += R[row0 + j] . vec
+        let wx = |row0: usize| {
+            vec![
+                set(s, fl(0.0)),
+                for_(
+                    kk,
+                    isz,
+                    vec![set(
+                        s,
+                        add(
+                            v(s),
+                            mul(
+                                wat(add(v(j), int(row0)), v(kk)),
+                                ld(&x, xidx(v(t), v(b), v(kk))),
+                            ),
+                        ),
+                    )],
+                ),
+                set(acc, add(v(acc), v(s))),
+            ]
+        };
+        let rv = |row0: usize, vecb: BufId| {
+            vec![
+                set(s, fl(0.0)),
+                for_(
+                    kk,
+                    hs,
+                    vec![set(
+                        s,
+                        add(
+                            v(s),
+                            mul(rat(add(v(j), int(row0)), v(kk)), Expr::load(vecb, v(kk))),
+                        ),
+                    )],
+                ),
+                set(acc, add(v(acc), v(s))),
+            ]
+        };
+        // Per (d, b) program; `a` = this direction's activations.
+        let per_dir = |dd: usize| -> Vec<Stmt> {
+            let a = &acts[dd * per..(dd + 1) * per];
+            let reverse = direction == "reverse" || dd == 1;
+            let len = match &lens {
+                Some(lt) => Expr::cast(Ty::I64, Expr::load(lt.buf, v(b))),
+                None => int(seq),
+            };
+            let mut st = Vec::new();
+            // Initial state.
+            let init_h = match &h0 {
+                Some(h) => ld(h, sidx(v(d), v(b), v(j))),
+                None => fl(0.0),
+            };
+            let init_c = match &c0 {
+                Some(c) => ld(c, sidx(v(d), v(b), v(j))),
+                None => fl(0.0),
+            };
+            st.push(for_(
+                j,
+                hs,
+                vec![store(hb, v(j), init_h), store(cb, v(j), init_c)],
+            ));
+            let mut stepb = vec![set(
+                t,
+                if reverse {
+                    sub(sub(len.clone(), Expr::Int(1)), v(step))
+                } else {
+                    v(step)
+                },
+            )];
+            match kind {
+                Kind::Rnn => {
+                    let mut g = vec![set(acc, add(bat(v(j)), bat(add(v(j), int(hs)))))];
+                    g.extend(wx(0));
+                    g.extend(rv(0, hb));
+                    g.push(store(gb, v(j), v(acc)));
+                    stepb.push(for_(j, hs, g));
+                    stepb.push(for_(j, hs, vec![store(hb, v(j), act(a[0], cl(gat(v(j)))))]));
+                }
+                Kind::Gru => {
+                    let mut g = vec![set(acc, add(bat(v(j)), bat(add(v(j), int(gh)))))];
+                    g.extend(wx(0));
+                    g.extend(rv(0, hb));
+                    g.push(store(gb, v(j), act(a[0], cl(v(acc)))));
+                    stepb.push(for_(j, 2 * hs, g));
+                    // xh into g[2hs..].
+                    let mut g = vec![set(acc, bat(add(v(j), int(2 * hs))))];
+                    g.extend(wx(2 * hs));
+                    g.push(store(gb, add(v(j), int(2 * hs)), v(acc)));
+                    stepb.push(for_(j, hs, g));
+                    let xh = gat(add(v(j), int(2 * hs)));
+                    let rg = gat(add(v(j), int(hs)));
+                    if lbr {
+                        let mut g = vec![set(acc, bat(add(v(j), int(gh + 2 * hs))))];
+                        g.extend(rv(2 * hs, hb));
+                        g.push(store(tb, v(j), act(a[1], cl(add(xh, mul(rg, v(acc)))))));
+                        stepb.push(for_(j, hs, g));
+                    } else {
+                        // tmp = r * h, then hh into g[2hs..] is not possible (xh needed), so
+                        // compute rh into acc and hh into tmp after tmp is consumed: use the
+                        // h-gate slot of g for r*h.
+                        stepb.push(for_(
+                            j,
+                            hs,
+                            vec![store(tb, v(j), mul(rg.clone(), hat(v(j))))],
+                        ));
+                        let mut g = vec![set(acc, bat(add(v(j), int(gh + 2 * hs))))];
+                        g.extend(rv(2 * hs, tb));
+                        // Overwrite r (no longer needed) with hh.
+                        g.push(store(gb, add(v(j), int(hs)), act(a[1], cl(add(xh, v(acc))))));
+                        stepb.push(for_(j, hs, g));
+                        stepb.push(for_(j, hs, vec![store(tb, v(j), gat(add(v(j), int(hs))))]));
+                    }
+                    let z = gat(v(j));
+                    stepb.push(for_(
+                        j,
+                        hs,
+                        vec![store(
+                            hb,
+                            v(j),
+                            add(
+                                mul(sub(fl(1.0), z.clone()), Expr::load(tb, v(j))),
+                                mul(z, hat(v(j))),
+                            ),
+                        )],
+                    ));
+                }
+                Kind::Lstm => {
+                    let mut g = vec![set(acc, add(bat(v(j)), bat(add(v(j), int(gh)))))];
+                    g.extend(wx(0));
+                    g.extend(rv(0, hb));
+                    g.push(store(gb, v(j), v(acc)));
+                    stepb.push(for_(j, gh, g));
+                    let (iv, fv, ov) = (s, acc, acc);
+                    let _ = ov;
+                    let cj = cat(v(j));
+                    let i_e = act(a[0], cl(add(gat(v(j)), mul(pat(v(j)), cj.clone()))));
+                    let mut pj = vec![set(iv, i_e)];
+                    if input_forget {
+                        pj.push(set(fv, sub(fl(1.0), v(iv))));
+                    } else {
+                        pj.push(set(
+                            fv,
+                            act(
+                                a[0],
+                                cl(add(
+                                    gat(add(v(j), int(2 * hs))),
+                                    mul(pat(add(v(j), int(2 * hs))), cj.clone()),
+                                )),
+                            ),
+                        ));
+                    }
+                    let cc = act(a[1], cl(gat(add(v(j), int(3 * hs)))));
+                    pj.push(store(cb, v(j), add(mul(v(fv), cj), mul(v(iv), cc))));
+                    let nc = cat(v(j));
+                    let o = act(
+                        a[0],
+                        cl(add(gat(add(v(j), int(hs))), mul(pat(add(v(j), int(hs))), nc.clone()))),
+                    );
+                    pj.push(store(hb, v(j), mul(o, act(a[2], nc))));
+                    stepb.push(for_(j, hs, pj));
+                }
+            }
+            if let Some(yt) = &y {
+                stepb.push(for_(
+                    j,
+                    hs,
+                    vec![store(yt.buf, yidx(v(t), v(d), v(b), v(j)), to_out(yt, hat(v(j))))],
+                ));
+            }
+            let stepb = if lens.is_some() {
+                vec![Stmt::If {
+                    cond: lt(v(step), len),
+                    then: stepb,
+                    els: vec![],
+                }]
+            } else {
+                stepb
+            };
+            st.push(for_(step, seq, stepb));
+            if let Some(o) = &yh {
+                st.push(for_(
+                    j,
+                    hs,
+                    vec![store(o.buf, sidx(v(d), v(b), v(j)), to_out(o, hat(v(j))))],
+                ));
+            }
+            if let Some(o) = &yc {
+                st.push(for_(
+                    j,
+                    hs,
+                    vec![store(o.buf, sidx(v(d), v(b), v(j)), to_out(o, cat(v(j))))],
+                ));
+            }
+            st
+        };
+        for dd in 0..dirs {
+            body.push(set(d, int(dd)));
+            body.push(for_(b, batch, per_dir(dd)));
+        }
+        k.body = body;
+        lw.push(k);
+        Ok(())
+    }
 }
