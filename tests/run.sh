@@ -1,16 +1,38 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh clone: installs what the tests need (the ONNX and
-# ONNX Runtime Python packages used as oracles), generates the ONNX node test cases,
-# builds once in release mode and runs every test.
+# The whole test suite, from a fresh clone: installs what the tests need (a C compiler,
+# the aarch64 cross toolchain and qemu for the ARM tests, valgrind, and the ONNX and ONNX
+# Runtime Python packages used as oracles), generates the ONNX node test cases, builds
+# once in release mode and runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v cc >/dev/null || need_apt+=(gcc libc6-dev)
+command -v nm >/dev/null || need_apt+=(binutils)
+command -v aarch64-linux-gnu-gcc >/dev/null || need_apt+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+command -v qemu-aarch64-static >/dev/null || need_apt+=(qemu-user-static)
+command -v valgrind >/dev/null || need_apt+=(valgrind)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "== installing Debian packages: ${need_apt[*]}"
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${need_apt[@]}" >/dev/null
+fi
+
 echo "== installing the Python oracles (onnx, onnxruntime, numpy)"
 python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
+
 if [ ! -f tests/onnx-node/COUNT ] || [ ! -d tests/onnx-other/light ]; then
   echo "== generating the ONNX node test cases"
   python3 tests/conformance/gen_node_cases.py tests/onnx-node --other tests/onnx-other
 fi
+
 echo "== building (release)"
 cargo build --release --workspace --all-targets
+
 echo "== testing"
 cargo test --release --workspace
+
+echo "== the C example (compile the bundled model, link, run)"
+bash examples/c/run.sh

@@ -238,7 +238,7 @@ pub fn lower(g: &Graph, known: &HashMap<ValueId, Value>) -> Result<Lowered> {
     // Graph outputs not written by a kernel: copies from inputs or constants.
     for (k, &v) in g.outputs.iter().enumerate() {
         let ob = out_bufs[k];
-        let written = p.kernels.iter().any(|kern| writes(&kern.body, ob));
+        let written = p.buffers[ob].len == 0 || p.kernels.iter().any(|kern| writes(&kern.body, ob));
         if written {
             continue;
         }
