@@ -9,12 +9,15 @@ use std::process::ExitCode;
 
 /// onnxc: an ahead-of-time compiler for ONNX models.
 ///
-/// Compile a model into an object file and a C header, or inspect and run it with the
-/// reference evaluator:
+/// Compiles a model into one object file plus a C header: no interpreter, no heap
+/// allocation, every shape fixed at compile time.
 ///
-///   onnxc model.onnx --emit ir                          # the graph IR after shape inference
-///   onnxc inspect model.onnx                            # opsets, signature, ops, FLOPs
-///   onnxc run model.onnx --input x=x.npy --output-dir out/
+///   onnxc model.onnx -o model.o                          # model.o + model.h, for this machine
+///   onnxc model.onnx --target aarch64-neon -o model.o    # cross-compile for an ARM board
+///   cc app.c model.o -lm -o app                          # link it (see model.h for the API)
+///   onnxc model.onnx --emit report                       # arena, weights, code size (JSON)
+///   onnxc inspect model.onnx                             # opsets, signature, ops, FLOPs
+///   onnxc run model.onnx --input x=x.npy --output-dir out/ [--engine compiled]
 ///
 /// Symbolic dims (batch, sequence) are fixed with --shape NAME=1x3x224x224.
 #[derive(Parser, Debug)]

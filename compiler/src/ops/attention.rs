@@ -1003,7 +1003,12 @@ mod lower {
     }
     impl View {
         fn idx(&self, b: Expr, h: Expr, s: Expr, d: Expr) -> Expr {
-            lin(vec![(b, self.st[0]), (h, self.st[1]), (s, self.st[2]), (d, self.st[3])])
+            lin(vec![
+                (b, self.st[0]),
+                (h, self.st[1]),
+                (s, self.st[2]),
+                (d, self.st[3]),
+            ])
         }
         fn at(&self, b: Expr, h: Expr, s: Expr, d: Expr) -> Expr {
             Expr::load(self.buf, self.idx(b, h, s, d))
@@ -1097,9 +1102,21 @@ mod lower {
         let mode = at.int("qk_matmul_output_mode", 0)?;
         let nout = lw.outputs.len();
         let y = lw.outputs[0].clone();
-        let present_k = if nout > 1 { Some(lw.outputs[1].clone()) } else { None };
-        let present_v = if nout > 2 { Some(lw.outputs[2].clone()) } else { None };
-        let qk_out = if nout > 3 { Some(lw.outputs[3].clone()) } else { None };
+        let present_k = if nout > 1 {
+            Some(lw.outputs[1].clone())
+        } else {
+            None
+        };
+        let present_v = if nout > 2 {
+            Some(lw.outputs[2].clone())
+        } else {
+            None
+        };
+        let qk_out = if nout > 3 {
+            Some(lw.outputs[3].clone())
+        } else {
+            None
+        };
 
         // Present key/value (past ++ new) in (B, H, Lkv, D).
         let mut k = lw.kernel("present");
@@ -1118,7 +1135,12 @@ mod lower {
                 None => scratch(lw, &format!("all_{which}"), kt.ty(), bsz * hk * lkv * d),
             };
             let dview = View::std4(dst, hk, lkv, d);
-            let (b, h, j, e) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+            let (b, h, j, e) = (
+                k.var(Ty::I64),
+                k.var(Ty::I64),
+                k.var(Ty::I64),
+                k.var(Ty::I64),
+            );
             let mut inner = Vec::new();
             if let Some(p) = &past {
                 let pview = View::std4(p.buf, hk, past_len, d);
@@ -1205,10 +1227,7 @@ mod lower {
             dq,
             vec![set(
                 acc,
-                add(
-                    v(acc),
-                    mul(cast_to(acc_t, qs, ct), cast_to(acc_t, ks, ct)),
-                ),
+                add(v(acc), mul(cast_to(acc_t, qs, ct), cast_to(acc_t, ks, ct))),
             )],
         ));
         p1.push(set(s, cast_to(ct, v(acc), acc_t)));
@@ -1244,7 +1263,12 @@ mod lower {
             let st = broadcast_strides(ms, &full);
             let raw = Expr::load(
                 mt.buf,
-                lin(vec![(v(b), st[0]), (v(h), st[1]), (v(i), st[2]), (v(j), st[3])]),
+                lin(vec![
+                    (v(b), st[0]),
+                    (v(h), st[1]),
+                    (v(i), st[2]),
+                    (v(j), st[3]),
+                ]),
             );
             let val = if mt.dtype == DType::Bool {
                 sel(raw, zero.clone(), ninf.clone())
@@ -1311,7 +1335,10 @@ mod lower {
         let mut rowb = vec![set(m, ninf.clone()), set(bm, ninf.clone())];
         rowb.push(for_(j, lkv, p1));
         // Pass 2: exp and sum.
-        rowb.push(set(m, sel(cmp(CmpOp::Eq, v(m), ninf.clone()), zero.clone(), v(m))));
+        rowb.push(set(
+            m,
+            sel(cmp(CmpOp::Eq, v(m), ninf.clone()), zero.clone(), v(m)),
+        ));
         rowb.push(set(sum, zero.clone()));
         let e = Expr::call(MathFn::Exp, vec![sub(Expr::load(row, v(j)), v(m))]);
         rowb.push(for_(
@@ -1428,7 +1455,12 @@ mod lower {
         ensure!(rot > 0 && rot <= hd && rot % 2 == 0, "rotary_embedding_dim");
         let half = rot / 2;
         let mut k = lw.kernel("");
-        let (b, si, h, ii) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+        let (b, si, h, ii) = (
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+        );
         // Cache row for (b, s).
         let cache = |t: &TensorRef, ii: Expr| -> OpResult<Expr> {
             let cs = &t.shape;
@@ -1497,11 +1529,7 @@ mod lower {
                 )],
             ));
         }
-        k.body = vec![for_(
-            b,
-            bsz,
-            vec![for_(si, seq, vec![for_(h, nh, body)])],
-        )];
+        k.body = vec![for_(b, bsz, vec![for_(si, seq, vec![for_(h, nh, body)])])];
         lw.push(k);
         Ok(())
     }

@@ -1719,11 +1719,11 @@ fn image_decoder(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
 
 mod lower {
     use super::{resize_setup, resize_taps, resized_axes, upsample_setup, Setup};
+    use crate::ensure;
     use crate::ir::{OpError, OpResult, Tensor, Value};
     use crate::kir::{BufId, BufKind, Expr, Stmt, Ty, UnOp};
     use crate::ops::lowering::LowerCtx;
     use crate::ops::{Lowering, OpCtx, Registry};
-    use crate::ensure;
 
     pub fn register(r: &mut Registry) {
         r.lower("Resize", Lowering::Custom(resize));
@@ -1775,7 +1775,11 @@ mod lower {
         let refs: Vec<Option<&Value>> = vals.iter().map(|v| v.as_ref()).collect();
         let (scales, sizes, roi, p) = setup(lw.op, &x.shape, &refs)?;
         let out = lw.outputs[0].clone();
-        ensure!(out.shape == sizes, "Resize output shape {:?} vs {sizes:?}", out.shape);
+        ensure!(
+            out.shape == sizes,
+            "Resize output shape {:?} vs {sizes:?}",
+            out.shape
+        );
         let xt = x.ty().compute();
         let ot = out.ty();
         ensure!(ot == x.ty(), "Resize output type");
@@ -1868,7 +1872,12 @@ mod lower {
             let outer: usize = shape[..ax].iter().product();
             let inner: usize = shape[ax + 1..].iter().product();
             let mut k = lw.kernel(&format!("axis{ax}"));
-            let (a, o, b, t) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+            let (a, o, b, t) = (
+                k.var(Ty::I64),
+                k.var(Ty::I64),
+                k.var(Ty::I64),
+                k.var(Ty::I64),
+            );
             let acc = k.var(Ty::F64);
             let tap = Expr::add(Expr::mul(Expr::Var(o), int(n)), Expr::Var(t));
             let si_ = Expr::cast(Ty::I64, Expr::load(idx_b, tap.clone()));
@@ -1880,7 +1889,11 @@ mod lower {
                 Expr::Var(b),
             );
             let sv = Expr::load(src, src_idx);
-            let sv = if st == Ty::F64 { sv } else { Expr::cast(Ty::F64, sv) };
+            let sv = if st == Ty::F64 {
+                sv
+            } else {
+                Expr::cast(Ty::F64, sv)
+            };
             let mut val = Expr::Var(acc);
             if let Some(eb) = ex_b {
                 val = Expr::select(

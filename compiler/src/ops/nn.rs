@@ -1002,7 +1002,11 @@ mod lower {
         let mg = m / group;
         let kl = win.kernel_len();
         let il = win.in_len();
-        let acc_t = if mode == Mode::Float { Ty::F64 } else { Ty::I64 };
+        let acc_t = if mode == Mode::Float {
+            Ty::F64
+        } else {
+            Ty::I64
+        };
         let load_acc = |e: Expr| Expr::cast(acc_t, e);
         let bias = match mode {
             Mode::Float => lw.opt_input(2).cloned(),
@@ -1074,15 +1078,15 @@ mod lower {
                 let xs = lw.input(1)?.clone();
                 let ws = lw.input(4)?.clone();
                 let ys = lw.input(6)?.clone();
-                ensure!(xs.len() == 1 && ys.len() == 1, "x_scale and y_scale must be scalars");
+                ensure!(
+                    xs.len() == 1 && ys.len() == 1,
+                    "x_scale and y_scale must be scalars"
+                );
                 ensure!(ws.len() == 1 || ws.len() == m, "bad w_scale");
                 let f = |e: Expr| Expr::cast(Ty::F64, e);
                 let scale = Expr::bin(
                     BinOp::Div,
-                    mul(
-                        f(Expr::load(xs.buf, int(0))),
-                        f(per_ch(&ws, oc.clone())),
-                    ),
+                    mul(f(Expr::load(xs.buf, int(0))), f(per_ch(&ws, oc.clone()))),
                     f(Expr::load(ys.buf, int(0))),
                 );
                 let mut q = mul(f(v(acc)), scale);
@@ -1196,12 +1200,7 @@ mod lower {
             }
         }
         ensure!(out_sp.iter().all(|&o| o >= 0), "negative output shape");
-        Ok((
-            pb,
-            out_sp.iter().map(|&o| o as usize).collect(),
-            s,
-            d,
-        ))
+        Ok((pb, out_sp.iter().map(|&o| o as usize).collect(), s, d))
     }
 
     fn conv_transpose(lw: &mut LowerCtx) -> OpResult<()> {
@@ -1212,7 +1211,10 @@ mod lower {
         ensure!(x.ty().compute().is_float(), "ConvTranspose of {}", x.ty());
         let group = group_attr(lw.op)?;
         let (xs, ws) = (&x.shape, &w.shape);
-        ensure!(xs.len() >= 3 && ws.len() == xs.len(), "bad ConvTranspose shapes");
+        ensure!(
+            xs.len() >= 3 && ws.len() == xs.len(),
+            "bad ConvTranspose shapes"
+        );
         let (n, c) = (xs[0], xs[1]);
         ensure!(ws[0] == c && c % group == 0, "bad ConvTranspose shapes");
         let cg = c / group;
@@ -1242,10 +1244,7 @@ mod lower {
         let mut cond = lit(1.0, Ty::U8);
         let mut coords = Vec::new();
         for i in 0..k.len() {
-            let t = sub(
-                add(v(ov[i]), int(pb[i])),
-                mul(v(kv[i]), int(d[i] as i64)),
-            );
+            let t = sub(add(v(ov[i]), int(pb[i])), mul(v(kv[i]), int(d[i] as i64)));
             cond = and(cond, cmp(CmpOp::Ge, t.clone(), int(0)));
             let si = s[i] as i64;
             let ci = if si == 1 {
@@ -1253,11 +1252,7 @@ mod lower {
             } else {
                 cond = and(
                     cond,
-                    cmp(
-                        CmpOp::Eq,
-                        Expr::bin(BinOp::Rem, t.clone(), int(si)),
-                        int(0),
-                    ),
+                    cmp(CmpOp::Eq, Expr::bin(BinOp::Rem, t.clone(), int(si)), int(0)),
                 );
                 Expr::bin(BinOp::Div, t.clone(), int(si))
             };
@@ -1318,7 +1313,11 @@ mod lower {
         let bias = lw.opt_input(2).cloned();
         let past = lw.opt_input(3).cloned();
         let outs = lw.outputs.clone();
-        ensure!(x.ty().compute().is_float(), "CausalConvWithState of {}", x.ty());
+        ensure!(
+            x.ty().compute().is_float(),
+            "CausalConvWithState of {}",
+            x.ty()
+        );
         let silu = match lw.op.attrs.string("activation", "none".into())?.as_str() {
             "none" => false,
             "silu" | "swish" => true,
@@ -1385,7 +1384,10 @@ mod lower {
                         v(acc),
                         mul(
                             v(tmp),
-                            f(Expr::load(w.buf, add(mul(ch.clone(), int(kw as i64)), v(j)))),
+                            f(Expr::load(
+                                w.buf,
+                                add(mul(ch.clone(), int(kw as i64)), v(j)),
+                            )),
                         ),
                     ),
                 ),
@@ -1461,9 +1463,17 @@ mod lower {
         let mg = m / group;
         let mut want = vec![n, og * kl * nsp];
         want.extend_from_slice(&win.out);
-        ensure!(off.shape == want, "offset has shape {:?}, expected {want:?}", off.shape);
+        ensure!(
+            off.shape == want,
+            "offset has shape {:?}, expected {want:?}",
+            off.shape
+        );
         if let Some(mt) = &mask {
-            ensure!(mt.len() == n * og * kl * pl, "bad mask shape {:?}", mt.shape);
+            ensure!(
+                mt.len() == n * og * kl * pl,
+                "bad mask shape {:?}",
+                mt.shape
+            );
         }
         let mut k_ = lw.kernel("");
         let kr = &mut k_;
@@ -1491,7 +1501,10 @@ mod lower {
                 mul(v(kv[i]), int(win.d[i] as i64)),
             );
             let chn = add(
-                mul(add(mul(gi.clone(), int(kl as i64)), kk.clone()), int(nsp as i64)),
+                mul(
+                    add(mul(gi.clone(), int(kl as i64)), kk.clone()),
+                    int(nsp as i64),
+                ),
                 int(i as i64),
             );
             let oidx = add(
@@ -1501,10 +1514,7 @@ mod lower {
                 ),
                 p.clone(),
             );
-            stmts.push(set(
-                pos[i],
-                add(f(base), f(Expr::load(off.buf, oidx))),
-            ));
+            stmts.push(set(pos[i], add(f(base), f(Expr::load(off.buf, oidx)))));
             finite = and(
                 finite,
                 cmp(CmpOp::Eq, sub(v(pos[i]), v(pos[i])), Expr::f(0.0, Ty::F64)),
@@ -1564,7 +1574,10 @@ mod lower {
             mul(add(mul(oc.clone(), int(cg as i64)), v(civ)), int(kl as i64)),
             kk.clone(),
         );
-        corners.push(set(acc, add(v(acc), mul(sample, f(Expr::load(w.buf, widx))))));
+        corners.push(set(
+            acc,
+            add(v(acc), mul(sample, f(Expr::load(w.buf, widx)))),
+        ));
         stmts.push(iff(finite, corners));
         let mut wl: Vec<(VarId, usize)> = vec![(civ, cg)];
         wl.extend(kv.iter().copied().zip(k.iter().copied()));

@@ -485,7 +485,11 @@ mod lower {
     fn ch_shape(t: &TensorRef, c: usize, rank: usize) -> OpResult<Vec<usize>> {
         let mut s = vec![1; rank];
         if t.len() != 1 {
-            ensure!(t.len() == c, "parameter has {} values for {c} channels", t.len());
+            ensure!(
+                t.len() == c,
+                "parameter has {} values for {c} channels",
+                t.len()
+            );
             s[1] = c;
         }
         Ok(s)
@@ -564,8 +568,22 @@ mod lower {
             };
             // Running statistics read the inputs at the channel (not broadcast over N/SP:
             // the reduced vars are out of their loops here, so index by channel only).
-            let mean_in = to64(Expr::load(ins[2].buf, if ins[2].len() == 1 { Expr::Int(0) } else { ci.clone() }));
-            let var_in = to64(Expr::load(ins[3].buf, if ins[3].len() == 1 { Expr::Int(0) } else { ci.clone() }));
+            let mean_in = to64(Expr::load(
+                ins[2].buf,
+                if ins[2].len() == 1 {
+                    Expr::Int(0)
+                } else {
+                    ci.clone()
+                },
+            ));
+            let var_in = to64(Expr::load(
+                ins[3].buf,
+                if ins[3].len() == 1 {
+                    Expr::Int(0)
+                } else {
+                    ci.clone()
+                },
+            ));
             let vals = [
                 run(mean_in, mean.clone()),
                 run(var_in, var.clone()),
@@ -594,7 +612,10 @@ mod lower {
         let xv = to64(Expr::load(x.buf, view.idx()));
         let (mut body, mean, inv) = mean_inv(&mut k, &view, &xv, eps);
         let y = add(
-            mul(mul(sub(xv, v(mean)), v(inv)), param(&view, &s, &ch_shape(&s, c, 3)?)),
+            mul(
+                mul(sub(xv, v(mean)), v(inv)),
+                param(&view, &s, &ch_shape(&s, c, 3)?),
+            ),
             param(&view, &b, &ch_shape(&b, c, 3)?),
         );
         body.extend(view.over_red(vec![store(&out, view.idx(), y)]));
@@ -609,7 +630,10 @@ mod lower {
         let (n, c) = (x.shape[0], x.shape[1]);
         let sp: usize = x.shape[2..].iter().product();
         let g = lw.op.attrs.req_int("num_groups")?;
-        ensure!(g >= 1 && c % g as usize == 0, "num_groups {g} must divide {c}");
+        ensure!(
+            g >= 1 && c % g as usize == 0,
+            "num_groups {g} must divide {c}"
+        );
         let g = g as usize;
         let cpg = c / g;
         let (s, b) = (lw.input(1)?.clone(), lw.input(2)?.clone());
@@ -620,7 +644,11 @@ mod lower {
             } else if per_group {
                 vec![1, g, 1, 1]
             } else {
-                ensure!(t.len() == c, "parameter has {} values for {c} channels", t.len());
+                ensure!(
+                    t.len() == c,
+                    "parameter has {} values for {c} channels",
+                    t.len()
+                );
                 vec![1, g, cpg, 1]
             })
         };
@@ -631,7 +659,10 @@ mod lower {
         let xv = to64(Expr::load(x.buf, view.idx()));
         let (mut body, mean, inv) = mean_inv(&mut k, &view, &xv, eps);
         let y = add(
-            mul(mul(sub(xv, v(mean)), v(inv)), param(&view, &s, &pshape(&s)?)),
+            mul(
+                mul(sub(xv, v(mean)), v(inv)),
+                param(&view, &s, &pshape(&s)?),
+            ),
             param(&view, &b, &pshape(&b)?),
         );
         body.extend(view.over_red(vec![store(&out, view.idx(), y)]));
@@ -657,7 +688,10 @@ mod lower {
         let shape = x.shape.clone();
         let ax = axis(lw.op.attrs.int("axis", -1)?, shape.len())?;
         let eps = eps(lw.op)?;
-        ensure!(broadcasts(&s.shape, &shape), "scale does not broadcast to X");
+        ensure!(
+            broadcasts(&s.shape, &shape),
+            "scale does not broadcast to X"
+        );
         if let Some(b) = &b {
             ensure!(broadcasts(&b.shape, &shape), "bias does not broadcast to X");
         }
@@ -693,7 +727,10 @@ mod lower {
         let ax = axis(lw.op.attrs.int("axis", -1)?, shape.len())?;
         stash_dtype(lw.op)?;
         let eps = eps(lw.op)?;
-        ensure!(broadcasts(&s.shape, &shape), "scale does not broadcast to X");
+        ensure!(
+            broadcasts(&s.shape, &shape),
+            "scale does not broadcast to X"
+        );
         let out = lw.outputs[0].clone();
         let red: Vec<usize> = (ax..shape.len()).collect();
         let mut k = lw.kernel("");
@@ -803,7 +840,10 @@ mod lower {
         let xj = to64(Expr::load(
             x.buf,
             add(
-                mul(add(mul(v(nv), Expr::Int(c as i64)), cj.clone()), Expr::Int(sp as i64)),
+                mul(
+                    add(mul(v(nv), Expr::Int(c as i64)), cj.clone()),
+                    Expr::Int(sp as i64),
+                ),
                 v(sv),
             ),
         ));

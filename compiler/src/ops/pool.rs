@@ -559,7 +559,10 @@ mod lower {
         let il = win.in_len() as i64;
         let xv = Expr::load(
             x.buf,
-            add(mul(ns.plane.clone(), int(il)), flat(&ns.coords, &win.in_sp, false)),
+            add(
+                mul(ns.plane.clone(), int(il)),
+                flat(&ns.coords, &win.in_sp, false),
+            ),
         );
         let mut better = or(
             cmp(CmpOp::Lt, v(best), int(0)),
@@ -574,10 +577,7 @@ mod lower {
             within(&ns.coords, &zero, &ext),
             vec![iff(
                 better,
-                vec![
-                    set(acc, xv),
-                    set(best, flat(&ns.coords, &win.in_sp, col)),
-                ],
+                vec![set(acc, xv), set(best, flat(&ns.coords, &win.in_sp, col))],
             )],
         )];
         let none = cmp(CmpOp::Lt, v(best), int(0));
@@ -622,7 +622,10 @@ mod lower {
             Ty::F64,
             Expr::load(
                 x.buf,
-                add(mul(ns.plane.clone(), int(il)), flat(&ns.coords, &win.in_sp, false)),
+                add(
+                    mul(ns.plane.clone(), int(il)),
+                    flat(&ns.coords, &win.in_sp, false),
+                ),
             ),
         );
         let term = match p {
@@ -685,7 +688,11 @@ mod lower {
         let t = x.ty().compute();
         ensure!(t.is_float(), "global pool of {t}");
         ensure!(x.shape.len() >= 2, "X must have rank >= 2");
-        let p = if kind == Global::Lp { p_attr(lw.op)? } else { 1.0 };
+        let p = if kind == Global::Lp {
+            p_attr(lw.op)?
+        } else {
+            1.0
+        };
         let out = lw.outputs[0].clone();
         let planes = x.shape[0] * x.shape[1];
         let il: usize = x.shape[2..].iter().product();

@@ -528,11 +528,22 @@ mod lower {
 
     fn act(a: Act, x: Expr) -> Expr {
         match a {
-            Act::Relu => sel(lt(x.clone(), fl(0.0)), fl(0.0), sel(Expr::cmp(CmpOp::Ne, x.clone(), x.clone()), fl(0.0), x)),
+            Act::Relu => sel(
+                lt(x.clone(), fl(0.0)),
+                fl(0.0),
+                sel(Expr::cmp(CmpOp::Ne, x.clone(), x.clone()), fl(0.0), x),
+            ),
             Act::Tanh => call(MathFn::Tanh, x),
-            Act::Sigmoid => div(fl(1.0), add(fl(1.0), call(MathFn::Exp, Expr::un(UnOp::Neg, x)))),
+            Act::Sigmoid => div(
+                fl(1.0),
+                add(fl(1.0), call(MathFn::Exp, Expr::un(UnOp::Neg, x))),
+            ),
             Act::Affine(a, b) => add(mul(fl(a), x), fl(b)),
-            Act::LeakyRelu(a) => sel(Expr::cmp(CmpOp::Ge, x.clone(), fl(0.0)), x.clone(), mul(fl(a), x)),
+            Act::LeakyRelu(a) => sel(
+                Expr::cmp(CmpOp::Ge, x.clone(), fl(0.0)),
+                x.clone(),
+                mul(fl(a), x),
+            ),
             Act::ThresholdedRelu(a) => sel(gt(x.clone(), fl(a)), x, fl(0.0)),
             Act::ScaledTanh(a, b) => mul(fl(a), call(MathFn::Tanh, mul(fl(b), x))),
             Act::HardSigmoid(a, b) => {
@@ -550,7 +561,11 @@ mod lower {
     }
     /// `x.clamp(lo, hi)` (NaN stays NaN).
     fn clampf(x: Expr, lo: f64, hi: f64) -> Expr {
-        sel(lt(x.clone(), fl(lo)), fl(lo), sel(gt(x.clone(), fl(hi)), fl(hi), x))
+        sel(
+            lt(x.clone(), fl(lo)),
+            fl(lo),
+            sel(gt(x.clone(), fl(hi)), fl(hi), x),
+        )
     }
 
     fn lower(lw: &mut LowerCtx, kind: Kind) -> OpResult<()> {
@@ -584,7 +599,10 @@ mod lower {
         };
         let hs = r.shape[2];
         let gh = gates * hs;
-        ensure!(w.shape == [dirs, gh, isz] && r.shape == [dirs, gh, hs], "W/R shapes");
+        ensure!(
+            w.shape == [dirs, gh, isz] && r.shape == [dirs, gh, hs],
+            "W/R shapes"
+        );
         if let Some(b) = &bias {
             ensure!(b.shape == [dirs, 2 * gh], "B shape");
         }
@@ -616,7 +634,11 @@ mod lower {
         let outs = lw.outputs.clone();
         let y = outs.first().cloned();
         let yh = outs.get(1).cloned();
-        let yc = if kind == Kind::Lstm { outs.get(2).cloned() } else { None };
+        let yc = if kind == Kind::Lstm {
+            outs.get(2).cloned()
+        } else {
+            None
+        };
 
         let mut k = lw.kernel("");
         let (d, b, step, t, j, kk) = (
@@ -631,7 +653,11 @@ mod lower {
         let mut body = Vec::new();
         // Zero Y (positions past a sequence's length stay 0).
         if let (Some(yt), Some(_)) = (&y, &lens) {
-            body.push(for_(j, yt.len(), vec![store(yt.buf, v(j), to_out(yt, fl(0.0)))]));
+            body.push(for_(
+                j,
+                yt.len(),
+                vec![store(yt.buf, v(j), to_out(yt, fl(0.0)))],
+            ));
         }
         // Indexing.
         let xidx = |t: Expr, b: Expr, i: Expr| {
@@ -650,7 +676,12 @@ mod lower {
         };
         let yidx = |t: Expr, d: Expr, b: Expr, i: Expr| {
             if layout == 0 {
-                lin(vec![(t, dirs * batch * hs), (d, batch * hs), (b, hs), (i, 1)])
+                lin(vec![
+                    (t, dirs * batch * hs),
+                    (d, batch * hs),
+                    (b, hs),
+                    (i, 1),
+                ])
             } else {
                 lin(vec![(b, seq * dirs * hs), (t, dirs * hs), (d, hs), (i, 1)])
             }
@@ -776,7 +807,11 @@ mod lower {
                         let mut g = vec![set(acc, bat(add(v(j), int(gh + 2 * hs))))];
                         g.extend(rv(2 * hs, tb));
                         // Overwrite r (no longer needed) with hh.
-                        g.push(store(gb, add(v(j), int(hs)), act(a[1], cl(add(xh, v(acc))))));
+                        g.push(store(
+                            gb,
+                            add(v(j), int(hs)),
+                            act(a[1], cl(add(xh, v(acc)))),
+                        ));
                         stepb.push(for_(j, hs, g));
                         stepb.push(for_(j, hs, vec![store(tb, v(j), gat(add(v(j), int(hs))))]));
                     }
@@ -824,7 +859,10 @@ mod lower {
                     let nc = cat(v(j));
                     let o = act(
                         a[0],
-                        cl(add(gat(add(v(j), int(hs))), mul(pat(add(v(j), int(hs))), nc.clone()))),
+                        cl(add(
+                            gat(add(v(j), int(hs))),
+                            mul(pat(add(v(j), int(hs))), nc.clone()),
+                        )),
                     );
                     pj.push(store(hb, v(j), mul(o, act(a[2], nc))));
                     stepb.push(for_(j, hs, pj));
@@ -834,7 +872,11 @@ mod lower {
                 stepb.push(for_(
                     j,
                     hs,
-                    vec![store(yt.buf, yidx(v(t), v(d), v(b), v(j)), to_out(yt, hat(v(j))))],
+                    vec![store(
+                        yt.buf,
+                        yidx(v(t), v(d), v(b), v(j)),
+                        to_out(yt, hat(v(j))),
+                    )],
                 ));
             }
             let stepb = if lens.is_some() {
