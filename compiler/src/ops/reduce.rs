@@ -1229,59 +1229,86 @@ mod lower {
     // -----------------------------------------------------------------------------------
     // CumSum / CumProd
 
+    /// CumSum/CumProd. A constant axis gives one loop nest; an axis known only at run
+    /// time gives one nest per possible axis, each guarded by a test of the axis value.
     fn cum(lw: &mut LowerCtx) -> OpResult<()> {
         let prod = lw.op.op_type == "CumProd";
         let x = lw.input(0)?.clone();
         let out = lw.outputs[0].clone();
         let rank = x.shape.len();
-        let a = lw
-            .const_input(1)?
-            .to_i64_vec()
-            .and_then(|v| v.first().copied())
-            .ok_or_else(|| OpError::new("axis must be an integer scalar"))?;
+        let axis_in = lw.input(1)?.clone();
         let exclusive = lw.op.attrs.int("exclusive", 0)? != 0;
         let reverse = lw.op.attrs.int("reverse", 0)? != 0;
         let t = x.ty().compute();
         let ot = out.ty().compute();
-        let (outer, n, inner) = if rank == 0 {
-            (1, 1, 1)
-        } else {
-            split3(&x.shape, axis(a, rank)?)
-        };
         let at = if t.is_float() { Ty::F64 } else { t };
         let one = |z: f64| if at == Ty::F64 { f64c(z) } else { ic(z as i128, at) };
+        // (axis, guard) pairs.
+        let cases: Vec<(usize, Option<Expr>)> = if rank == 0 {
+            vec![(0, None)]
+        } else if let Some(c) = &axis_in.value {
+            let a = c
+                .to_i64_vec()
+                .and_then(|v| v.first().copied())
+                .ok_or_else(|| OpError::new("axis must be an integer scalar"))?;
+            vec![(axis(a, rank)?, None)]
+        } else {
+            ensure!(axis_in.len() == 1, "axis must be a scalar");
+            let av = Expr::cast(Ty::I64, Expr::load(axis_in.buf, Expr::Int(0)));
+            (0..rank)
+                .map(|a| {
+                    let g = bin(
+                        BinOp::Or,
+                        cmp(CmpOp::Eq, av.clone(), Expr::Int(a as i64)),
+                        cmp(CmpOp::Eq, av.clone(), Expr::Int(a as i64 - rank as i64)),
+                    );
+                    (a, if rank == 1 { None } else { Some(g) })
+                })
+                .collect()
+        };
         let mut k = lw.kernel("");
-        let body = nest(&mut k, &[outer, inner], |k, lv| {
-            let (o, i) = (lv[0], lv[1]);
-            let acc = k.var(at);
-            let step = k.var(Ty::I64);
-            let j = if reverse {
-                bin(BinOp::Sub, Expr::Int(n as i64 - 1), v(step))
-            } else {
-                v(step)
-            };
-            let p = index(&[o, i], &[n * inner, 1]).add_term(Expr::mul(j, Expr::Int(inner as i64)));
-            let xv = Expr::cast(at, Expr::load(x.buf, p.clone()));
-            let upd = set(
-                acc,
-                if prod {
-                    Expr::mul(v(acc), xv)
+        for (ax, guard) in cases {
+            let (outer, n, inner) = if rank == 0 { (1, 1, 1) } else { split3(&x.shape, ax) };
+            let body = nest(&mut k, &[outer, inner], |k, lv| {
+                let (o, i) = (lv[0], lv[1]);
+                let acc = k.var(at);
+                let step = k.var(Ty::I64);
+                let j = if reverse {
+                    bin(BinOp::Sub, Expr::Int(n as i64 - 1), v(step))
                 } else {
-                    Expr::add(v(acc), xv)
-                },
-            );
-            let st = Stmt::Store {
-                buf: out.buf,
-                index: p,
-                value: Expr::cast(ot, v(acc)),
-            };
-            let body = if exclusive { vec![st, upd] } else { vec![upd, st] };
-            vec![
-                set(acc, one(if prod { 1.0 } else { 0.0 })),
-                for_(step, n, body),
-            ]
-        });
-        k.body = body;
+                    v(step)
+                };
+                let p = index(&[o, i], &[n * inner, 1])
+                    .add_term(Expr::mul(j, Expr::Int(inner as i64)));
+                let xv = Expr::cast(at, Expr::load(x.buf, p.clone()));
+                let upd = set(
+                    acc,
+                    if prod {
+                        Expr::mul(v(acc), xv)
+                    } else {
+                        Expr::add(v(acc), xv)
+                    },
+                );
+                let st = Stmt::Store {
+                    buf: out.buf,
+                    index: p,
+                    value: Expr::cast(ot, v(acc)),
+                };
+                let body = if exclusive { vec![st, upd] } else { vec![upd, st] };
+                vec![
+                    set(acc, one(if prod { 1.0 } else { 0.0 })),
+                    for_(step, n, body),
+                ]
+            });
+            match guard {
+                None => k.body.extend(body),
+                Some(cond) => k.body.push(Stmt::If {
+                    cond,
+                    then: body,
+                    els: vec![],
+                }),
+            }
+        }
         lw.push(k);
         Ok(())
     }
