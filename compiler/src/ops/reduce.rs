@@ -1409,6 +1409,220 @@ mod lower {
         Ok(())
     }
 
+    // -----------------------------------------------------------------------------------
+    // NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss
+
+    /// Both losses. For SoftmaxCrossEntropyLoss the log-probabilities are computed lane by
+    /// lane where needed (and written whole to the optional second output).
+    fn loss(lw: &mut LowerCtx) -> OpResult<()> {
+        let sce = lw.op.op_type == "SoftmaxCrossEntropyLoss";
+        let x = lw.input(0)?.clone();
+        let target = lw.input(1)?.clone();
+        let weight = lw.opt_input(2).cloned();
+        let out = lw.outputs[0].clone();
+        let t = x.ty().compute();
+        ensure!(t.is_float(), "expected a float input, got {}", x.dtype);
+        ensure!(x.shape.len() >= 2, "the input must have shape (N, C, d1, ...)");
+        let ii = lw.op.attrs.get_int("ignore_index")?;
+        let red = lw.op.attrs.string("reduction", "mean".to_string())?;
+        ensure!(
+            matches!(red.as_str(), "none" | "sum" | "mean"),
+            "unknown reduction `{red}`"
+        );
+        let (n, c) = (x.shape[0], x.shape[1]);
+        let d: usize = x.shape[2..].iter().product();
+        ensure!(target.len() == n * d, "target shape does not match the input");
+        let ot = out.ty().compute();
+        let mut k = lw.kernel("");
+        let (acc, wsum) = (k.var(Ty::F64), k.var(Ty::F64));
+        let (m, sum, lp, cls, val, wt) = (
+            k.var(Ty::F64),
+            k.var(Ty::F64),
+            k.var(Ty::F64),
+            k.var(Ty::I64),
+            k.var(Ty::F64),
+            k.var(Ty::F64),
+        );
+        let cj = k.var(Ty::I64);
+        let xat = |i: VarId, cl: Expr, q: VarId| {
+            let idx = Expr::add(
+                Expr::mul(
+                    Expr::add(Expr::mul(v(i), Expr::Int(c as i64)), cl),
+                    Expr::Int(d as i64),
+                ),
+                v(q),
+            );
+            Expr::cast(Ty::F64, Expr::load(x.buf, idx))
+        };
+        let per = |i: VarId, q: VarId| -> Vec<Stmt> {
+            let mut s = vec![
+                set(
+                    cls,
+                    Expr::cast(
+                        Ty::I64,
+                        Expr::load(target.buf, Expr::add(Expr::mul(v(i), Expr::Int(d as i64)), v(q))),
+                    ),
+                ),
+                set(val, f64c(0.0)),
+                set(wt, f64c(0.0)),
+            ];
+            let mut valid = bin(
+                BinOp::And,
+                cmp(CmpOp::Ge, v(cls), Expr::Int(0)),
+                cmp(CmpOp::Lt, v(cls), Expr::Int(c as i64)),
+            );
+            if let Some(ii) = ii {
+                valid = bin(BinOp::And, valid, cmp(CmpOp::Ne, v(cls), Expr::Int(ii)));
+            }
+            let mut then = Vec::new();
+            if sce {
+                let d0 = bin(BinOp::Sub, v(m), v(m));
+                then.extend([
+                    set(m, f64c(f64::NEG_INFINITY)),
+                    for_(
+                        cj,
+                        c,
+                        vec![set(
+                            m,
+                            Expr::select(
+                                cmp(CmpOp::Gt, xat(i, v(cj), q), v(m)),
+                                xat(i, v(cj), q),
+                                v(m),
+                            ),
+                        )],
+                    ),
+                    set(m, Expr::select(cmp(CmpOp::Eq, d0, f64c(0.0)), v(m), f64c(0.0))),
+                    set(sum, f64c(0.0)),
+                    for_(
+                        cj,
+                        c,
+                        vec![set(
+                            sum,
+                            Expr::add(
+                                v(sum),
+                                Expr::call(
+                                    MathFn::Exp,
+                                    vec![bin(BinOp::Sub, xat(i, v(cj), q), v(m))],
+                                ),
+                            ),
+                        )],
+                    ),
+                    set(
+                        lp,
+                        bin(
+                            BinOp::Sub,
+                            bin(BinOp::Sub, xat(i, v(cls), q), v(m)),
+                            Expr::call(MathFn::Log, vec![v(sum)]),
+                        ),
+                    ),
+                ]);
+            } else {
+                then.push(set(lp, xat(i, v(cls), q)));
+            }
+            then.push(set(
+                wt,
+                match &weight {
+                    Some(w) => Expr::cast(Ty::F64, Expr::load(w.buf, v(cls))),
+                    None => f64c(1.0),
+                },
+            ));
+            then.push(set(val, Expr::mul(Expr::un(UnOp::Neg, v(lp)), v(wt))));
+            s.push(Stmt::If {
+                cond: valid,
+                then,
+                els: vec![],
+            });
+            s
+        };
+        if red == "none" {
+            k.body = nest(&mut k, &[n, d], |_, lv| {
+                let mut s = per(lv[0], lv[1]);
+                s.push(Stmt::Store {
+                    buf: out.buf,
+                    index: index(lv, &[d, 1]),
+                    value: Expr::cast(ot, v(val)),
+                });
+                s
+            });
+        } else {
+            let mut body = vec![set(acc, f64c(0.0)), set(wsum, f64c(0.0))];
+            body.extend(nest(&mut k, &[n, d], |_, lv| {
+                let mut s = per(lv[0], lv[1]);
+                s.push(set(acc, Expr::add(v(acc), v(val))));
+                s.push(set(wsum, Expr::add(v(wsum), v(wt))));
+                s
+            }));
+            let r = if red == "mean" {
+                bin(BinOp::Div, v(acc), v(wsum))
+            } else {
+                v(acc)
+            };
+            body.push(Stmt::Store {
+                buf: out.buf,
+                index: Expr::Int(0),
+                value: Expr::cast(ot, r),
+            });
+            k.body = body;
+        }
+        lw.push(k);
+        // The log-probabilities output.
+        if sce && lw.outputs.len() >= 2 {
+            let lpo = lw.outputs[1].clone();
+            let mut k = lw.kernel("log_prob");
+            let j = k.var(Ty::I64);
+            let (m, sum, lp) = (k.var(Ty::F64), k.var(Ty::F64), k.var(Ty::F64));
+            k.body = nest(&mut k, &[n, d], |_, lv| {
+                let (i, q) = (lv[0], lv[1]);
+                let d0 = bin(BinOp::Sub, v(m), v(m));
+                vec![
+                    set(m, f64c(f64::NEG_INFINITY)),
+                    for_(
+                        j,
+                        c,
+                        vec![set(
+                            m,
+                            Expr::select(cmp(CmpOp::Gt, xat(i, v(j), q), v(m)), xat(i, v(j), q), v(m)),
+                        )],
+                    ),
+                    set(m, Expr::select(cmp(CmpOp::Eq, d0, f64c(0.0)), v(m), f64c(0.0))),
+                    set(sum, f64c(0.0)),
+                    for_(
+                        j,
+                        c,
+                        vec![set(
+                            sum,
+                            Expr::add(
+                                v(sum),
+                                Expr::call(MathFn::Exp, vec![bin(BinOp::Sub, xat(i, v(j), q), v(m))]),
+                            ),
+                        )],
+                    ),
+                    set(lp, Expr::call(MathFn::Log, vec![v(sum)])),
+                    for_(
+                        j,
+                        c,
+                        vec![Stmt::Store {
+                            buf: lpo.buf,
+                            index: Expr::add(
+                                Expr::mul(
+                                    Expr::add(Expr::mul(v(i), Expr::Int(c as i64)), v(j)),
+                                    Expr::Int(d as i64),
+                                ),
+                                v(q),
+                            ),
+                            value: Expr::cast(
+                                lpo.ty().compute(),
+                                bin(BinOp::Sub, bin(BinOp::Sub, xat(i, v(j), q), v(m)), v(lp)),
+                            ),
+                        }],
+                    ),
+                ]
+            });
+            lw.push(k);
+        }
+        Ok(())
+    }
+
     pub fn register(r: &mut Registry) {
         for op in [
             "ReduceSum",
@@ -1432,5 +1646,7 @@ mod lower {
         r.lower("CumSum", Lowering::Custom(cum));
         r.lower("CumProd", Lowering::Custom(cum));
         r.lower("TopK", Lowering::Custom(topk));
+        r.lower("NegativeLogLikelihoodLoss", Lowering::Custom(loss));
+        r.lower("SoftmaxCrossEntropyLoss", Lowering::Custom(loss));
     }
 }
