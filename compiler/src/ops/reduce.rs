@@ -1133,6 +1133,7 @@ mod lower {
             let ax = if ax < 0 { (ax + r) as usize } else { ax as usize };
             (shape[..ax].iter().product(), shape[ax..].iter().product(), 1)
         };
+        let half = matches!(x.dtype, DType::F16 | DType::BF16);
         let mut k = lw.kernel("");
         let body = nest(&mut k, &[outer, inner], |k, lv| {
             let (o, i) = (lv[0], lv[1]);
@@ -1172,6 +1173,9 @@ mod lower {
             let m = k.var(Ty::F64);
             let sum = k.var(Ty::F64);
             let xf = |j: VarId| Expr::cast(Ty::F64, at(v(j)));
+            if op == "Softmax" && half {
+                return softmax16(k, &x, &out, n, &pos, m, sum, j);
+            }
             let d = bin(BinOp::Sub, v(m), v(m));
             let mut s = vec![
                 set(m, f64c(f64::NEG_INFINITY)),
@@ -1224,6 +1228,90 @@ mod lower {
         k.body = body;
         lw.push(k);
         Ok(())
+    }
+
+    /// Softmax of a float16/bfloat16 lane the way the reference computes it: every step
+    /// rounds to the element type (`tmp = r(x - max)`, `e = r(exp(tmp))`, a bfloat16 sum
+    /// rounds each partial sum, a float16 sum accumulates in f32 and rounds once,
+    /// `y = r(e / sum)`). Rounding goes through stores to the output lane, which rounds
+    /// to the storage type; `e` is recomputed for the final pass.
+    #[allow(clippy::too_many_arguments)]
+    fn softmax16(
+        k: &mut Kernel,
+        x: &TensorRef,
+        out: &TensorRef,
+        n: usize,
+        pos: &dyn Fn(Expr) -> Expr,
+        m: VarId,
+        sum: VarId,
+        j: VarId,
+    ) -> Vec<Stmt> {
+        if n == 0 {
+            return vec![];
+        }
+        let bf = out.dtype == DType::BF16;
+        let acc32 = k.var(Ty::F32);
+        let xf = Expr::cast(Ty::F64, Expr::load(x.buf, pos(v(j))));
+        let o = |val: Expr| Stmt::Store {
+            buf: out.buf,
+            index: pos(v(j)),
+            value: val,
+        };
+        let ol = || Expr::load(out.buf, pos(v(j)));
+        // out[j] = e_j (rounded).
+        let exp_steps = || {
+            vec![
+                o(Expr::cast(Ty::F32, bin(BinOp::Sub, xf.clone(), v(m)))),
+                o(Expr::cast(
+                    Ty::F32,
+                    Expr::call(MathFn::Exp, vec![Expr::cast(Ty::F64, ol())]),
+                )),
+            ]
+        };
+        let d = bin(BinOp::Sub, v(m), v(m));
+        let mut sum_body = exp_steps();
+        if bf {
+            // Round each partial sum through out[j] (recomputed below).
+            sum_body.push(o(Expr::cast(
+                Ty::F32,
+                bin(BinOp::Add, v(sum), Expr::cast(Ty::F64, ol())),
+            )));
+            sum_body.push(set(sum, Expr::cast(Ty::F64, ol())));
+        } else {
+            sum_body.push(set(acc32, Expr::add(v(acc32), ol())));
+        }
+        let mut s = vec![
+            set(m, f64c(f64::NEG_INFINITY)),
+            for_(
+                j,
+                n,
+                vec![set(
+                    m,
+                    Expr::select(cmp(CmpOp::Gt, xf.clone(), v(m)), xf.clone(), v(m)),
+                )],
+            ),
+            set(m, Expr::select(cmp(CmpOp::Eq, d, f64c(0.0)), v(m), f64c(0.0))),
+            set(sum, f64c(0.0)),
+            set(acc32, Expr::f(0.0, Ty::F32)),
+            for_(j, n, sum_body),
+        ];
+        if !bf {
+            // Round the f32 sum once, through out[0].
+            let o0 = pos(Expr::Int(0));
+            s.push(Stmt::Store {
+                buf: out.buf,
+                index: o0.clone(),
+                value: v(acc32),
+            });
+            s.push(set(sum, Expr::cast(Ty::F64, Expr::load(out.buf, o0))));
+        }
+        let mut fin = exp_steps();
+        fin.push(o(Expr::cast(
+            Ty::F32,
+            bin(BinOp::Div, Expr::cast(Ty::F64, ol()), v(sum)),
+        )));
+        s.push(for_(j, n, fin));
+        s
     }
 
     // -----------------------------------------------------------------------------------
