@@ -13,6 +13,7 @@ pub fn register(r: &mut Registry) {
     r.add("Det", det);
     r.add("MatMulInteger", matmul_integer);
     r.add("QLinearMatMul", qlinear_matmul);
+    lower::register(r);
 }
 
 fn err(e: impl std::fmt::Display) -> OpError {
@@ -308,27 +309,11 @@ fn letter_id(c: char) -> usize {
     }
 }
 
-fn einsum(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
-    let eq: String = ctx
-        .attrs
-        .string("equation", String::new())?
-        .chars()
-        .filter(|c| !c.is_whitespace())
-        .collect();
-    let nin = ins.len();
-    ensure!(nin >= 1, "Einsum needs at least one input");
-    let tensors: Vec<&Tensor> = (0..nin).map(|i| input(ins, i)).collect::<OpResult<_>>()?;
-    let dt = tensors[0].dtype();
-    for t in &tensors {
-        ensure!(
-            t.dtype() == dt,
-            "Einsum inputs must share a dtype ({dt} vs {})",
-            t.dtype()
-        );
-    }
+fn einsum_plan(eq: &str, shapes: &[&[usize]]) -> OpResult<EinsumPlan> {
+    let nin = shapes.len();
     let (lhs, rhs) = match eq.split_once("->") {
         Some((l, r)) => (l.to_string(), Some(r.to_string())),
-        None => (eq.clone(), None),
+        None => (eq.to_string(), None),
     };
     let terms: Vec<Vec<Option<char>>> = lhs.split(',').map(parse_term).collect::<OpResult<_>>()?;
     ensure!(
@@ -338,20 +323,20 @@ fn einsum(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     );
     // Ellipsis rank: the largest over operands.
     let mut ell_rank = 0usize;
-    for (t, x) in terms.iter().zip(&tensors) {
+    for (t, x) in terms.iter().zip(shapes) {
         let named = t.iter().filter(|l| l.is_some()).count();
         if t.contains(&None) {
             ensure!(
-                x.rank() >= named,
+                x.len() >= named,
                 "operand of rank {} is too small for term with {named} labels",
-                x.rank()
+                x.len()
             );
-            ell_rank = ell_rank.max(x.rank() - named);
+            ell_rank = ell_rank.max(x.len() - named);
         } else {
             ensure!(
-                x.rank() == named,
+                x.len() == named,
                 "operand of rank {} does not match a term with {named} labels",
-                x.rank()
+                x.len()
             );
         }
     }
@@ -361,9 +346,9 @@ fn einsum(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     // Per operand: label id of each of its axes.
     let mut axis_labels: Vec<Vec<usize>> = Vec::new();
     let mut count = vec![0usize; nlabels];
-    for (t, x) in terms.iter().zip(&tensors) {
+    for (t, x) in terms.iter().zip(shapes) {
         let named = t.iter().filter(|l| l.is_some()).count();
-        let er = x.rank() - named;
+        let er = x.len() - named;
         let mut labs = Vec::new();
         for l in t {
             match l {
@@ -376,7 +361,7 @@ fn einsum(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
             }
         }
         for (ax, &l) in labs.iter().enumerate() {
-            let d = x.shape()[ax];
+            let d = x[ax];
             count[l] += 1;
             size[l] = Some(match size[l] {
                 None => d,
@@ -424,9 +409,9 @@ fn einsum(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     // zero for broadcast dims of size 1) and for the output.
     let pos = |l: usize| used.iter().position(|&u| u == l).unwrap_or(0);
     let mut in_strides: Vec<Vec<isize>> = Vec::new();
-    for (labs, x) in axis_labels.iter().zip(&tensors) {
+    for (labs, x) in axis_labels.iter().zip(shapes) {
         let mut st = vec![0isize; used.len()];
-        let shape = x.shape();
+        let shape = *x;
         let mut s = 1isize;
         for ax in (0..labs.len()).rev() {
             if !(shape[ax] == 1 && sizes[pos(labs[ax])] != 1) {
@@ -442,6 +427,52 @@ fn einsum(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         out_st[pos(l)] = s;
         s *= size[l].unwrap_or(0) as isize;
     }
+    Ok(EinsumPlan {
+        in_strides,
+        out_st,
+        sizes,
+        oshape,
+    })
+}
+
+/// How an einsum runs: per used label its size, each operand's stride (summed over
+/// repeated labels, zero on broadcast dims) and the output's stride.
+struct EinsumPlan {
+    in_strides: Vec<Vec<isize>>,
+    out_st: Vec<isize>,
+    sizes: Vec<usize>,
+    oshape: Vec<usize>,
+}
+
+fn einsum_equation(ctx: &OpCtx) -> OpResult<String> {
+    Ok(ctx
+        .attrs
+        .string("equation", String::new())?
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect())
+}
+
+fn einsum(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let eq = einsum_equation(ctx)?;
+    let nin = ins.len();
+    ensure!(nin >= 1, "Einsum needs at least one input");
+    let tensors: Vec<&Tensor> = (0..nin).map(|i| input(ins, i)).collect::<OpResult<_>>()?;
+    let dt = tensors[0].dtype();
+    for t in &tensors {
+        ensure!(
+            t.dtype() == dt,
+            "Einsum inputs must share a dtype ({dt} vs {})",
+            t.dtype()
+        );
+    }
+    let shapes: Vec<&[usize]> = tensors.iter().map(|t| t.shape()).collect();
+    let EinsumPlan {
+        in_strides,
+        out_st,
+        sizes,
+        oshape,
+    } = einsum_plan(&eq, &shapes)?;
     let total: usize = sizes.iter().product();
     let onum: usize = oshape.iter().product();
     if dt.is_float() {
@@ -691,4 +722,367 @@ fn qlinear_matmul(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> 
         c.shape()
     );
     out(Tensor::from_i128(odt, r))
+}
+
+// ---------------------------------------------------------------------------------------
+// Lowering to kernel IR (plain loop nests with an accumulator)
+
+mod lower {
+    use super::{einsum_equation, einsum_plan, EinsumPlan};
+    use crate::ir::{broadcast_shapes, OpError, OpResult};
+    use crate::kir::{Expr, Stmt, Ty, VarId};
+    use crate::ops::lowering::{broadcast_strides, index, nest, strides, LowerCtx, TensorRef};
+    use crate::ops::{Lowering, Registry};
+    use crate::{bail, ensure};
+
+    fn v(x: VarId) -> Expr {
+        Expr::Var(x)
+    }
+    fn set(x: VarId, e: Expr) -> Stmt {
+        Stmt::Set { var: x, value: e }
+    }
+    fn zero(t: Ty) -> Expr {
+        if t.is_float() {
+            Expr::f(0.0, t)
+        } else {
+            Expr::cast(t, Expr::Int(0))
+        }
+    }
+    /// `e + t` that drops a literal 0 on either side.
+    fn add(e: Expr, t: Expr) -> Expr {
+        match (e, t) {
+            (Expr::Int(0), t) => t,
+            (e, Expr::Int(0)) => e,
+            (e, t) => Expr::add(e, t),
+        }
+    }
+    fn scaled(x: VarId, s: usize) -> Expr {
+        match s {
+            0 => Expr::Int(0),
+            1 => v(x),
+            s => Expr::mul(v(x), Expr::Int(s as i64)),
+        }
+    }
+
+    /// A batched product `out[b, i, j] = sum_p f(a[b, i, p], b[b, p, j], i, j)` with NumPy
+    /// matmul rules (1-D operands, broadcast batch dims). `elem(k, a, b, i, j)` gives the
+    /// term added to an accumulator of type `at`; `fin(acc, i, j)` the stored value.
+    #[allow(clippy::type_complexity)]
+    fn batched(
+        lw: &mut LowerCtx,
+        a: &TensorRef,
+        b: &TensorRef,
+        at: Ty,
+        term: &dyn Fn(Expr, Expr, VarId, VarId) -> Expr,
+        fin: &dyn Fn(Expr, VarId, VarId) -> Expr,
+    ) -> OpResult<()> {
+        let out = lw.outputs[0].clone();
+        ensure!(
+            !a.shape.is_empty() && !b.shape.is_empty(),
+            "MatMul operands must have rank >= 1"
+        );
+        let mut ash = a.shape.clone();
+        if ash.len() == 1 {
+            ash.insert(0, 1);
+        }
+        let mut bsh = b.shape.clone();
+        if bsh.len() == 1 {
+            bsh.push(1);
+        }
+        let (ra, rb) = (ash.len(), bsh.len());
+        let (m, kd) = (ash[ra - 2], ash[ra - 1]);
+        let (k2, n) = (bsh[rb - 2], bsh[rb - 1]);
+        ensure!(kd == k2, "MatMul inner dimensions differ: {ash:?} @ {bsh:?}");
+        let abatch = &ash[..ra - 2];
+        let bbatch = &bsh[..rb - 2];
+        let batch = broadcast_shapes(abatch, bbatch)
+            .ok_or_else(|| OpError::new("MatMul batch dimensions do not broadcast"))?;
+        ensure!(
+            out.len() == batch.iter().product::<usize>() * m * n,
+            "MatMul output size mismatch"
+        );
+        let ab = broadcast_strides(abatch, &batch)
+            .into_iter()
+            .map(|s| s * m * kd)
+            .collect::<Vec<_>>();
+        let bb = broadcast_strides(bbatch, &batch)
+            .into_iter()
+            .map(|s| s * kd * n)
+            .collect::<Vec<_>>();
+        let mut oshape = batch.clone();
+        oshape.extend([m, n]);
+        let ostr = strides(&oshape);
+        let mut k = lw.kernel("");
+        let acc = k.var(at);
+        let p = k.var(Ty::I64);
+        let body = nest(&mut k, &oshape, |_, vars| {
+            let nb = batch.len();
+            let (bv, i, j) = (&vars[..nb], vars[nb], vars[nb + 1]);
+            let aidx = add(
+                add(index(bv, &ab), scaled(i, kd)),
+                v(p),
+            );
+            let bidx = add(add(index(bv, &bb), scaled(p, n)), v(j));
+            let x = Expr::load(a.buf, aidx);
+            let y = Expr::load(b.buf, bidx);
+            vec![
+                set(acc, zero(at)),
+                Stmt::For {
+                    var: p,
+                    extent: kd as u64,
+                    body: vec![set(acc, Expr::add(v(acc), term(x, y, i, j)))],
+                },
+                Stmt::Store {
+                    buf: out.buf,
+                    index: index(vars, &ostr),
+                    value: fin(v(acc), i, j),
+                },
+            ]
+        });
+        k.body = body;
+        lw.push(k);
+        Ok(())
+    }
+
+    fn matmul(lw: &mut LowerCtx) -> OpResult<()> {
+        let a = lw.input(0)?.clone();
+        let b = lw.input(1)?.clone();
+        ensure!(a.dtype == b.dtype, "MatMul inputs must share a dtype");
+        let t = a.ty().compute();
+        let ot = lw.outputs[0].ty().compute();
+        batched(
+            lw,
+            &a,
+            &b,
+            t,
+            &|x, y, _, _| Expr::mul(x, y),
+            &|acc, _, _| if ot == t { acc } else { Expr::cast(ot, acc) },
+        )
+    }
+
+    fn matmul_integer(lw: &mut LowerCtx) -> OpResult<()> {
+        let a = lw.input(0)?.clone();
+        let b = lw.input(1)?.clone();
+        // Zero points: one value, or one per row of A / per column of B.
+        let zp = |lw: &LowerCtx, i: usize, len: usize| -> OpResult<Option<(usize, bool)>> {
+            Ok(match lw.opt_input(i) {
+                None => None,
+                Some(z) if z.len() == 1 => Some((z.buf, false)),
+                Some(z) if z.shape.len() == 1 && z.len() == len => Some((z.buf, true)),
+                Some(z) => {
+                    return Err(OpError::unsupported(format!(
+                        "zero point of shape {:?}",
+                        z.shape
+                    )))
+                }
+            })
+        };
+        let m = if a.shape.len() >= 2 { a.shape[a.shape.len() - 2] } else { 1 };
+        let n = if b.shape.len() >= 2 { b.shape[b.shape.len() - 1] } else { 1 };
+        let za = zp(lw, 2, m)?;
+        let zb = zp(lw, 3, n)?;
+        let w = |e: Expr| Expr::cast(Ty::I32, e);
+        batched(
+            lw,
+            &a,
+            &b,
+            Ty::I32,
+            &|x, y, i, j| {
+                let x = match za {
+                    None => w(x),
+                    Some((buf, per)) => Expr::bin(
+                        crate::kir::BinOp::Sub,
+                        w(x),
+                        w(Expr::load(buf, if per { v(i) } else { Expr::Int(0) })),
+                    ),
+                };
+                let y = match zb {
+                    None => w(y),
+                    Some((buf, per)) => Expr::bin(
+                        crate::kir::BinOp::Sub,
+                        w(y),
+                        w(Expr::load(buf, if per { v(j) } else { Expr::Int(0) })),
+                    ),
+                };
+                Expr::mul(x, y)
+            },
+            &|acc, _, _| acc,
+        )
+    }
+
+    fn gemm(lw: &mut LowerCtx) -> OpResult<()> {
+        let a = lw.input(0)?.clone();
+        let b = lw.input(1)?.clone();
+        let c = lw.opt_input(2).cloned();
+        let out = lw.outputs[0].clone();
+        ensure!(a.dtype == b.dtype, "Gemm inputs A and B must share a dtype");
+        ensure!(
+            a.shape.len() == 2 && b.shape.len() == 2,
+            "Gemm inputs must be 2-D"
+        );
+        let ta = lw.op.attrs.int("transA", 0)? != 0;
+        let tb = lw.op.attrs.int("transB", 0)? != 0;
+        let alpha = lw.op.attrs.float("alpha", 1.0)? as f64;
+        let beta = lw.op.attrs.float("beta", 1.0)? as f64;
+        let (m, kd) = if ta {
+            (a.shape[1], a.shape[0])
+        } else {
+            (a.shape[0], a.shape[1])
+        };
+        let (k2, n) = if tb {
+            (b.shape[1], b.shape[0])
+        } else {
+            (b.shape[0], b.shape[1])
+        };
+        ensure!(kd == k2, "Gemm inner dimensions differ");
+        ensure!(out.shape == [m, n], "Gemm output shape mismatch");
+        let t = a.ty().compute();
+        // The reference computes f32 in f32 and everything else in f64.
+        let at = if t == Ty::F32 { Ty::F32 } else { Ty::F64 };
+        let ot = out.ty().compute();
+        let (asi, ask) = if ta { (1, m) } else { (kd, 1) };
+        let (bsk, bsj) = if tb { (1, kd) } else { (n, 1) };
+        let cst = match &c {
+            Some(c) if beta != 0.0 || t != Ty::F32 => {
+                ensure!(c.shape.len() <= 2, "C must have rank <= 2");
+                let s = broadcast_strides(&c.shape, &[m, n]);
+                ensure!(
+                    c.shape.iter().rev().zip([n, m]).all(|(&d, o)| d == 1 || d == o),
+                    "C of shape {:?} does not broadcast to [{m}, {n}]",
+                    c.shape
+                );
+                Some((c.buf, c.ty().compute(), s))
+            }
+            _ => None,
+        };
+        let mut k = lw.kernel("");
+        let acc = k.var(at);
+        let p = k.var(Ty::I64);
+        let f = |x: f64| Expr::f(x, at);
+        let cv = |e: Expr, from: Ty| if from == at { e } else { Expr::cast(at, e) };
+        let body = nest(&mut k, &[m, n], |_, vars| {
+            let (i, j) = (vars[0], vars[1]);
+            let x = Expr::load(a.buf, add(scaled(i, asi), scaled(p, ask)));
+            let y = Expr::load(b.buf, add(scaled(p, bsk), scaled(j, bsj)));
+            let mut r = v(acc);
+            if alpha != 1.0 || at != Ty::F32 {
+                r = Expr::mul(r, f(alpha));
+            }
+            if let Some((cb, ct, s)) = &cst {
+                let cval = cv(Expr::load(*cb, index(&[i, j], s)), *ct);
+                r = Expr::add(r, Expr::mul(f(beta), cval));
+            }
+            vec![
+                set(acc, zero(at)),
+                Stmt::For {
+                    var: p,
+                    extent: kd as u64,
+                    body: vec![set(acc, Expr::add(v(acc), Expr::mul(cv(x, t), cv(y, t))))],
+                },
+                Stmt::Store {
+                    buf: out.buf,
+                    index: index(&[i, j], &[n, 1]),
+                    value: if ot == at { r } else { Expr::cast(ot, r) },
+                },
+            ]
+        });
+        k.body = body;
+        lw.push(k);
+        Ok(())
+    }
+
+    fn einsum(lw: &mut LowerCtx) -> OpResult<()> {
+        let eq = einsum_equation(lw.op)?;
+        let ins: Vec<TensorRef> = (0..lw.inputs.len())
+            .map(|i| lw.input(i).cloned())
+            .collect::<OpResult<_>>()?;
+        ensure!(!ins.is_empty(), "Einsum needs at least one input");
+        let t = ins[0].ty().compute();
+        if ins.iter().any(|x| x.dtype != ins[0].dtype) {
+            bail!("Einsum inputs must share a dtype");
+        }
+        let out = lw.outputs[0].clone();
+        let ot = out.ty().compute();
+        let shapes: Vec<&[usize]> = ins.iter().map(|x| x.shape.as_slice()).collect();
+        let EinsumPlan {
+            in_strides,
+            out_st,
+            sizes,
+            oshape,
+        } = einsum_plan(&eq, &shapes)?;
+        ensure!(out.shape == oshape, "Einsum output shape mismatch");
+        if out.is_empty() {
+            // Nothing to compute (a loop that never runs marks the output as written).
+            let mut k = lw.kernel("");
+            let j = k.var(Ty::I64);
+            k.body = vec![Stmt::For {
+                var: j,
+                extent: 0,
+                body: vec![Stmt::Store {
+                    buf: out.buf,
+                    index: v(j),
+                    value: zero(ot),
+                }],
+            }];
+            lw.push(k);
+            return Ok(());
+        }
+        // Accumulate floats in f64 like the reference; integers wrap in their type.
+        let at = if t.is_float() { Ty::F64 } else { t };
+        // Output labels outside (in output order), summed labels inside.
+        let mut outer: Vec<usize> = (0..sizes.len()).filter(|&l| out_st[l] != 0).collect();
+        outer.sort_by_key(|&l| std::cmp::Reverse(out_st[l]));
+        let inner: Vec<usize> = (0..sizes.len()).filter(|&l| out_st[l] == 0).collect();
+        let osz: Vec<usize> = outer.iter().map(|&l| sizes[l]).collect();
+        let isz: Vec<usize> = inner.iter().map(|&l| sizes[l]).collect();
+        let mut k = lw.kernel("");
+        let acc = k.var(at);
+        let one = if at.is_float() {
+            Expr::f(1.0, at)
+        } else {
+            Expr::cast(at, Expr::Int(1))
+        };
+        let body = nest(&mut k, &osz, |k, ov| {
+            let ivs = nest(k, &isz, |_, iv| {
+                let mut lv: Vec<VarId> = vec![0; sizes.len()];
+                for (x, &l) in ov.iter().zip(&outer) {
+                    lv[l] = *x;
+                }
+                for (x, &l) in iv.iter().zip(&inner) {
+                    lv[l] = *x;
+                }
+                let mut prod: Option<Expr> = None;
+                for (x, st) in ins.iter().zip(&in_strides) {
+                    let s: Vec<usize> = st.iter().map(|&z| z as usize).collect();
+                    let e = Expr::load(x.buf, index(&lv, &s));
+                    let e = if at == t { e } else { Expr::cast(at, e) };
+                    prod = Some(match prod {
+                        None => e,
+                        Some(p) => Expr::mul(p, e),
+                    });
+                }
+                let term = prod.unwrap_or_else(|| one.clone());
+                vec![set(acc, Expr::add(v(acc), term))]
+            });
+            let ostr: Vec<usize> = outer.iter().map(|&l| out_st[l] as usize).collect();
+            let mut s = vec![set(acc, zero(at))];
+            s.extend(ivs);
+            s.push(Stmt::Store {
+                buf: out.buf,
+                index: index(ov, &ostr),
+                value: if ot == at { v(acc) } else { Expr::cast(ot, v(acc)) },
+            });
+            s
+        });
+        k.body = body;
+        lw.push(k);
+        Ok(())
+    }
+
+    pub fn register(r: &mut Registry) {
+        r.lower("MatMul", Lowering::Custom(matmul));
+        r.lower("MatMulInteger", Lowering::Custom(matmul_integer));
+        r.lower("Gemm", Lowering::Custom(gemm));
+        r.lower("Einsum", Lowering::Custom(einsum));
+    }
 }

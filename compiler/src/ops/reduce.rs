@@ -30,6 +30,7 @@ pub fn register(r: &mut Registry) {
     r.add("Hardmax", hardmax);
     r.add("NegativeLogLikelihoodLoss", nll_loss);
     r.add("SoftmaxCrossEntropyLoss", sce_loss);
+    lower::register(r);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -777,4 +778,963 @@ fn sce_loss(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         res.push(Tensor::from_f64(dt, from_flat(&shape, v)?, false));
     }
     outs(res)
+}
+
+// ---------------------------------------------------------------------------------------
+// Lowering to kernel IR
+
+mod lower {
+    use super::{split3, Kind};
+    use crate::ir::{DType, OpError, OpResult};
+    use crate::kir::{BinOp, CmpOp, Expr, Kernel, MathFn, Stmt, Ty, UnOp, VarId};
+    use crate::ops::lowering::{index, nest, strides, LowerCtx, TensorRef};
+    use crate::ops::util::axis;
+    use crate::ops::{Lowering, Registry};
+    use crate::{bail, ensure};
+
+    fn v(x: VarId) -> Expr {
+        Expr::Var(x)
+    }
+    fn set(x: VarId, e: Expr) -> Stmt {
+        Stmt::Set { var: x, value: e }
+    }
+    fn for_(var: VarId, extent: usize, body: Vec<Stmt>) -> Stmt {
+        Stmt::For {
+            var,
+            extent: extent as u64,
+            body,
+        }
+    }
+    fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
+        Expr::bin(op, a, b)
+    }
+    fn cmp(op: CmpOp, a: Expr, b: Expr) -> Expr {
+        Expr::cmp(op, a, b)
+    }
+    fn is_nan(x: Expr) -> Expr {
+        cmp(CmpOp::Ne, x.clone(), x)
+    }
+    fn u8c(b: bool) -> Expr {
+        Expr::cast(Ty::U8, Expr::Int(b as i64))
+    }
+    fn f64c(x: f64) -> Expr {
+        Expr::f(x, Ty::F64)
+    }
+    /// An integer constant of type `t` (wrapping).
+    fn ic(x: i128, t: Ty) -> Expr {
+        Expr::cast(t, Expr::Int(x as i64))
+    }
+    fn int_range(dt: DType) -> (i128, i128) {
+        if dt == DType::Bool {
+            (0, 1)
+        } else {
+            dt.int_range().unwrap_or((i64::MIN as i128, i64::MAX as i128))
+        }
+    }
+    /// `x > best` with NaN winning (for maximum-type folds over floats).
+    fn wins(x: Expr, best: Expr, max: bool, float: bool) -> Expr {
+        let c = cmp(if max { CmpOp::Gt } else { CmpOp::Lt }, x.clone(), best);
+        if float {
+            bin(BinOp::Or, c, is_nan(x))
+        } else {
+            c
+        }
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Reduce*
+
+    fn kind_of(op: &str) -> OpResult<Kind> {
+        Ok(match op {
+            "ReduceSum" => Kind::Sum,
+            "ReduceMean" => Kind::Mean,
+            "ReduceMax" => Kind::Max,
+            "ReduceMin" => Kind::Min,
+            "ReduceProd" => Kind::Prod,
+            "ReduceL1" => Kind::L1,
+            "ReduceL2" => Kind::L2,
+            "ReduceLogSum" => Kind::LogSum,
+            "ReduceLogSumExp" => Kind::LogSumExp,
+            "ReduceSumSquare" => Kind::SumSquare,
+            _ => bail!("no lowering for {op}"),
+        })
+    }
+
+    /// Which axes are reduced.
+    fn reduced_axes(lw: &LowerCtx, rank: usize) -> OpResult<Vec<bool>> {
+        let given = match lw.opt_input(1) {
+            Some(_) => Some(
+                lw.const_input(1)?
+                    .to_i64_vec()
+                    .ok_or_else(|| OpError::new("axes must be integers"))?,
+            ),
+            None => lw.op.attrs.get_ints("axes")?,
+        };
+        Ok(match given {
+            Some(a) if !a.is_empty() => {
+                let ax = crate::ops::util::axes(&a, rank.max(1))?;
+                (0..rank).map(|d| ax.contains(&d)).collect()
+            }
+            _ => {
+                let noop = lw.op.attrs.int("noop_with_empty_axes", 0)? != 0;
+                vec![!noop; rank]
+            }
+        })
+    }
+
+    fn reduce(lw: &mut LowerCtx) -> OpResult<()> {
+        let kind = kind_of(&lw.op.op_type)?;
+        let x = lw.input(0)?.clone();
+        let out = lw.outputs[0].clone();
+        let rank = x.shape.len();
+        let red = reduced_axes(lw, rank)?;
+        let t = x.ty().compute();
+        let ot = out.ty().compute();
+        let float = t.is_float();
+        let int_kind = matches!(
+            kind,
+            Kind::Sum | Kind::Max | Kind::Min | Kind::Prod | Kind::L1 | Kind::SumSquare
+        );
+        if x.dtype == DType::Bool {
+            ensure!(
+                matches!(kind, Kind::Max | Kind::Min),
+                "{kind:?} is not defined for bool tensors"
+            );
+        }
+        // Accumulator type: f64 for floats and float-valued reductions of integers,
+        // the element type (wrapping) for integer reductions.
+        let at = if float || !int_kind { Ty::F64 } else { t };
+        let istr = strides(&x.shape);
+        let kept: Vec<usize> = (0..rank).filter(|&d| !red[d]).collect();
+        let reds: Vec<usize> = (0..rank).filter(|&d| red[d]).collect();
+        let kshape: Vec<usize> = kept.iter().map(|&d| x.shape[d]).collect();
+        let rshape: Vec<usize> = reds.iter().map(|&d| x.shape[d]).collect();
+        let kstr: Vec<usize> = kept.iter().map(|&d| istr[d]).collect();
+        let rstr: Vec<usize> = reds.iter().map(|&d| istr[d]).collect();
+        let count: usize = rshape.iter().product();
+        ensure!(
+            out.len() == kshape.iter().product::<usize>(),
+            "reduction output size mismatch"
+        );
+        let mut k = lw.kernel("");
+        let acc = k.var(at);
+        let mx = k.var(at);
+        let (lo, hi) = int_range(x.dtype);
+        let init = match kind {
+            Kind::Max if at == Ty::F64 => f64c(f64::NEG_INFINITY),
+            Kind::Min if at == Ty::F64 => f64c(f64::INFINITY),
+            Kind::Max => ic(lo, at),
+            Kind::Min => ic(hi, at),
+            Kind::Prod if at == Ty::F64 => f64c(1.0),
+            Kind::Prod => ic(1, at),
+            _ if at == Ty::F64 => f64c(0.0),
+            _ => ic(0, at),
+        };
+        let body = nest(&mut k, &kshape, |k, kv| {
+            let mut s = vec![set(acc, init.clone())];
+            let load = |k: &mut Kernel, s: &mut Vec<Stmt>, f: &dyn Fn(Expr) -> Stmt| {
+                let inner = nest(k, &rshape, |_, rv| {
+                    let mut vars = kv.to_vec();
+                    vars.extend_from_slice(rv);
+                    let mut st = kstr.clone();
+                    st.extend_from_slice(&rstr);
+                    let e = Expr::cast(at, Expr::load(x.buf, index(&vars, &st)));
+                    vec![f(e)]
+                });
+                s.extend(inner);
+            };
+            let a = v(acc);
+            match kind {
+                Kind::LogSumExp => {
+                    s.push(set(mx, f64c(f64::NEG_INFINITY)));
+                    // f64::max ignores NaN.
+                    load(k, &mut s, &|e| {
+                        set(
+                            mx,
+                            Expr::select(cmp(CmpOp::Gt, e.clone(), v(mx)), e, v(mx)),
+                        )
+                    });
+                    // Shift by the max when it is finite.
+                    let d = bin(BinOp::Sub, v(mx), v(mx));
+                    s.push(set(
+                        mx,
+                        Expr::select(cmp(CmpOp::Eq, d, f64c(0.0)), v(mx), f64c(0.0)),
+                    ));
+                    load(k, &mut s, &|e| {
+                        set(
+                            acc,
+                            Expr::add(
+                                v(acc),
+                                Expr::call(MathFn::Exp, vec![bin(BinOp::Sub, e, v(mx))]),
+                            ),
+                        )
+                    });
+                }
+                _ => {
+                    let f = at.is_float();
+                    load(k, &mut s, &|e| {
+                        let nv = match kind {
+                            Kind::Sum | Kind::Mean | Kind::LogSum => Expr::add(a.clone(), e),
+                            Kind::Prod => Expr::mul(a.clone(), e),
+                            Kind::L1 => Expr::add(a.clone(), Expr::un(UnOp::Abs, e)),
+                            Kind::L2 | Kind::SumSquare => {
+                                Expr::add(a.clone(), Expr::mul(e.clone(), e))
+                            }
+                            Kind::Max | Kind::Min => {
+                                let max = kind == Kind::Max;
+                                if f {
+                                    Expr::select(wins(e.clone(), a.clone(), max, true), e, a.clone())
+                                } else {
+                                    bin(if max { BinOp::Max } else { BinOp::Min }, a.clone(), e)
+                                }
+                            }
+                            Kind::LogSumExp => unreachable!(),
+                        };
+                        set(acc, nv)
+                    });
+                }
+            }
+            let r = match kind {
+                Kind::Mean => bin(BinOp::Div, a.clone(), f64c(count as f64)),
+                Kind::L2 => Expr::un(UnOp::Sqrt, a.clone()),
+                Kind::LogSum => Expr::call(MathFn::Log, vec![a.clone()]),
+                Kind::LogSumExp => Expr::add(v(mx), Expr::call(MathFn::Log, vec![a.clone()])),
+                _ => a.clone(),
+            };
+            s.push(Stmt::Store {
+                buf: out.buf,
+                index: index(kv, &strides(&kshape)),
+                value: Expr::cast(ot, r),
+            });
+            s
+        });
+        k.body = body;
+        lw.push(k);
+        Ok(())
+    }
+
+    // -----------------------------------------------------------------------------------
+    // ArgMax / ArgMin
+
+    /// Statements that leave in `bi` the lane index picked like the reference's `pick`
+    /// (NaN wins; ties go to the first or last), `best` holding its value. `at(j)` loads
+    /// element j of the lane.
+    fn pick_stmts(
+        k: &mut Kernel,
+        t: Ty,
+        n: usize,
+        at: &dyn Fn(Expr) -> Expr,
+        max: bool,
+        last: bool,
+    ) -> (Vec<Stmt>, VarId) {
+        let best = k.var(t);
+        let bi = k.var(Ty::I64);
+        let j = k.var(Ty::I64);
+        let x = at(v(j));
+        let b = v(best);
+        let gt = cmp(if max { CmpOp::Gt } else { CmpOp::Lt }, x.clone(), b.clone());
+        let take = if t.is_float() {
+            let eq = cmp(CmpOp::Eq, x.clone(), b.clone());
+            Expr::select(
+                is_nan(b.clone()),
+                bin(BinOp::And, is_nan(x.clone()), u8c(last)),
+                Expr::select(
+                    is_nan(x.clone()),
+                    u8c(true),
+                    Expr::select(eq, u8c(last), gt),
+                ),
+            )
+        } else if last {
+            cmp(if max { CmpOp::Ge } else { CmpOp::Le }, x.clone(), b)
+        } else {
+            gt
+        };
+        let s = vec![
+            set(best, at(Expr::Int(0))),
+            set(bi, Expr::Int(0)),
+            for_(
+                j,
+                n,
+                vec![Stmt::If {
+                    cond: take,
+                    then: vec![set(best, x), set(bi, v(j))],
+                    els: vec![],
+                }],
+            ),
+        ];
+        (s, bi)
+    }
+
+    fn arg(lw: &mut LowerCtx) -> OpResult<()> {
+        let max = lw.op.op_type == "ArgMax";
+        let x = lw.input(0)?.clone();
+        let out = lw.outputs[0].clone();
+        let rank = x.shape.len();
+        ensure!(rank >= 1, "ArgMax/ArgMin need an input of rank >= 1");
+        let ax = axis(lw.op.attrs.int("axis", 0)?, rank)?;
+        let last = lw.op.attrs.int("select_last_index", 0)? != 0;
+        let (outer, n, inner) = split3(&x.shape, ax);
+        ensure!(n > 0, "cannot take ArgMax/ArgMin over an empty axis");
+        let t = x.ty().compute();
+        let mut k = lw.kernel("");
+        let body = nest(&mut k, &[outer, inner], |k, lv| {
+            let (o, i) = (lv[0], lv[1]);
+            let at = |j: Expr| {
+                Expr::load(
+                    x.buf,
+                    index(&[o, i], &[n * inner, 1]).add_term(Expr::mul(j, Expr::Int(inner as i64))),
+                )
+            };
+            let (mut s, bi) = pick_stmts(k, t, n, &at, max, last);
+            s.push(Stmt::Store {
+                buf: out.buf,
+                index: index(&[o, i], &[inner, 1]),
+                value: v(bi),
+            });
+            s
+        });
+        k.body = body;
+        lw.push(k);
+        Ok(())
+    }
+
+    trait AddTerm {
+        fn add_term(self, e: Expr) -> Expr;
+    }
+    impl AddTerm for Expr {
+        fn add_term(self, e: Expr) -> Expr {
+            match self {
+                Expr::Int(0) => e,
+                s => Expr::add(s, e),
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Softmax, LogSoftmax, Hardmax
+
+    fn soft(lw: &mut LowerCtx) -> OpResult<()> {
+        let op = lw.op.op_type.clone();
+        let x = lw.input(0)?.clone();
+        let out = lw.outputs[0].clone();
+        let t = x.ty().compute();
+        ensure!(t.is_float(), "expected a float tensor, got {}", x.dtype);
+        let shape = x.shape.clone();
+        let rank = shape.len();
+        let new = lw.op.opset >= 13;
+        let ax = lw.op.attrs.int("axis", if new { -1 } else { 1 })?;
+        let (outer, n, inner) = if rank == 0 {
+            (1, 1, 1)
+        } else if new {
+            split3(&shape, axis(ax, rank)?)
+        } else {
+            let r = rank as i64;
+            ensure!(ax >= -r && ax <= r, "axis {ax} is out of range for rank {rank}");
+            let ax = if ax < 0 { (ax + r) as usize } else { ax as usize };
+            (shape[..ax].iter().product(), shape[ax..].iter().product(), 1)
+        };
+        let half = matches!(x.dtype, DType::F16 | DType::BF16);
+        let mut k = lw.kernel("");
+        let body = nest(&mut k, &[outer, inner], |k, lv| {
+            let (o, i) = (lv[0], lv[1]);
+            let pos = |j: Expr| {
+                index(&[o, i], &[n * inner, 1]).add_term(Expr::mul(j, Expr::Int(inner as i64)))
+            };
+            let at = |j: Expr| Expr::load(x.buf, pos(j));
+            let j = k.var(Ty::I64);
+            if op == "Hardmax" {
+                if n == 0 {
+                    return vec![];
+                }
+                let (mut s, bi) = pick_stmts(k, t, n, &at, true, false);
+                s.push(for_(
+                    j,
+                    n,
+                    vec![Stmt::Store {
+                        buf: out.buf,
+                        index: pos(v(j)),
+                        value: Expr::select(
+                            cmp(CmpOp::Eq, v(j), v(bi)),
+                            Expr::f(1.0, Ty::F32),
+                            Expr::f(0.0, Ty::F32),
+                        ),
+                    }],
+                ));
+                // Stored values are F32 for f16/bf16/f32 outputs.
+                if t == Ty::F64 {
+                    if let Some(Stmt::For { body, .. }) = s.last_mut() {
+                        if let Some(Stmt::Store { value, .. }) = body.first_mut() {
+                            *value = Expr::cast(Ty::F64, value.clone());
+                        }
+                    }
+                }
+                return s;
+            }
+            let m = k.var(Ty::F64);
+            let sum = k.var(Ty::F64);
+            let xf = |j: VarId| Expr::cast(Ty::F64, at(v(j)));
+            if op == "Softmax" && half {
+                return softmax16(k, &x, &out, n, &pos, m, sum, j);
+            }
+            let d = bin(BinOp::Sub, v(m), v(m));
+            let mut s = vec![
+                set(m, f64c(f64::NEG_INFINITY)),
+                for_(
+                    j,
+                    n,
+                    vec![set(
+                        m,
+                        Expr::select(cmp(CmpOp::Gt, xf(j), v(m)), xf(j), v(m)),
+                    )],
+                ),
+                set(m, Expr::select(cmp(CmpOp::Eq, d, f64c(0.0)), v(m), f64c(0.0))),
+                set(sum, f64c(0.0)),
+                for_(
+                    j,
+                    n,
+                    vec![set(
+                        sum,
+                        Expr::add(
+                            v(sum),
+                            Expr::call(MathFn::Exp, vec![bin(BinOp::Sub, xf(j), v(m))]),
+                        ),
+                    )],
+                ),
+            ];
+            let val = if op == "Softmax" {
+                bin(
+                    BinOp::Div,
+                    Expr::call(MathFn::Exp, vec![bin(BinOp::Sub, xf(j), v(m))]),
+                    v(sum),
+                )
+            } else {
+                bin(
+                    BinOp::Sub,
+                    bin(BinOp::Sub, xf(j), v(m)),
+                    Expr::call(MathFn::Log, vec![v(sum)]),
+                )
+            };
+            s.push(for_(
+                j,
+                n,
+                vec![Stmt::Store {
+                    buf: out.buf,
+                    index: pos(v(j)),
+                    value: Expr::cast(t, val),
+                }],
+            ));
+            s
+        });
+        k.body = body;
+        lw.push(k);
+        Ok(())
+    }
+
+    /// Softmax of a float16/bfloat16 lane the way the reference computes it: every step
+    /// rounds to the element type (`tmp = r(x - max)`, `e = r(exp(tmp))`, a bfloat16 sum
+    /// rounds each partial sum, a float16 sum accumulates in f32 and rounds once,
+    /// `y = r(e / sum)`). Rounding goes through stores to the output lane, which rounds
+    /// to the storage type; `e` is recomputed for the final pass.
+    #[allow(clippy::too_many_arguments)]
+    fn softmax16(
+        k: &mut Kernel,
+        x: &TensorRef,
+        out: &TensorRef,
+        n: usize,
+        pos: &dyn Fn(Expr) -> Expr,
+        m: VarId,
+        sum: VarId,
+        j: VarId,
+    ) -> Vec<Stmt> {
+        if n == 0 {
+            return vec![];
+        }
+        let bf = out.dtype == DType::BF16;
+        let acc32 = k.var(Ty::F32);
+        let xf = Expr::cast(Ty::F64, Expr::load(x.buf, pos(v(j))));
+        let o = |val: Expr| Stmt::Store {
+            buf: out.buf,
+            index: pos(v(j)),
+            value: val,
+        };
+        let ol = || Expr::load(out.buf, pos(v(j)));
+        // out[j] = e_j (rounded).
+        let exp_steps = || {
+            vec![
+                o(Expr::cast(Ty::F32, bin(BinOp::Sub, xf.clone(), v(m)))),
+                o(Expr::cast(
+                    Ty::F32,
+                    Expr::call(MathFn::Exp, vec![Expr::cast(Ty::F64, ol())]),
+                )),
+            ]
+        };
+        let d = bin(BinOp::Sub, v(m), v(m));
+        let mut sum_body = exp_steps();
+        if bf {
+            // Round each partial sum through out[j] (recomputed below).
+            sum_body.push(o(Expr::cast(
+                Ty::F32,
+                bin(BinOp::Add, v(sum), Expr::cast(Ty::F64, ol())),
+            )));
+            sum_body.push(set(sum, Expr::cast(Ty::F64, ol())));
+        } else {
+            sum_body.push(set(acc32, Expr::add(v(acc32), ol())));
+        }
+        let mut s = vec![
+            set(m, f64c(f64::NEG_INFINITY)),
+            for_(
+                j,
+                n,
+                vec![set(
+                    m,
+                    Expr::select(cmp(CmpOp::Gt, xf.clone(), v(m)), xf.clone(), v(m)),
+                )],
+            ),
+            set(m, Expr::select(cmp(CmpOp::Eq, d, f64c(0.0)), v(m), f64c(0.0))),
+            set(sum, f64c(0.0)),
+            set(acc32, Expr::f(0.0, Ty::F32)),
+            for_(j, n, sum_body),
+        ];
+        if !bf {
+            // Round the f32 sum once, through out[0].
+            let o0 = pos(Expr::Int(0));
+            s.push(Stmt::Store {
+                buf: out.buf,
+                index: o0.clone(),
+                value: v(acc32),
+            });
+            s.push(set(sum, Expr::cast(Ty::F64, Expr::load(out.buf, o0))));
+        }
+        let mut fin = exp_steps();
+        fin.push(o(Expr::cast(
+            Ty::F32,
+            bin(BinOp::Div, Expr::cast(Ty::F64, ol()), v(sum)),
+        )));
+        s.push(for_(j, n, fin));
+        s
+    }
+
+    // -----------------------------------------------------------------------------------
+    // CumSum / CumProd
+
+    /// CumSum/CumProd. A constant axis gives one loop nest; an axis known only at run
+    /// time gives one nest per possible axis, each guarded by a test of the axis value.
+    fn cum(lw: &mut LowerCtx) -> OpResult<()> {
+        let prod = lw.op.op_type == "CumProd";
+        let x = lw.input(0)?.clone();
+        let out = lw.outputs[0].clone();
+        let rank = x.shape.len();
+        let axis_in = lw.input(1)?.clone();
+        let exclusive = lw.op.attrs.int("exclusive", 0)? != 0;
+        let reverse = lw.op.attrs.int("reverse", 0)? != 0;
+        let t = x.ty().compute();
+        let ot = out.ty().compute();
+        let at = if t.is_float() { Ty::F64 } else { t };
+        let one = |z: f64| if at == Ty::F64 { f64c(z) } else { ic(z as i128, at) };
+        // (axis, guard) pairs.
+        let cases: Vec<(usize, Option<Expr>)> = if rank == 0 {
+            vec![(0, None)]
+        } else if let Some(c) = &axis_in.value {
+            let a = c
+                .to_i64_vec()
+                .and_then(|v| v.first().copied())
+                .ok_or_else(|| OpError::new("axis must be an integer scalar"))?;
+            vec![(axis(a, rank)?, None)]
+        } else {
+            ensure!(axis_in.len() == 1, "axis must be a scalar");
+            let av = Expr::cast(Ty::I64, Expr::load(axis_in.buf, Expr::Int(0)));
+            (0..rank)
+                .map(|a| {
+                    let g = bin(
+                        BinOp::Or,
+                        cmp(CmpOp::Eq, av.clone(), Expr::Int(a as i64)),
+                        cmp(CmpOp::Eq, av.clone(), Expr::Int(a as i64 - rank as i64)),
+                    );
+                    (a, if rank == 1 { None } else { Some(g) })
+                })
+                .collect()
+        };
+        let mut k = lw.kernel("");
+        for (ax, guard) in cases {
+            let (outer, n, inner) = if rank == 0 { (1, 1, 1) } else { split3(&x.shape, ax) };
+            let body = nest(&mut k, &[outer, inner], |k, lv| {
+                let (o, i) = (lv[0], lv[1]);
+                let acc = k.var(at);
+                let step = k.var(Ty::I64);
+                let j = if reverse {
+                    bin(BinOp::Sub, Expr::Int(n as i64 - 1), v(step))
+                } else {
+                    v(step)
+                };
+                let p = index(&[o, i], &[n * inner, 1])
+                    .add_term(Expr::mul(j, Expr::Int(inner as i64)));
+                let xv = Expr::cast(at, Expr::load(x.buf, p.clone()));
+                let upd = set(
+                    acc,
+                    if prod {
+                        Expr::mul(v(acc), xv)
+                    } else {
+                        Expr::add(v(acc), xv)
+                    },
+                );
+                let st = Stmt::Store {
+                    buf: out.buf,
+                    index: p,
+                    value: Expr::cast(ot, v(acc)),
+                };
+                let body = if exclusive { vec![st, upd] } else { vec![upd, st] };
+                vec![
+                    set(acc, one(if prod { 1.0 } else { 0.0 })),
+                    for_(step, n, body),
+                ]
+            });
+            match guard {
+                None => k.body.extend(body),
+                Some(cond) => k.body.push(Stmt::If {
+                    cond,
+                    then: body,
+                    els: vec![],
+                }),
+            }
+        }
+        lw.push(k);
+        Ok(())
+    }
+
+    // -----------------------------------------------------------------------------------
+    // TopK (constant k): each element's rank in its lane decides where it goes.
+
+    fn topk(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let rank = x.shape.len();
+        ensure!(rank >= 1, "TopK needs an input of rank >= 1");
+        let kk = match lw.opt_input(1) {
+            Some(_) => lw
+                .const_input(1)?
+                .to_i64_vec()
+                .and_then(|v| v.first().copied())
+                .ok_or_else(|| OpError::new("k must be an integer"))?,
+            None => lw.op.attrs.req_int("k")?,
+        };
+        let ax = axis(lw.op.attrs.int("axis", -1)?, rank)?;
+        let largest = lw.op.attrs.int("largest", 1)? != 0;
+        let (outer, n, inner) = split3(&x.shape, ax);
+        ensure!(kk >= 0 && kk as usize <= n, "k = {kk} is out of range");
+        let kk = kk as usize;
+        let (vals, idxs): (TensorRef, TensorRef) = (lw.outputs[0].clone(), lw.outputs[1].clone());
+        let t = x.ty().compute();
+        let float = t.is_float();
+        let mut k = lw.kernel("");
+        let body = nest(&mut k, &[outer, inner], |k, lv| {
+            let (o, i) = (lv[0], lv[1]);
+            let p = k.var(Ty::I64);
+            let q = k.var(Ty::I64);
+            let cnt = k.var(Ty::I64);
+            let at = |j: Expr| {
+                Expr::load(
+                    x.buf,
+                    index(&[o, i], &[n * inner, 1]).add_term(Expr::mul(j, Expr::Int(inner as i64))),
+                )
+            };
+            let (xq, xp) = (at(v(q)), at(v(p)));
+            // q comes before p in the sorted lane.
+            let strict = if largest {
+                cmp(CmpOp::Gt, xq.clone(), xp.clone())
+            } else {
+                cmp(CmpOp::Lt, xq.clone(), xp.clone())
+            };
+            let mut eq = cmp(CmpOp::Eq, xq.clone(), xp.clone());
+            let mut before = strict;
+            if float {
+                let (nq, np) = (is_nan(xq.clone()), is_nan(xp.clone()));
+                let nan_order = if largest {
+                    bin(BinOp::And, nq.clone(), bin(BinOp::Xor, np.clone(), u8c(true)))
+                } else {
+                    bin(BinOp::And, np.clone(), bin(BinOp::Xor, nq.clone(), u8c(true)))
+                };
+                before = bin(BinOp::Or, before, nan_order);
+                eq = bin(BinOp::Or, eq, bin(BinOp::And, nq, np));
+            }
+            let before = bin(
+                BinOp::Or,
+                before,
+                bin(BinOp::And, eq, cmp(CmpOp::Lt, v(q), v(p))),
+            );
+            let opos = |r: Expr| {
+                index(&[o, i], &[kk * inner, 1]).add_term(Expr::mul(r, Expr::Int(inner as i64)))
+            };
+            vec![for_(
+                p,
+                n,
+                vec![
+                    set(cnt, Expr::Int(0)),
+                    for_(
+                        q,
+                        n,
+                        vec![set(cnt, Expr::add(v(cnt), Expr::cast(Ty::I64, before)))],
+                    ),
+                    Stmt::If {
+                        cond: cmp(CmpOp::Lt, v(cnt), Expr::Int(kk as i64)),
+                        then: vec![
+                            Stmt::Store {
+                                buf: vals.buf,
+                                index: opos(v(cnt)),
+                                value: xp.clone(),
+                            },
+                            Stmt::Store {
+                                buf: idxs.buf,
+                                index: opos(v(cnt)),
+                                value: v(p),
+                            },
+                        ],
+                        els: vec![],
+                    },
+                ],
+            )]
+        });
+        k.body = body;
+        lw.push(k);
+        Ok(())
+    }
+
+    // -----------------------------------------------------------------------------------
+    // NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss
+
+    /// Both losses. For SoftmaxCrossEntropyLoss the log-probabilities are computed lane by
+    /// lane where needed (and written whole to the optional second output).
+    fn loss(lw: &mut LowerCtx) -> OpResult<()> {
+        let sce = lw.op.op_type == "SoftmaxCrossEntropyLoss";
+        let x = lw.input(0)?.clone();
+        let target = lw.input(1)?.clone();
+        let weight = lw.opt_input(2).cloned();
+        let out = lw.outputs[0].clone();
+        let t = x.ty().compute();
+        ensure!(t.is_float(), "expected a float input, got {}", x.dtype);
+        ensure!(x.shape.len() >= 2, "the input must have shape (N, C, d1, ...)");
+        let ii = lw.op.attrs.get_int("ignore_index")?;
+        let red = lw.op.attrs.string("reduction", "mean".to_string())?;
+        ensure!(
+            matches!(red.as_str(), "none" | "sum" | "mean"),
+            "unknown reduction `{red}`"
+        );
+        let (n, c) = (x.shape[0], x.shape[1]);
+        let d: usize = x.shape[2..].iter().product();
+        ensure!(target.len() == n * d, "target shape does not match the input");
+        let ot = out.ty().compute();
+        let mut k = lw.kernel("");
+        let (acc, wsum) = (k.var(Ty::F64), k.var(Ty::F64));
+        let (m, sum, lp, cls, val, wt) = (
+            k.var(Ty::F64),
+            k.var(Ty::F64),
+            k.var(Ty::F64),
+            k.var(Ty::I64),
+            k.var(Ty::F64),
+            k.var(Ty::F64),
+        );
+        let cj = k.var(Ty::I64);
+        let xat = |i: VarId, cl: Expr, q: VarId| {
+            let idx = Expr::add(
+                Expr::mul(
+                    Expr::add(Expr::mul(v(i), Expr::Int(c as i64)), cl),
+                    Expr::Int(d as i64),
+                ),
+                v(q),
+            );
+            Expr::cast(Ty::F64, Expr::load(x.buf, idx))
+        };
+        let per = |i: VarId, q: VarId| -> Vec<Stmt> {
+            let mut s = vec![
+                set(
+                    cls,
+                    Expr::cast(
+                        Ty::I64,
+                        Expr::load(target.buf, Expr::add(Expr::mul(v(i), Expr::Int(d as i64)), v(q))),
+                    ),
+                ),
+                set(val, f64c(0.0)),
+                set(wt, f64c(0.0)),
+            ];
+            let mut valid = bin(
+                BinOp::And,
+                cmp(CmpOp::Ge, v(cls), Expr::Int(0)),
+                cmp(CmpOp::Lt, v(cls), Expr::Int(c as i64)),
+            );
+            if let Some(ii) = ii {
+                valid = bin(BinOp::And, valid, cmp(CmpOp::Ne, v(cls), Expr::Int(ii)));
+            }
+            let mut then = Vec::new();
+            if sce {
+                let d0 = bin(BinOp::Sub, v(m), v(m));
+                then.extend([
+                    set(m, f64c(f64::NEG_INFINITY)),
+                    for_(
+                        cj,
+                        c,
+                        vec![set(
+                            m,
+                            Expr::select(
+                                cmp(CmpOp::Gt, xat(i, v(cj), q), v(m)),
+                                xat(i, v(cj), q),
+                                v(m),
+                            ),
+                        )],
+                    ),
+                    set(m, Expr::select(cmp(CmpOp::Eq, d0, f64c(0.0)), v(m), f64c(0.0))),
+                    set(sum, f64c(0.0)),
+                    for_(
+                        cj,
+                        c,
+                        vec![set(
+                            sum,
+                            Expr::add(
+                                v(sum),
+                                Expr::call(
+                                    MathFn::Exp,
+                                    vec![bin(BinOp::Sub, xat(i, v(cj), q), v(m))],
+                                ),
+                            ),
+                        )],
+                    ),
+                    set(
+                        lp,
+                        bin(
+                            BinOp::Sub,
+                            bin(BinOp::Sub, xat(i, v(cls), q), v(m)),
+                            Expr::call(MathFn::Log, vec![v(sum)]),
+                        ),
+                    ),
+                ]);
+            } else {
+                then.push(set(lp, xat(i, v(cls), q)));
+            }
+            then.push(set(
+                wt,
+                match &weight {
+                    Some(w) => Expr::cast(Ty::F64, Expr::load(w.buf, v(cls))),
+                    None => f64c(1.0),
+                },
+            ));
+            then.push(set(val, Expr::mul(Expr::un(UnOp::Neg, v(lp)), v(wt))));
+            s.push(Stmt::If {
+                cond: valid,
+                then,
+                els: vec![],
+            });
+            s
+        };
+        if red == "none" {
+            k.body = nest(&mut k, &[n, d], |_, lv| {
+                let mut s = per(lv[0], lv[1]);
+                s.push(Stmt::Store {
+                    buf: out.buf,
+                    index: index(lv, &[d, 1]),
+                    value: Expr::cast(ot, v(val)),
+                });
+                s
+            });
+        } else {
+            let mut body = vec![set(acc, f64c(0.0)), set(wsum, f64c(0.0))];
+            body.extend(nest(&mut k, &[n, d], |_, lv| {
+                let mut s = per(lv[0], lv[1]);
+                s.push(set(acc, Expr::add(v(acc), v(val))));
+                s.push(set(wsum, Expr::add(v(wsum), v(wt))));
+                s
+            }));
+            let r = if red == "mean" {
+                bin(BinOp::Div, v(acc), v(wsum))
+            } else {
+                v(acc)
+            };
+            body.push(Stmt::Store {
+                buf: out.buf,
+                index: Expr::Int(0),
+                value: Expr::cast(ot, r),
+            });
+            k.body = body;
+        }
+        lw.push(k);
+        // The log-probabilities output.
+        if sce && lw.outputs.len() >= 2 {
+            let lpo = lw.outputs[1].clone();
+            let mut k = lw.kernel("log_prob");
+            let j = k.var(Ty::I64);
+            let (m, sum, lp) = (k.var(Ty::F64), k.var(Ty::F64), k.var(Ty::F64));
+            k.body = nest(&mut k, &[n, d], |_, lv| {
+                let (i, q) = (lv[0], lv[1]);
+                let d0 = bin(BinOp::Sub, v(m), v(m));
+                vec![
+                    set(m, f64c(f64::NEG_INFINITY)),
+                    for_(
+                        j,
+                        c,
+                        vec![set(
+                            m,
+                            Expr::select(cmp(CmpOp::Gt, xat(i, v(j), q), v(m)), xat(i, v(j), q), v(m)),
+                        )],
+                    ),
+                    set(m, Expr::select(cmp(CmpOp::Eq, d0, f64c(0.0)), v(m), f64c(0.0))),
+                    set(sum, f64c(0.0)),
+                    for_(
+                        j,
+                        c,
+                        vec![set(
+                            sum,
+                            Expr::add(
+                                v(sum),
+                                Expr::call(MathFn::Exp, vec![bin(BinOp::Sub, xat(i, v(j), q), v(m))]),
+                            ),
+                        )],
+                    ),
+                    set(lp, Expr::call(MathFn::Log, vec![v(sum)])),
+                    for_(
+                        j,
+                        c,
+                        vec![Stmt::Store {
+                            buf: lpo.buf,
+                            index: Expr::add(
+                                Expr::mul(
+                                    Expr::add(Expr::mul(v(i), Expr::Int(c as i64)), v(j)),
+                                    Expr::Int(d as i64),
+                                ),
+                                v(q),
+                            ),
+                            value: Expr::cast(
+                                lpo.ty().compute(),
+                                bin(BinOp::Sub, bin(BinOp::Sub, xat(i, v(j), q), v(m)), v(lp)),
+                            ),
+                        }],
+                    ),
+                ]
+            });
+            lw.push(k);
+        }
+        Ok(())
+    }
+
+    pub fn register(r: &mut Registry) {
+        for op in [
+            "ReduceSum",
+            "ReduceMean",
+            "ReduceMax",
+            "ReduceMin",
+            "ReduceProd",
+            "ReduceL1",
+            "ReduceL2",
+            "ReduceLogSum",
+            "ReduceLogSumExp",
+            "ReduceSumSquare",
+        ] {
+            r.lower(op, Lowering::Custom(reduce));
+        }
+        r.lower("ArgMax", Lowering::Custom(arg));
+        r.lower("ArgMin", Lowering::Custom(arg));
+        for op in ["Softmax", "LogSoftmax", "Hardmax"] {
+            r.lower(op, Lowering::Custom(soft));
+        }
+        r.lower("CumSum", Lowering::Custom(cum));
+        r.lower("CumProd", Lowering::Custom(cum));
+        r.lower("TopK", Lowering::Custom(topk));
+        r.lower("NegativeLogLikelihoodLoss", Lowering::Custom(loss));
+        r.lower("SoftmaxCrossEntropyLoss", Lowering::Custom(loss));
+    }
 }
