@@ -70,34 +70,78 @@ pub fn plan(p: &mut Program) -> PlanReport {
             last[b] = last[b].max(i);
         }
     }
-    let mut items: Vec<BufId> = (0..nb)
+    let items: Vec<BufId> = (0..nb)
         .filter(|&b| matches!(p.buffers[b].kind, BufKind::Arena { .. }) && first[b] != usize::MAX)
         .collect();
-    items.sort_by(|&a, &b| {
-        p.buffers[b]
-            .bytes()
-            .cmp(&p.buffers[a].bytes())
+    // Greedy placement in a few orders (largest first, earliest first, longest-lived
+    // first); the smallest arena wins. Ties keep the first order, so plans are
+    // deterministic.
+    let sizes: Vec<u64> = p
+        .buffers
+        .iter()
+        .map(|b| b.bytes().div_ceil(ALIGN) * ALIGN)
+        .collect();
+    let size = |b: BufId| sizes[b];
+    let mut orders: Vec<Vec<BufId>> = Vec::new();
+    let mut o = items.clone();
+    o.sort_by(|&a, &b| {
+        size(b)
+            .cmp(&size(a))
             .then(first[a].cmp(&first[b]))
+            .then(a.cmp(&b))
     });
-    let mut placed: Vec<(BufId, u64, u64)> = Vec::new(); // (buf, offset, end)
-    let mut arena = 0u64;
-    for &b in &items {
-        let size = p.buffers[b].bytes().div_ceil(ALIGN) * ALIGN;
-        let mut conflicts: Vec<(u64, u64)> = placed
-            .iter()
-            .filter(|(o, _, _)| !(last[*o] < first[b] || last[b] < first[*o]))
-            .map(|&(_, s, e)| (s, e))
-            .collect();
-        conflicts.sort();
-        let mut off = 0u64;
-        for (s, e) in conflicts {
-            if off + size <= s {
-                break;
+    orders.push(o);
+    let mut o = items.clone();
+    o.sort_by(|&a, &b| {
+        first[a]
+            .cmp(&first[b])
+            .then(size(b).cmp(&size(a)))
+            .then(a.cmp(&b))
+    });
+    orders.push(o);
+    let mut o = items.clone();
+    o.sort_by(|&a, &b| {
+        let (la, lb) = (
+            (last[a] - first[a] + 1) as u64 * size(a),
+            (last[b] - first[b] + 1) as u64 * size(b),
+        );
+        lb.cmp(&la).then(a.cmp(&b))
+    });
+    orders.push(o);
+    let mut best: Option<(u64, Vec<(BufId, u64, u64)>)> = None;
+    for order in &orders {
+        let mut placed: Vec<(BufId, u64, u64)> = Vec::new();
+        let mut arena = 0u64;
+        for &b in order {
+            let sz = size(b);
+            let mut conflicts: Vec<(u64, u64)> = placed
+                .iter()
+                .filter(|(o, _, _)| !(last[*o] < first[b] || last[b] < first[*o]))
+                .map(|&(_, s, e)| (s, e))
+                .collect();
+            conflicts.sort();
+            // Best fit: the smallest gap that holds the buffer, else the end.
+            let mut cursor = 0u64;
+            let mut best_gap: Option<(u64, u64)> = None; // (gap size, offset)
+            for (s, e) in &conflicts {
+                if *s >= cursor + sz {
+                    let gap = s - cursor;
+                    if best_gap.is_none_or(|(g, _)| gap < g) {
+                        best_gap = Some((gap, cursor));
+                    }
+                }
+                cursor = cursor.max(*e);
             }
-            off = off.max(e);
+            let off = best_gap.map(|(_, o)| o).unwrap_or(cursor);
+            placed.push((b, off, off + sz));
+            arena = arena.max(off + sz);
         }
-        placed.push((b, off, off + size));
-        arena = arena.max(off + size);
+        if best.as_ref().is_none_or(|(a, _)| arena < *a) {
+            best = Some((arena, placed));
+        }
+    }
+    let (arena, placed) = best.unwrap_or((0, Vec::new()));
+    for &(b, off, _) in &placed {
         p.buffers[b].kind = BufKind::Arena { offset: off };
     }
     // Arena buffers no kernel touches (unused optional outputs) hold nothing.
@@ -112,7 +156,7 @@ pub fn plan(p: &mut Program) -> PlanReport {
         let live: u64 = items
             .iter()
             .filter(|&&b| first[b] <= i && i <= last[b])
-            .map(|&b| p.buffers[b].bytes())
+            .map(|&b| size(b))
             .sum();
         lower_bound = lower_bound.max(live);
     }

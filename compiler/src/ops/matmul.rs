@@ -792,7 +792,10 @@ mod lower {
         let (ra, rb) = (ash.len(), bsh.len());
         let (m, kd) = (ash[ra - 2], ash[ra - 1]);
         let (k2, n) = (bsh[rb - 2], bsh[rb - 1]);
-        ensure!(kd == k2, "MatMul inner dimensions differ: {ash:?} @ {bsh:?}");
+        ensure!(
+            kd == k2,
+            "MatMul inner dimensions differ: {ash:?} @ {bsh:?}"
+        );
         let abatch = &ash[..ra - 2];
         let bbatch = &bsh[..rb - 2];
         let batch = broadcast_shapes(abatch, bbatch)
@@ -818,10 +821,7 @@ mod lower {
         let body = nest(&mut k, &oshape, |_, vars| {
             let nb = batch.len();
             let (bv, i, j) = (&vars[..nb], vars[nb], vars[nb + 1]);
-            let aidx = add(
-                add(index(bv, &ab), scaled(i, kd)),
-                v(p),
-            );
+            let aidx = add(add(index(bv, &ab), scaled(i, kd)), v(p));
             let bidx = add(add(index(bv, &bb), scaled(p, n)), v(j));
             let x = Expr::load(a.buf, aidx);
             let y = Expr::load(b.buf, bidx);
@@ -877,8 +877,16 @@ mod lower {
                 }
             })
         };
-        let m = if a.shape.len() >= 2 { a.shape[a.shape.len() - 2] } else { 1 };
-        let n = if b.shape.len() >= 2 { b.shape[b.shape.len() - 1] } else { 1 };
+        let m = if a.shape.len() >= 2 {
+            a.shape[a.shape.len() - 2]
+        } else {
+            1
+        };
+        let n = if b.shape.len() >= 2 {
+            b.shape[b.shape.len() - 1]
+        } else {
+            1
+        };
         let za = zp(lw, 2, m)?;
         let zb = zp(lw, 3, n)?;
         let w = |e: Expr| Expr::cast(Ty::I32, e);
@@ -947,7 +955,11 @@ mod lower {
                 ensure!(c.shape.len() <= 2, "C must have rank <= 2");
                 let s = broadcast_strides(&c.shape, &[m, n]);
                 ensure!(
-                    c.shape.iter().rev().zip([n, m]).all(|(&d, o)| d == 1 || d == o),
+                    c.shape
+                        .iter()
+                        .rev()
+                        .zip([n, m])
+                        .all(|(&d, o)| d == 1 || d == o),
                     "C of shape {:?} does not broadcast to [{m}, {n}]",
                     c.shape
                 );
@@ -1070,7 +1082,11 @@ mod lower {
             s.push(Stmt::Store {
                 buf: out.buf,
                 index: index(ov, &ostr),
-                value: if ot == at { v(acc) } else { Expr::cast(ot, v(acc)) },
+                value: if ot == at {
+                    v(acc)
+                } else {
+                    Expr::cast(ot, v(acc))
+                },
             });
             s
         });

@@ -828,7 +828,8 @@ mod lower {
         if dt == DType::Bool {
             (0, 1)
         } else {
-            dt.int_range().unwrap_or((i64::MIN as i128, i64::MAX as i128))
+            dt.int_range()
+                .unwrap_or((i64::MIN as i128, i64::MAX as i128))
         }
     }
     /// `x > best` with NaN winning (for maximum-type folds over floats).
@@ -949,10 +950,7 @@ mod lower {
                     s.push(set(mx, f64c(f64::NEG_INFINITY)));
                     // f64::max ignores NaN.
                     load(k, &mut s, &|e| {
-                        set(
-                            mx,
-                            Expr::select(cmp(CmpOp::Gt, e.clone(), v(mx)), e, v(mx)),
-                        )
+                        set(mx, Expr::select(cmp(CmpOp::Gt, e.clone(), v(mx)), e, v(mx)))
                     });
                     // Shift by the max when it is finite.
                     let d = bin(BinOp::Sub, v(mx), v(mx));
@@ -983,7 +981,11 @@ mod lower {
                             Kind::Max | Kind::Min => {
                                 let max = kind == Kind::Max;
                                 if f {
-                                    Expr::select(wins(e.clone(), a.clone(), max, true), e, a.clone())
+                                    Expr::select(
+                                        wins(e.clone(), a.clone(), max, true),
+                                        e,
+                                        a.clone(),
+                                    )
                                 } else {
                                     bin(if max { BinOp::Max } else { BinOp::Min }, a.clone(), e)
                                 }
@@ -1032,7 +1034,11 @@ mod lower {
         let j = k.var(Ty::I64);
         let x = at(v(j));
         let b = v(best);
-        let gt = cmp(if max { CmpOp::Gt } else { CmpOp::Lt }, x.clone(), b.clone());
+        let gt = cmp(
+            if max { CmpOp::Gt } else { CmpOp::Lt },
+            x.clone(),
+            b.clone(),
+        );
         let take = if t.is_float() {
             let eq = cmp(CmpOp::Eq, x.clone(), b.clone());
             Expr::select(
@@ -1129,9 +1135,20 @@ mod lower {
             split3(&shape, axis(ax, rank)?)
         } else {
             let r = rank as i64;
-            ensure!(ax >= -r && ax <= r, "axis {ax} is out of range for rank {rank}");
-            let ax = if ax < 0 { (ax + r) as usize } else { ax as usize };
-            (shape[..ax].iter().product(), shape[ax..].iter().product(), 1)
+            ensure!(
+                ax >= -r && ax <= r,
+                "axis {ax} is out of range for rank {rank}"
+            );
+            let ax = if ax < 0 {
+                (ax + r) as usize
+            } else {
+                ax as usize
+            };
+            (
+                shape[..ax].iter().product(),
+                shape[ax..].iter().product(),
+                1,
+            )
         };
         let half = matches!(x.dtype, DType::F16 | DType::BF16);
         let mut k = lw.kernel("");
@@ -1187,7 +1204,10 @@ mod lower {
                         Expr::select(cmp(CmpOp::Gt, xf(j), v(m)), xf(j), v(m)),
                     )],
                 ),
-                set(m, Expr::select(cmp(CmpOp::Eq, d, f64c(0.0)), v(m), f64c(0.0))),
+                set(
+                    m,
+                    Expr::select(cmp(CmpOp::Eq, d, f64c(0.0)), v(m), f64c(0.0)),
+                ),
                 set(sum, f64c(0.0)),
                 for_(
                     j,
@@ -1290,7 +1310,10 @@ mod lower {
                     Expr::select(cmp(CmpOp::Gt, xf.clone(), v(m)), xf.clone(), v(m)),
                 )],
             ),
-            set(m, Expr::select(cmp(CmpOp::Eq, d, f64c(0.0)), v(m), f64c(0.0))),
+            set(
+                m,
+                Expr::select(cmp(CmpOp::Eq, d, f64c(0.0)), v(m), f64c(0.0)),
+            ),
             set(sum, f64c(0.0)),
             set(acc32, Expr::f(0.0, Ty::F32)),
             for_(j, n, sum_body),
@@ -1330,7 +1353,13 @@ mod lower {
         let t = x.ty().compute();
         let ot = out.ty().compute();
         let at = if t.is_float() { Ty::F64 } else { t };
-        let one = |z: f64| if at == Ty::F64 { f64c(z) } else { ic(z as i128, at) };
+        let one = |z: f64| {
+            if at == Ty::F64 {
+                f64c(z)
+            } else {
+                ic(z as i128, at)
+            }
+        };
         // (axis, guard) pairs.
         let cases: Vec<(usize, Option<Expr>)> = if rank == 0 {
             vec![(0, None)]
@@ -1356,7 +1385,11 @@ mod lower {
         };
         let mut k = lw.kernel("");
         for (ax, guard) in cases {
-            let (outer, n, inner) = if rank == 0 { (1, 1, 1) } else { split3(&x.shape, ax) };
+            let (outer, n, inner) = if rank == 0 {
+                (1, 1, 1)
+            } else {
+                split3(&x.shape, ax)
+            };
             let body = nest(&mut k, &[outer, inner], |k, lv| {
                 let (o, i) = (lv[0], lv[1]);
                 let acc = k.var(at);
@@ -1366,8 +1399,8 @@ mod lower {
                 } else {
                     v(step)
                 };
-                let p = index(&[o, i], &[n * inner, 1])
-                    .add_term(Expr::mul(j, Expr::Int(inner as i64)));
+                let p =
+                    index(&[o, i], &[n * inner, 1]).add_term(Expr::mul(j, Expr::Int(inner as i64)));
                 let xv = Expr::cast(at, Expr::load(x.buf, p.clone()));
                 let upd = set(
                     acc,
@@ -1382,7 +1415,11 @@ mod lower {
                     index: p,
                     value: Expr::cast(ot, v(acc)),
                 };
-                let body = if exclusive { vec![st, upd] } else { vec![upd, st] };
+                let body = if exclusive {
+                    vec![st, upd]
+                } else {
+                    vec![upd, st]
+                };
                 vec![
                     set(acc, one(if prod { 1.0 } else { 0.0 })),
                     for_(step, n, body),
@@ -1448,9 +1485,17 @@ mod lower {
             if float {
                 let (nq, np) = (is_nan(xq.clone()), is_nan(xp.clone()));
                 let nan_order = if largest {
-                    bin(BinOp::And, nq.clone(), bin(BinOp::Xor, np.clone(), u8c(true)))
+                    bin(
+                        BinOp::And,
+                        nq.clone(),
+                        bin(BinOp::Xor, np.clone(), u8c(true)),
+                    )
                 } else {
-                    bin(BinOp::And, np.clone(), bin(BinOp::Xor, nq.clone(), u8c(true)))
+                    bin(
+                        BinOp::And,
+                        np.clone(),
+                        bin(BinOp::Xor, nq.clone(), u8c(true)),
+                    )
                 };
                 before = bin(BinOp::Or, before, nan_order);
                 eq = bin(BinOp::Or, eq, bin(BinOp::And, nq, np));
@@ -1510,7 +1555,10 @@ mod lower {
         let out = lw.outputs[0].clone();
         let t = x.ty().compute();
         ensure!(t.is_float(), "expected a float input, got {}", x.dtype);
-        ensure!(x.shape.len() >= 2, "the input must have shape (N, C, d1, ...)");
+        ensure!(
+            x.shape.len() >= 2,
+            "the input must have shape (N, C, d1, ...)"
+        );
         let ii = lw.op.attrs.get_int("ignore_index")?;
         let red = lw.op.attrs.string("reduction", "mean".to_string())?;
         ensure!(
@@ -1519,7 +1567,10 @@ mod lower {
         );
         let (n, c) = (x.shape[0], x.shape[1]);
         let d: usize = x.shape[2..].iter().product();
-        ensure!(target.len() == n * d, "target shape does not match the input");
+        ensure!(
+            target.len() == n * d,
+            "target shape does not match the input"
+        );
         let ot = out.ty().compute();
         let mut k = lw.kernel("");
         let (acc, wsum) = (k.var(Ty::F64), k.var(Ty::F64));
@@ -1548,7 +1599,10 @@ mod lower {
                     cls,
                     Expr::cast(
                         Ty::I64,
-                        Expr::load(target.buf, Expr::add(Expr::mul(v(i), Expr::Int(d as i64)), v(q))),
+                        Expr::load(
+                            target.buf,
+                            Expr::add(Expr::mul(v(i), Expr::Int(d as i64)), v(q)),
+                        ),
                     ),
                 ),
                 set(val, f64c(0.0)),
@@ -1579,7 +1633,10 @@ mod lower {
                             ),
                         )],
                     ),
-                    set(m, Expr::select(cmp(CmpOp::Eq, d0, f64c(0.0)), v(m), f64c(0.0))),
+                    set(
+                        m,
+                        Expr::select(cmp(CmpOp::Eq, d0, f64c(0.0)), v(m), f64c(0.0)),
+                    ),
                     set(sum, f64c(0.0)),
                     for_(
                         cj,
@@ -1669,10 +1726,17 @@ mod lower {
                         c,
                         vec![set(
                             m,
-                            Expr::select(cmp(CmpOp::Gt, xat(i, v(j), q), v(m)), xat(i, v(j), q), v(m)),
+                            Expr::select(
+                                cmp(CmpOp::Gt, xat(i, v(j), q), v(m)),
+                                xat(i, v(j), q),
+                                v(m),
+                            ),
                         )],
                     ),
-                    set(m, Expr::select(cmp(CmpOp::Eq, d0, f64c(0.0)), v(m), f64c(0.0))),
+                    set(
+                        m,
+                        Expr::select(cmp(CmpOp::Eq, d0, f64c(0.0)), v(m), f64c(0.0)),
+                    ),
                     set(sum, f64c(0.0)),
                     for_(
                         j,
@@ -1681,7 +1745,10 @@ mod lower {
                             sum,
                             Expr::add(
                                 v(sum),
-                                Expr::call(MathFn::Exp, vec![bin(BinOp::Sub, xat(i, v(j), q), v(m))]),
+                                Expr::call(
+                                    MathFn::Exp,
+                                    vec![bin(BinOp::Sub, xat(i, v(j), q), v(m))],
+                                ),
                             ),
                         )],
                     ),
