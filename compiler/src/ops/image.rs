@@ -1730,6 +1730,280 @@ mod lower {
         r.lower("Upsample", Lowering::Custom(upsample));
         r.lower("GridSample", Lowering::Custom(grid_sample_l));
         r.lower("AffineGrid", Lowering::Custom(affine_grid_l));
+        r.lower("RoiAlign", Lowering::Custom(roi_align_l));
+    }
+
+    /// RoiAlign with a fixed sampling grid (sampling_ratio > 0): the grid size would
+    /// otherwise depend on the ROI values.
+    fn roi_align_l(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let rois = lw.input(1)?.clone();
+        let bidx = lw.input(2)?.clone();
+        let y = lw.outputs[0].clone();
+        let at = &lw.op.attrs;
+        ensure!(x.shape.len() == 4, "X must be [N, C, H, W]");
+        let half_pixel = if lw.op.opset >= 16 {
+            match at
+                .string("coordinate_transformation_mode", "half_pixel".into())?
+                .as_str()
+            {
+                "half_pixel" => true,
+                "output_half_pixel" => false,
+                o => crate::bail!("unknown coordinate_transformation_mode `{o}`"),
+            }
+        } else {
+            false
+        };
+        let max_mode = match at.string("mode", "avg".into())?.to_lowercase().as_str() {
+            "avg" => false,
+            "max" => true,
+            o => crate::bail!("unknown mode `{o}`"),
+        };
+        let ph_n = at.int("output_height", 1)? as usize;
+        let pw_n = at.int("output_width", 1)? as usize;
+        let sr = at.int("sampling_ratio", 0)?;
+        let scale = at.float("spatial_scale", 1.0)? as f64;
+        if sr <= 0 {
+            return Err(OpError::unsupported(
+                "RoiAlign with sampling_ratio 0 (the grid depends on the ROI values)",
+            ));
+        }
+        let (gh, gw) = (sr as usize, sr as usize);
+        let (nb, c, h, w) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
+        let nr = bidx.len();
+        ensure!(rois.shape == [nr, 4], "rois shape");
+        ensure!(y.len() == nr * c * ph_n * pw_n, "RoiAlign output size");
+        let mut k = lw.kernel("");
+        if h == 0 || w == 0 || y.is_empty() {
+            let j = k.var(Ty::I64);
+            k.body = vec![for_(
+                j,
+                y.len(),
+                vec![Stmt::Store {
+                    buf: y.buf,
+                    index: Expr::Var(j),
+                    value: out_finish(f64e(0.0), y.ty()),
+                }],
+            )];
+            lw.push(k);
+            return Ok(());
+        }
+        let rt = rois.ty().compute();
+        let xt = x.ty().compute();
+        let off = if half_pixel { 0.5 } else { 0.0 };
+        let (n, ch, ph, pw, iy, ix) = (
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+        );
+        let f = |k: &mut crate::kir::Kernel| k.var(Ty::F64);
+        let (sw, sh, bh, bw) = (f(&mut k), f(&mut k), f(&mut k), f(&mut k));
+        let (yy, xx, yf, xf, ly, lx, val, vv) = (
+            f(&mut k),
+            f(&mut k),
+            f(&mut k),
+            f(&mut k),
+            f(&mut k),
+            f(&mut k),
+            f(&mut k),
+            f(&mut k),
+        );
+        let (yl, yh, xl, xh, bb) = (
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+        );
+        let vr = Expr::Var;
+        let r = |j: usize| -> Expr {
+            Expr::mul(
+                to64(
+                    Expr::load(rois.buf, Expr::add(Expr::mul(vr(n), int(4)), int(j))),
+                    rt,
+                ),
+                f64e(scale),
+            )
+        };
+        let mut pre = vec![
+            set(sw, sub(r(0), f64e(off))),
+            set(sh, sub(r(1), f64e(off))),
+            set(bw, sub(sub(r(2), f64e(off)), vr(sw))),
+            set(bh, sub(sub(r(3), f64e(off)), vr(sh))),
+        ];
+        if !half_pixel {
+            pre.push(set(bw, bin(BinOp::Max, vr(bw), f64e(1.0))));
+            pre.push(set(bh, bin(BinOp::Max, vr(bh), f64e(1.0))));
+        }
+        pre.push(set(bh, div(vr(bh), f64e(ph_n as f64))));
+        pre.push(set(bw, div(vr(bw), f64e(pw_n as f64))));
+        pre.push(set(
+            bb,
+            bin(
+                BinOp::Max,
+                bin(
+                    BinOp::Min,
+                    Expr::cast(Ty::I64, Expr::load(bidx.buf, vr(n))),
+                    int(nb - 1),
+                ),
+                Expr::Int(0),
+            ),
+        ));
+        let cf = |v: usize| Expr::cast(Ty::F64, Expr::Var(v));
+        let base = Expr::mul(
+            Expr::add(Expr::mul(vr(bb), int(c)), vr(ch)),
+            int(h * w),
+        );
+        let px = |yi: usize, xi: usize| -> Expr {
+            to64(
+                Expr::load(
+                    x.buf,
+                    Expr::add(
+                        base.clone(),
+                        Expr::add(Expr::mul(vr(yi), int(w)), vr(xi)),
+                    ),
+                ),
+                xt,
+            )
+        };
+        let hy = || sub(f64e(1.0), vr(ly));
+        let hx = || sub(f64e(1.0), vr(lx));
+        let terms = vec![
+            Expr::mul(Expr::mul(hy(), hx()), px(yl, xl)),
+            Expr::mul(Expr::mul(hy(), vr(lx)), px(yl, xh)),
+            Expr::mul(Expr::mul(vr(ly), hx()), px(yh, xl)),
+            Expr::mul(Expr::mul(vr(ly), vr(lx)), px(yh, xh)),
+        ];
+        let combined = if max_mode {
+            terms
+                .into_iter()
+                .reduce(|a, b| bin(BinOp::Max, a, b))
+                .expect("4 terms")
+        } else {
+            terms
+                .into_iter()
+                .reduce(Expr::add)
+                .expect("4 terms")
+        };
+        let clampdim = |fv: usize, lo_v: usize, hi_v: usize, len: usize| -> Vec<Stmt> {
+            vec![
+                set(fv, bin(BinOp::Max, vr(fv), f64e(0.0))),
+                set(lo_v, Expr::cast(Ty::I64, vr(fv))),
+                Stmt::If {
+                    cond: Expr::cmp(CmpOp::Ge, vr(lo_v), int(len - 1)),
+                    then: vec![
+                        set(lo_v, int(len - 1)),
+                        set(hi_v, int(len - 1)),
+                        set(fv, f64e(len as f64 - 1.0)),
+                    ],
+                    els: vec![set(hi_v, Expr::add(vr(lo_v), Expr::Int(1)))],
+                },
+            ]
+        };
+        let mut inrange = vec![set(yf, vr(yy)), set(xf, vr(xx))];
+        inrange.extend(clampdim(yf, yl, yh, h));
+        inrange.extend(clampdim(xf, xl, xh, w));
+        inrange.push(set(ly, sub(vr(yf), cf(yl))));
+        inrange.push(set(lx, sub(vr(xf), cf(xl))));
+        inrange.push(set(vv, combined));
+        let out_of = bin(
+            BinOp::Or,
+            bin(
+                BinOp::Or,
+                Expr::cmp(CmpOp::Lt, vr(yy), f64e(-1.0)),
+                Expr::cmp(CmpOp::Gt, vr(yy), f64e(h as f64)),
+            ),
+            bin(
+                BinOp::Or,
+                Expr::cmp(CmpOp::Lt, vr(xx), f64e(-1.0)),
+                Expr::cmp(CmpOp::Gt, vr(xx), f64e(w as f64)),
+            ),
+        );
+        let first = Expr::cmp(
+            CmpOp::Eq,
+            Expr::add(vr(iy), vr(ix)),
+            Expr::Int(0),
+        );
+        let acc = if max_mode {
+            set(
+                val,
+                Expr::select(first, vr(vv), bin(BinOp::Max, vr(val), vr(vv))),
+            )
+        } else {
+            set(val, Expr::add(vr(val), vr(vv)))
+        };
+        let sample = vec![
+            set(
+                xx,
+                Expr::add(
+                    Expr::add(vr(sw), Expr::mul(cf(pw), vr(bw))),
+                    div(
+                        Expr::mul(Expr::add(cf(ix), f64e(0.5)), vr(bw)),
+                        f64e(gw as f64),
+                    ),
+                ),
+            ),
+            Stmt::If {
+                cond: out_of,
+                then: vec![set(vv, f64e(0.0))],
+                els: inrange,
+            },
+            acc,
+        ];
+        let count = (gh * gw).max(1) as f64;
+        let fin = if max_mode {
+            vr(val)
+        } else {
+            div(vr(val), f64e(count))
+        };
+        let cell = vec![
+            set(val, f64e(0.0)),
+            for_(
+                iy,
+                gh,
+                vec![
+                    set(
+                        yy,
+                        Expr::add(
+                            Expr::add(vr(sh), Expr::mul(cf(ph), vr(bh))),
+                            div(
+                                Expr::mul(Expr::add(cf(iy), f64e(0.5)), vr(bh)),
+                                f64e(gh as f64),
+                            ),
+                        ),
+                    ),
+                    for_(ix, gw, sample),
+                ],
+            ),
+            Stmt::Store {
+                buf: y.buf,
+                index: Expr::add(
+                    Expr::mul(
+                        Expr::add(
+                            Expr::mul(
+                                Expr::add(Expr::mul(vr(n), int(c)), vr(ch)),
+                                int(ph_n),
+                            ),
+                            vr(ph),
+                        ),
+                        int(pw_n),
+                    ),
+                    vr(pw),
+                ),
+                value: out_finish(fin, y.ty()),
+            },
+        ];
+        pre.push(for_(
+            ch,
+            c,
+            vec![for_(ph, ph_n, vec![for_(pw, pw_n, cell)])],
+        ));
+        k.body = vec![for_(n, nr, pre)];
+        lw.push(k);
+        Ok(())
     }
 
     fn f64e(x: f64) -> Expr {
