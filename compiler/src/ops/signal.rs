@@ -614,6 +614,139 @@ mod lower {
 
     pub fn register(r: &mut Registry) {
         r.lower("DFT", Lowering::Custom(dft));
+        r.lower("STFT", Lowering::Custom(stft));
+    }
+
+    /// Windowed frames through a direct f64 DFT (constant frame_step / frame_length).
+    fn stft(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let y = lw.outputs[0].clone();
+        let step = scalar_i64(lw.const_input(1)?)?;
+        ensure!(step >= 1, "frame_step must be positive");
+        let step = step as usize;
+        let win = lw.opt_input(2).cloned();
+        let onesided = lw.op.attrs.int("onesided", 1)? != 0;
+        ensure!(x.shape.len() == 3, "STFT signal must be [batch, length, 1 or 2]");
+        let (batch, len, cdim) = (x.shape[0], x.shape[1], x.shape[2]);
+        ensure!(cdim == 1 || cdim == 2, "STFT last dim");
+        let flen = match lw.opt_input(3) {
+            Some(_) => {
+                let v = scalar_i64(lw.const_input(3)?)?;
+                ensure!(v >= 1, "frame_length must be positive");
+                v as usize
+            }
+            None => match &win {
+                Some(w) => w.len(),
+                None => len,
+            },
+        };
+        if let Some(w) = &win {
+            ensure!(w.shape.len() == 1 && w.len() == flen, "window length");
+        }
+        ensure!(flen <= len, "frame_length exceeds the signal length");
+        let frames = 1 + (len - flen) / step;
+        let bins = if onesided { flen / 2 + 1 } else { flen };
+        ensure!(y.len() == batch * frames * bins * 2, "STFT output size");
+        let (cs, sn): (Vec<f64>, Vec<f64>) = (0..flen)
+            .map(|k| {
+                let ang = -2.0 * std::f64::consts::PI * k as f64 / flen as f64;
+                (ang.cos(), ang.sin())
+            })
+            .unzip();
+        let cb = lw.constant("cos", &Tensor::from_vec(&[flen], cs))?;
+        let sb = lw.constant("sin", &Tensor::from_vec(&[flen], sn))?;
+        let xt = x.ty().compute();
+        let ot = y.ty().compute();
+        let mut k = lw.kernel("");
+        let (b, fr, kk, j) = (
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+        );
+        let (re, im, xr, xi, tc, ts, wv) = (
+            k.var(Ty::F64),
+            k.var(Ty::F64),
+            k.var(Ty::F64),
+            k.var(Ty::F64),
+            k.var(Ty::F64),
+            k.var(Ty::F64),
+            k.var(Ty::F64),
+        );
+        let xidx = |comp: usize| {
+            Expr::add(
+                Expr::mul(
+                    Expr::add(
+                        Expr::mul(v(b), int(len)),
+                        Expr::add(Expr::mul(v(fr), int(step)), v(j)),
+                    ),
+                    int(cdim),
+                ),
+                int(comp),
+            )
+        };
+        let mut jl = vec![set(
+            wv,
+            match &win {
+                Some(w) => to64(Expr::load(w.buf, v(j)), w.ty().compute()),
+                None => f(1.0),
+            },
+        )];
+        jl.push(set(
+            xr,
+            Expr::mul(to64(Expr::load(x.buf, xidx(0)), xt), v(wv)),
+        ));
+        jl.push(set(
+            xi,
+            if cdim == 2 {
+                Expr::mul(to64(Expr::load(x.buf, xidx(1)), xt), v(wv))
+            } else {
+                Expr::mul(f(0.0), v(wv))
+            },
+        ));
+        let tw = Expr::bin(BinOp::Rem, Expr::mul(v(kk), v(j)), int(flen));
+        jl.push(set(tc, Expr::load(cb, tw.clone())));
+        jl.push(set(ts, Expr::load(sb, tw)));
+        jl.push(set(
+            re,
+            Expr::add(
+                v(re),
+                sub(Expr::mul(v(xr), v(tc)), Expr::mul(v(xi), v(ts))),
+            ),
+        ));
+        jl.push(set(
+            im,
+            Expr::add(
+                v(im),
+                Expr::add(Expr::mul(v(xr), v(ts)), Expr::mul(v(xi), v(tc))),
+            ),
+        ));
+        let fin = |e: Expr| if ot == Ty::F64 { e } else { Expr::cast(ot, e) };
+        let oidx = Expr::mul(
+            Expr::add(
+                Expr::mul(Expr::add(Expr::mul(v(b), int(frames)), v(fr)), int(bins)),
+                v(kk),
+            ),
+            int(2),
+        );
+        let body = vec![
+            set(re, f(0.0)),
+            set(im, f(0.0)),
+            for_(j, flen, jl),
+            Stmt::Store {
+                buf: y.buf,
+                index: oidx.clone(),
+                value: fin(v(re)),
+            },
+            Stmt::Store {
+                buf: y.buf,
+                index: Expr::add(oidx, Expr::Int(1)),
+                value: fin(v(im)),
+            },
+        ];
+        k.body = vec![for_(b, batch, vec![for_(fr, frames, vec![for_(kk, bins, body)])])];
+        lw.push(k);
+        Ok(())
     }
 
     fn v(x: VarId) -> Expr {
