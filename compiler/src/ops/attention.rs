@@ -908,6 +908,207 @@ mod lower {
     pub fn register(r: &mut Registry) {
         r.lower("Attention", Lowering::Custom(attention));
         r.lower("RotaryEmbedding", Lowering::Custom(rotary));
+        r.lower("LinearAttention", Lowering::Custom(linear_attention));
+    }
+
+    /// The reference's recurrence, state in an f64 scratch buffer.
+    fn linear_attention(lw: &mut LowerCtx) -> OpResult<()> {
+        let q = lw.input(0)?.clone();
+        let kt = lw.input(1)?.clone();
+        let vt = lw.input(2)?.clone();
+        let past = lw.opt_input(3).cloned();
+        let decay = lw.opt_input(4).cloned();
+        let beta = lw.opt_input(5).cloned();
+        let at = &lw.op.attrs;
+        let (Some(qh), Some(kvh)) = (at.get_int("q_num_heads")?, at.get_int("kv_num_heads")?)
+        else {
+            bail!("q_num_heads and kv_num_heads are required attributes");
+        };
+        ensure!(qh > 0 && kvh > 0 && qh % kvh == 0, "head counts");
+        let (qh, kvh) = (qh as usize, kvh as usize);
+        ensure!(
+            q.shape.len() == 3 && kt.shape.len() == 3 && vt.shape.len() == 3,
+            "LinearAttention inputs must be rank 3"
+        );
+        let (b, t) = (q.shape[0], q.shape[1]);
+        ensure!(q.shape[2] % qh == 0 && vt.shape[2] % kvh == 0, "head sizes");
+        let dk = q.shape[2] / qh;
+        let dv = vt.shape[2] / kvh;
+        ensure!(kt.shape[2] == kvh * dk, "key head size");
+        let group = qh / kvh;
+        let scale = at.float("scale", 0.0)? as f64;
+        let scale = if scale == 0.0 {
+            1.0 / (dk as f64).sqrt()
+        } else {
+            scale
+        };
+        let qv = View::heads3(q.buf, qh, t, dk);
+        let kv = View::heads3(kt.buf, kvh, t, dk);
+        let vv = View::heads3(vt.buf, kvh, t, dv);
+        let y = lw.outputs[0].clone();
+        let yv = View::heads3(y.buf, qh, t, dv);
+        let yt = y.ty().compute();
+        let f64_ = |tr: &TensorRef, e: Expr| cast_to(Ty::F64, e, tr.ty().compute());
+        let slen = b * kvh * dk * dv;
+        let st = scratch(lw, "state", Ty::F64, slen);
+        let vb = scratch(lw, "vt", Ty::F64, dv);
+        let sv = View::std4(st, kvh, dk, dv);
+        let mut k = lw.kernel("");
+        let (i, ti, bi, h, d, m) = (
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+        );
+        let g = k.var(Ty::F64);
+        let acc = k.var(Ty::F64);
+        let be = k.var(Ty::F64);
+        let mut body = vec![for_(
+            i,
+            slen,
+            vec![store(
+                st,
+                v(i),
+                match &past {
+                    Some(p) => {
+                        ensure!(p.len() == slen, "past_state shape");
+                        f64_(p, Expr::load(p.buf, v(i)))
+                    }
+                    None => fl(0.0, Ty::F64),
+                },
+            )],
+        )];
+        let sat = |d: Expr, m: Expr| sv.at(v(bi), v(h), d, m);
+        let sidx = |d: Expr, m: Expr| sv.idx(v(bi), v(h), d, m);
+        let mut hb = Vec::new();
+        if let Some(dc) = &decay {
+            ensure!(dc.shape.len() == 3 && dc.shape[0] == b && dc.shape[1] == t, "decay shape");
+            let w = if dc.shape[2] == kvh {
+                1
+            } else if dc.shape[2] == kvh * dk {
+                dk
+            } else {
+                bail!("decay last dim");
+            };
+            let di = lin(vec![
+                (v(bi), t * kvh * w),
+                (v(ti), kvh * w),
+                (v(h), w),
+                (v(d), if w == 1 { 0 } else { 1 }),
+            ]);
+            hb.push(for_(
+                d,
+                dk,
+                vec![
+                    set(g, Expr::call(MathFn::Exp, vec![f64_(dc, Expr::load(dc.buf, di))])),
+                    for_(
+                        m,
+                        dv,
+                        vec![store(st, sidx(v(d), v(m)), mul(sat(v(d), v(m)), v(g)))],
+                    ),
+                ],
+            ));
+        }
+        hb.push(for_(
+            m,
+            dv,
+            vec![store(vb, v(m), f64_(&vt, vv.at(v(bi), v(h), v(ti), v(m))))],
+        ));
+        let kval = f64_(&kt, kv.at(v(bi), v(h), v(ti), v(d)));
+        if let Some(bt) = &beta {
+            ensure!(bt.shape.len() == 3 && bt.shape[0] == b && bt.shape[1] == t, "beta shape");
+            let w = bt.shape[2];
+            ensure!(w == kvh || w == 1, "beta last dim");
+            let bidx = lin(vec![
+                (v(bi), t * w),
+                (v(ti), w),
+                (v(h), if w == 1 { 0 } else { 1 }),
+            ]);
+            hb.push(set(be, f64_(bt, Expr::load(bt.buf, bidx))));
+            hb.push(for_(
+                m,
+                dv,
+                vec![
+                    set(acc, fl(0.0, Ty::F64)),
+                    for_(
+                        d,
+                        dk,
+                        vec![set(acc, add(v(acc), mul(sat(v(d), v(m)), kval.clone())))],
+                    ),
+                    store(
+                        vb,
+                        v(m),
+                        mul(v(be), sub(Expr::load(vb, v(m)), v(acc))),
+                    ),
+                ],
+            ));
+        }
+        hb.push(for_(
+            d,
+            dk,
+            vec![
+                set(g, kval),
+                for_(
+                    m,
+                    dv,
+                    vec![store(
+                        st,
+                        sidx(v(d), v(m)),
+                        add(sat(v(d), v(m)), mul(v(g), Expr::load(vb, v(m)))),
+                    )],
+                ),
+            ],
+        ));
+        let hkv = div(v(h), int(group));
+        let qb = vec![for_(
+            m,
+            dv,
+            vec![
+                set(acc, fl(0.0, Ty::F64)),
+                for_(
+                    d,
+                    dk,
+                    vec![set(
+                        acc,
+                        add(
+                            v(acc),
+                            mul(
+                                f64_(&q, qv.at(v(bi), v(h), v(ti), v(d))),
+                                sv.at(v(bi), hkv.clone(), v(d), v(m)),
+                            ),
+                        ),
+                    )],
+                ),
+                store(
+                    y.buf,
+                    yv.idx(v(bi), v(h), v(ti), v(m)),
+                    cast_to(yt, mul(fl(scale, Ty::F64), v(acc)), Ty::F64),
+                ),
+            ],
+        )];
+        body.push(for_(
+            ti,
+            t,
+            vec![for_(bi, b, vec![for_(h, kvh, hb), for_(h, qh, qb)])],
+        ));
+        if lw.outputs.len() > 1 {
+            let so = lw.outputs[1].clone();
+            ensure!(so.len() == slen, "present_state shape");
+            body.push(for_(
+                i,
+                slen,
+                vec![store(
+                    so.buf,
+                    v(i),
+                    cast_to(so.ty().compute(), Expr::load(st, v(i)), Ty::F64),
+                )],
+            ));
+        }
+        k.body = body;
+        lw.push(k);
+        Ok(())
     }
 
     fn v(x: VarId) -> Expr {
@@ -1057,10 +1258,15 @@ mod lower {
             matches!(dt, DType::F32 | DType::F64 | DType::F16 | DType::BF16),
             "Attention of {dt}"
         );
-        if dt == DType::BF16 {
-            return Err(OpError::unsupported(
-                "bfloat16 Attention needs step rounding",
-            ));
+        let bf = dt == DType::BF16;
+        if bf {
+            if let Some(c) = at.get_int("softmax_precision")? {
+                if DType::from_onnx(c as i32) != Some(DType::BF16) {
+                    return Err(OpError::unsupported(
+                        "bfloat16 Attention with another softmax_precision",
+                    ));
+                }
+            }
         }
         let ct = if dt == DType::F64 { Ty::F64 } else { Ty::F32 };
         let acc_t = Ty::F64;
@@ -1082,7 +1288,9 @@ mod lower {
             Some(s) => s as f64,
             None => 1.0 / (dq as f64).sqrt(),
         };
-        let sc = if ct == Ty::F32 {
+        let sc = if bf {
+            half::bf16::from_f64(scale.sqrt()).to_f64()
+        } else if ct == Ty::F32 {
             (scale.sqrt() as f32) as f64
         } else {
             scale.sqrt()
@@ -1187,6 +1395,21 @@ mod lower {
 
         // Scores row scratch.
         let row = scratch(lw, "row", ct, lkv);
+        // bfloat16: every step rounds through a one-element bf16 buffer.
+        let rbuf = if bf {
+            Some(scratch(lw, "round", Ty::BF16, 1))
+        } else {
+            None
+        };
+        let rnd = |x: VarId| -> Vec<Stmt> {
+            match rbuf {
+                Some(rb) => vec![
+                    store(rb, Expr::Int(0), v(x)),
+                    set(x, Expr::load(rb, Expr::Int(0))),
+                ],
+                None => vec![],
+            }
+        };
         let mut k = lw.kernel("");
         let (b, h, i, j, d) = (
             k.var(Ty::I64),
@@ -1202,6 +1425,9 @@ mod lower {
         let bm = k.var(ct);
         let sum = k.var(ct);
         let masked = k.var(Ty::U8);
+        let tq = k.var(ct);
+        let tk = k.var(ct);
+        let te = k.var(ct);
         let kh = bin(BinOp::Div, v(h), int(rep));
         let ninf = fl(f64::NEG_INFINITY, ct);
         let zero = fl(0.0, ct);
@@ -1222,16 +1448,39 @@ mod lower {
         let mut p1 = vec![set(acc, fl(0.0, acc_t))];
         let qs = mul(ld(qty, qv.at(v(b), v(h), v(i), v(d))), fl(sc, ct));
         let ks = mul(ld(kty, kview.at(v(b), kh.clone(), v(j), v(d))), fl(sc, ct));
-        p1.push(for_(
-            d,
-            dq,
-            vec![set(
+        if bf {
+            let mut dl = vec![set(tq, qs)];
+            dl.extend(rnd(tq));
+            dl.push(set(tk, ks));
+            dl.extend(rnd(tk));
+            dl.push(set(
                 acc,
-                add(v(acc), mul(cast_to(acc_t, qs, ct), cast_to(acc_t, ks, ct))),
-            )],
-        ));
+                add(
+                    v(acc),
+                    mul(cast_to(acc_t, v(tq), ct), cast_to(acc_t, v(tk), ct)),
+                ),
+            ));
+            p1.push(for_(d, dq, dl));
+        } else {
+            p1.push(for_(
+                d,
+                dq,
+                vec![set(
+                    acc,
+                    add(v(acc), mul(cast_to(acc_t, qs, ct), cast_to(acc_t, ks, ct))),
+                )],
+            ));
+        }
         p1.push(set(s, cast_to(ct, v(acc), acc_t)));
-        if softcap > 0.0 {
+        p1.extend(rnd(s));
+        if bf && softcap > 0.0 {
+            p1.push(set(s, div(v(s), fl(softcap, ct))));
+            p1.extend(rnd(s));
+            p1.push(set(s, Expr::call(MathFn::Tanh, vec![v(s)])));
+            p1.extend(rnd(s));
+            p1.push(set(s, mul(v(s), fl(softcap, ct))));
+            p1.extend(rnd(s));
+        } else if softcap > 0.0 {
             p1.push(set(
                 s,
                 mul(
@@ -1323,6 +1572,7 @@ mod lower {
             p1.push(set(bias, add(v(bias), sel(c, ninf.clone(), zero.clone()))));
         }
         p1.push(set(s, add(v(s), v(bias))));
+        p1.extend(rnd(s));
         if let Some(o) = &qk_out {
             if mode == 2 {
                 p1.push(store(o.buf, qkidx(v(j)), v(s)));
@@ -1340,15 +1590,26 @@ mod lower {
             sel(cmp(CmpOp::Eq, v(m), ninf.clone()), zero.clone(), v(m)),
         ));
         rowb.push(set(sum, zero.clone()));
-        let e = Expr::call(MathFn::Exp, vec![sub(Expr::load(row, v(j)), v(m))]);
-        rowb.push(for_(
-            j,
-            lkv,
-            vec![
-                store(row, v(j), e),
-                set(sum, add(v(sum), Expr::load(row, v(j)))),
-            ],
-        ));
+        if bf {
+            let mut el = vec![set(te, sub(Expr::load(row, v(j)), v(m)))];
+            el.extend(rnd(te));
+            el.push(set(te, Expr::call(MathFn::Exp, vec![v(te)])));
+            el.extend(rnd(te));
+            el.push(store(row, v(j), v(te)));
+            el.push(set(sum, add(v(sum), v(te))));
+            el.extend(rnd(sum));
+            rowb.push(for_(j, lkv, el));
+        } else {
+            let e = Expr::call(MathFn::Exp, vec![sub(Expr::load(row, v(j)), v(m))]);
+            rowb.push(for_(
+                j,
+                lkv,
+                vec![
+                    store(row, v(j), e),
+                    set(sum, add(v(sum), Expr::load(row, v(j)))),
+                ],
+            ));
+        }
         rowb.push(set(
             sum,
             sel(cmp(CmpOp::Eq, v(sum), zero.clone()), fl(1.0, ct), v(sum)),
@@ -1362,11 +1623,18 @@ mod lower {
             },
         ));
         // Pass 3: normalise.
-        let mut p3 = vec![store(
-            row,
-            v(j),
-            sel(v(masked), zero.clone(), div(Expr::load(row, v(j)), v(sum))),
-        )];
+        let mut p3 = if bf {
+            let mut l = vec![set(te, div(Expr::load(row, v(j)), v(sum)))];
+            l.extend(rnd(te));
+            l.push(store(row, v(j), sel(v(masked), zero.clone(), v(te))));
+            l
+        } else {
+            vec![store(
+                row,
+                v(j),
+                sel(v(masked), zero.clone(), div(Expr::load(row, v(j)), v(sum))),
+            )]
+        };
         if let Some(o) = &qk_out {
             if mode == 3 {
                 p3.push(store(o.buf, qkidx(v(j)), Expr::load(row, v(j))));

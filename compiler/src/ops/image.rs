@@ -1718,16 +1718,744 @@ fn image_decoder(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
 // ---------------------------------------------------------------------------------------
 
 mod lower {
-    use super::{resize_setup, resize_taps, resized_axes, upsample_setup, Setup};
+    use super::{resize_setup, resize_taps, resized_axes, upsample_setup, Mode, Pad, Setup};
     use crate::ensure;
-    use crate::ir::{OpError, OpResult, Tensor, Value};
-    use crate::kir::{BufId, BufKind, Expr, Stmt, Ty, UnOp};
+    use crate::ir::{DType, OpError, OpResult, Tensor, Value};
+    use crate::kir::{BinOp, BufId, BufKind, CmpOp, Expr, Stmt, Ty, UnOp};
     use crate::ops::lowering::LowerCtx;
     use crate::ops::{Lowering, OpCtx, Registry};
 
     pub fn register(r: &mut Registry) {
         r.lower("Resize", Lowering::Custom(resize));
         r.lower("Upsample", Lowering::Custom(upsample));
+        r.lower("GridSample", Lowering::Custom(grid_sample_l));
+        r.lower("AffineGrid", Lowering::Custom(affine_grid_l));
+        r.lower("RoiAlign", Lowering::Custom(roi_align_l));
+    }
+
+    /// RoiAlign with a fixed sampling grid (sampling_ratio > 0): the grid size would
+    /// otherwise depend on the ROI values.
+    fn roi_align_l(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let rois = lw.input(1)?.clone();
+        let bidx = lw.input(2)?.clone();
+        let y = lw.outputs[0].clone();
+        let at = &lw.op.attrs;
+        ensure!(x.shape.len() == 4, "X must be [N, C, H, W]");
+        let half_pixel = if lw.op.opset >= 16 {
+            match at
+                .string("coordinate_transformation_mode", "half_pixel".into())?
+                .as_str()
+            {
+                "half_pixel" => true,
+                "output_half_pixel" => false,
+                o => crate::bail!("unknown coordinate_transformation_mode `{o}`"),
+            }
+        } else {
+            false
+        };
+        let max_mode = match at.string("mode", "avg".into())?.to_lowercase().as_str() {
+            "avg" => false,
+            "max" => true,
+            o => crate::bail!("unknown mode `{o}`"),
+        };
+        let ph_n = at.int("output_height", 1)? as usize;
+        let pw_n = at.int("output_width", 1)? as usize;
+        let sr = at.int("sampling_ratio", 0)?;
+        let scale = at.float("spatial_scale", 1.0)? as f64;
+        if sr <= 0 {
+            return Err(OpError::unsupported(
+                "RoiAlign with sampling_ratio 0 (the grid depends on the ROI values)",
+            ));
+        }
+        let (gh, gw) = (sr as usize, sr as usize);
+        let (nb, c, h, w) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
+        let nr = bidx.len();
+        ensure!(rois.shape == [nr, 4], "rois shape");
+        ensure!(y.len() == nr * c * ph_n * pw_n, "RoiAlign output size");
+        let mut k = lw.kernel("");
+        if h == 0 || w == 0 || y.is_empty() {
+            let j = k.var(Ty::I64);
+            k.body = vec![for_(
+                j,
+                y.len(),
+                vec![Stmt::Store {
+                    buf: y.buf,
+                    index: Expr::Var(j),
+                    value: out_finish(f64e(0.0), y.ty()),
+                }],
+            )];
+            lw.push(k);
+            return Ok(());
+        }
+        let rt = rois.ty().compute();
+        let xt = x.ty().compute();
+        let off = if half_pixel { 0.5 } else { 0.0 };
+        let (n, ch, ph, pw, iy, ix) = (
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+        );
+        let f = |k: &mut crate::kir::Kernel| k.var(Ty::F64);
+        let (sw, sh, bh, bw) = (f(&mut k), f(&mut k), f(&mut k), f(&mut k));
+        let (yy, xx, yf, xf, ly, lx, val, vv) = (
+            f(&mut k),
+            f(&mut k),
+            f(&mut k),
+            f(&mut k),
+            f(&mut k),
+            f(&mut k),
+            f(&mut k),
+            f(&mut k),
+        );
+        let (yl, yh, xl, xh, bb) = (
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+        );
+        let vr = Expr::Var;
+        let r = |j: usize| -> Expr {
+            Expr::mul(
+                to64(
+                    Expr::load(rois.buf, Expr::add(Expr::mul(vr(n), int(4)), int(j))),
+                    rt,
+                ),
+                f64e(scale),
+            )
+        };
+        let mut pre = vec![
+            set(sw, sub(r(0), f64e(off))),
+            set(sh, sub(r(1), f64e(off))),
+            set(bw, sub(sub(r(2), f64e(off)), vr(sw))),
+            set(bh, sub(sub(r(3), f64e(off)), vr(sh))),
+        ];
+        if !half_pixel {
+            pre.push(set(bw, bin(BinOp::Max, vr(bw), f64e(1.0))));
+            pre.push(set(bh, bin(BinOp::Max, vr(bh), f64e(1.0))));
+        }
+        pre.push(set(bh, div(vr(bh), f64e(ph_n as f64))));
+        pre.push(set(bw, div(vr(bw), f64e(pw_n as f64))));
+        pre.push(set(
+            bb,
+            bin(
+                BinOp::Max,
+                bin(
+                    BinOp::Min,
+                    Expr::cast(Ty::I64, Expr::load(bidx.buf, vr(n))),
+                    int(nb - 1),
+                ),
+                Expr::Int(0),
+            ),
+        ));
+        let cf = |v: usize| Expr::cast(Ty::F64, Expr::Var(v));
+        let base = Expr::mul(
+            Expr::add(Expr::mul(vr(bb), int(c)), vr(ch)),
+            int(h * w),
+        );
+        let px = |yi: usize, xi: usize| -> Expr {
+            to64(
+                Expr::load(
+                    x.buf,
+                    Expr::add(
+                        base.clone(),
+                        Expr::add(Expr::mul(vr(yi), int(w)), vr(xi)),
+                    ),
+                ),
+                xt,
+            )
+        };
+        let hy = || sub(f64e(1.0), vr(ly));
+        let hx = || sub(f64e(1.0), vr(lx));
+        let terms = vec![
+            Expr::mul(Expr::mul(hy(), hx()), px(yl, xl)),
+            Expr::mul(Expr::mul(hy(), vr(lx)), px(yl, xh)),
+            Expr::mul(Expr::mul(vr(ly), hx()), px(yh, xl)),
+            Expr::mul(Expr::mul(vr(ly), vr(lx)), px(yh, xh)),
+        ];
+        let combined = if max_mode {
+            terms
+                .into_iter()
+                .reduce(|a, b| bin(BinOp::Max, a, b))
+                .expect("4 terms")
+        } else {
+            terms
+                .into_iter()
+                .reduce(Expr::add)
+                .expect("4 terms")
+        };
+        let clampdim = |fv: usize, lo_v: usize, hi_v: usize, len: usize| -> Vec<Stmt> {
+            vec![
+                set(fv, bin(BinOp::Max, vr(fv), f64e(0.0))),
+                set(lo_v, Expr::cast(Ty::I64, vr(fv))),
+                Stmt::If {
+                    cond: Expr::cmp(CmpOp::Ge, vr(lo_v), int(len - 1)),
+                    then: vec![
+                        set(lo_v, int(len - 1)),
+                        set(hi_v, int(len - 1)),
+                        set(fv, f64e(len as f64 - 1.0)),
+                    ],
+                    els: vec![set(hi_v, Expr::add(vr(lo_v), Expr::Int(1)))],
+                },
+            ]
+        };
+        let mut inrange = vec![set(yf, vr(yy)), set(xf, vr(xx))];
+        inrange.extend(clampdim(yf, yl, yh, h));
+        inrange.extend(clampdim(xf, xl, xh, w));
+        inrange.push(set(ly, sub(vr(yf), cf(yl))));
+        inrange.push(set(lx, sub(vr(xf), cf(xl))));
+        inrange.push(set(vv, combined));
+        let out_of = bin(
+            BinOp::Or,
+            bin(
+                BinOp::Or,
+                Expr::cmp(CmpOp::Lt, vr(yy), f64e(-1.0)),
+                Expr::cmp(CmpOp::Gt, vr(yy), f64e(h as f64)),
+            ),
+            bin(
+                BinOp::Or,
+                Expr::cmp(CmpOp::Lt, vr(xx), f64e(-1.0)),
+                Expr::cmp(CmpOp::Gt, vr(xx), f64e(w as f64)),
+            ),
+        );
+        let first = Expr::cmp(
+            CmpOp::Eq,
+            Expr::add(vr(iy), vr(ix)),
+            Expr::Int(0),
+        );
+        let acc = if max_mode {
+            set(
+                val,
+                Expr::select(first, vr(vv), bin(BinOp::Max, vr(val), vr(vv))),
+            )
+        } else {
+            set(val, Expr::add(vr(val), vr(vv)))
+        };
+        let sample = vec![
+            set(
+                xx,
+                Expr::add(
+                    Expr::add(vr(sw), Expr::mul(cf(pw), vr(bw))),
+                    div(
+                        Expr::mul(Expr::add(cf(ix), f64e(0.5)), vr(bw)),
+                        f64e(gw as f64),
+                    ),
+                ),
+            ),
+            Stmt::If {
+                cond: out_of,
+                then: vec![set(vv, f64e(0.0))],
+                els: inrange,
+            },
+            acc,
+        ];
+        let count = (gh * gw).max(1) as f64;
+        let fin = if max_mode {
+            vr(val)
+        } else {
+            div(vr(val), f64e(count))
+        };
+        let cell = vec![
+            set(val, f64e(0.0)),
+            for_(
+                iy,
+                gh,
+                vec![
+                    set(
+                        yy,
+                        Expr::add(
+                            Expr::add(vr(sh), Expr::mul(cf(ph), vr(bh))),
+                            div(
+                                Expr::mul(Expr::add(cf(iy), f64e(0.5)), vr(bh)),
+                                f64e(gh as f64),
+                            ),
+                        ),
+                    ),
+                    for_(ix, gw, sample),
+                ],
+            ),
+            Stmt::Store {
+                buf: y.buf,
+                index: Expr::add(
+                    Expr::mul(
+                        Expr::add(
+                            Expr::mul(
+                                Expr::add(Expr::mul(vr(n), int(c)), vr(ch)),
+                                int(ph_n),
+                            ),
+                            vr(ph),
+                        ),
+                        int(pw_n),
+                    ),
+                    vr(pw),
+                ),
+                value: out_finish(fin, y.ty()),
+            },
+        ];
+        pre.push(for_(
+            ch,
+            c,
+            vec![for_(ph, ph_n, vec![for_(pw, pw_n, cell)])],
+        ));
+        k.body = vec![for_(n, nr, pre)];
+        lw.push(k);
+        Ok(())
+    }
+
+    fn f64e(x: f64) -> Expr {
+        Expr::f(x, Ty::F64)
+    }
+    fn to64(e: Expr, t: Ty) -> Expr {
+        if t == Ty::F64 {
+            e
+        } else {
+            Expr::cast(Ty::F64, e)
+        }
+    }
+    fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
+        Expr::bin(op, a, b)
+    }
+    fn sub(a: Expr, b: Expr) -> Expr {
+        bin(BinOp::Sub, a, b)
+    }
+    fn div(a: Expr, b: Expr) -> Expr {
+        bin(BinOp::Div, a, b)
+    }
+    fn set(var: usize, value: Expr) -> Stmt {
+        Stmt::Set { var, value }
+    }
+    /// Rounds through f32 when `on`.
+    fn r32(e: Expr, on: bool) -> Expr {
+        if on {
+            Expr::cast(Ty::F64, Expr::cast(Ty::F32, e))
+        } else {
+            e
+        }
+    }
+    /// The reference's `reflect(x, lo, hi)` on an F64 expression (x evaluated often: pass
+    /// a variable).
+    fn reflect_e(x: Expr, lo: f64, hi: f64) -> Expr {
+        let rng = hi - lo;
+        if rng <= 0.0 {
+            return f64e(lo);
+        }
+        let side = |dx: Expr, near: f64, far: f64| -> Expr {
+            let n = Expr::un(UnOp::Trunc, div(dx.clone(), f64e(rng)));
+            let r = sub(dx, Expr::mul(n.clone(), f64e(rng)));
+            let even = Expr::cmp(
+                CmpOp::Eq,
+                bin(BinOp::Rem, Expr::cast(Ty::I64, n), Expr::Int(2)),
+                Expr::Int(0),
+            );
+            let near_v = if near < far {
+                Expr::add(f64e(near), r.clone())
+            } else {
+                sub(f64e(near), r.clone())
+            };
+            let far_v = if near < far {
+                sub(f64e(far), r)
+            } else {
+                Expr::add(f64e(far), r)
+            };
+            Expr::select(even, near_v, far_v)
+        };
+        let below = side(sub(f64e(lo), x.clone()), lo, hi);
+        let above = side(sub(x.clone(), f64e(hi)), hi, lo);
+        Expr::select(
+            Expr::cmp(CmpOp::Lt, x.clone(), f64e(lo)),
+            below,
+            Expr::select(Expr::cmp(CmpOp::Gt, x.clone(), f64e(hi)), above, x),
+        )
+    }
+
+    fn out_finish(e: Expr, ot: Ty) -> Expr {
+        let oc = ot.compute();
+        if oc == Ty::F64 {
+            e
+        } else if oc.is_float() {
+            Expr::cast(oc, e)
+        } else {
+            let (lo, hi) = match ot {
+                Ty::I8 => (i8::MIN as f64, i8::MAX as f64),
+                Ty::U8 => (0.0, u8::MAX as f64),
+                Ty::I16 => (i16::MIN as f64, i16::MAX as f64),
+                Ty::U16 => (0.0, u16::MAX as f64),
+                Ty::I32 => (i32::MIN as f64, i32::MAX as f64),
+                Ty::U32 => (0.0, u32::MAX as f64),
+                _ => return Expr::cast(oc, Expr::un(UnOp::Nearest, e)),
+            };
+            let r = Expr::un(UnOp::Nearest, e.clone());
+            let r = bin(BinOp::Max, bin(BinOp::Min, r, f64e(hi)), f64e(lo));
+            Expr::cast(
+                oc,
+                Expr::select(Expr::cmp(CmpOp::Ne, e.clone(), e), f64e(0.0), r),
+            )
+        }
+    }
+
+    fn grid_sample_l(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let g = lw.input(1)?.clone();
+        let y = lw.outputs[0].clone();
+        let at = &lw.op.attrs;
+        let default_mode = if lw.op.opset >= 20 {
+            "linear"
+        } else {
+            "bilinear"
+        };
+        let mode = super::parse_mode(&at.string("mode", default_mode.into())?)?;
+        let pad = match at.string("padding_mode", "zeros".into())?.as_str() {
+            "zeros" => Pad::Zeros,
+            "border" => Pad::Border,
+            "reflection" => Pad::Reflection,
+            o => crate::bail!("unknown padding_mode `{o}`"),
+        };
+        let align = at.int("align_corners", 0)? != 0;
+        let xs = x.shape.clone();
+        let gs = g.shape.clone();
+        ensure!(xs.len() >= 3, "X must have rank >= 3");
+        let kd = xs.len() - 2;
+        ensure!(
+            gs.len() == kd + 2 && gs[0] == xs[0] && gs[kd + 1] == kd,
+            "grid shape"
+        );
+        let (n, c) = (xs[0], xs[1]);
+        let sp = xs[2..].to_vec();
+        let in_sz: usize = sp.iter().product();
+        let out_sz: usize = gs[1..kd + 1].iter().product();
+        let st = crate::ops::lowering::strides(&sp);
+        let round32 = g.dtype != DType::F64;
+        let gt = g.ty().compute();
+        let xt = x.ty().compute();
+        let ot = y.ty();
+        let mut k = lw.kernel("");
+        if in_sz == 0 || y.is_empty() {
+            let j = k.var(Ty::I64);
+            k.body = vec![for_(
+                j,
+                y.len(),
+                vec![Stmt::Store {
+                    buf: y.buf,
+                    index: Expr::Var(j),
+                    value: out_finish(f64e(0.0), ot),
+                }],
+            )];
+            lw.push(k);
+            return Ok(());
+        }
+        let (b, o, ch) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+        let mut pre = Vec::new();
+        // Per dim: taps of (idx var, valid var, weight var).
+        let mut taps: Vec<Vec<(usize, usize, usize)>> = Vec::new();
+        for d in 0..kd {
+            let len = sp[d] as f64;
+            let (lo, hi) = if align {
+                (0.0, len - 1.0)
+            } else {
+                (-0.5, len - 0.5)
+            };
+            let pv = k.var(Ty::F64);
+            let gidx = Expr::add(
+                Expr::mul(
+                    Expr::add(Expr::mul(Expr::Var(b), int(out_sz)), Expr::Var(o)),
+                    int(kd),
+                ),
+                int(kd - 1 - d),
+            );
+            let nv = to64(Expr::load(g.buf, gidx), gt);
+            let val = if align {
+                Expr::mul(
+                    div(Expr::add(nv, f64e(1.0)), f64e(2.0)),
+                    f64e(len - 1.0),
+                )
+            } else {
+                div(
+                    sub(Expr::mul(Expr::add(nv, f64e(1.0)), f64e(len)), f64e(1.0)),
+                    f64e(2.0),
+                )
+            };
+            pre.push(set(pv, r32(val, round32)));
+            if mode == Mode::Nearest {
+                pre.push(set(pv, Expr::un(UnOp::Nearest, Expr::Var(pv))));
+            }
+            if pad != Pad::Zeros {
+                let fixed = match pad {
+                    Pad::Border => bin(
+                        BinOp::Max,
+                        bin(BinOp::Min, Expr::Var(pv), f64e(len - 1.0)),
+                        f64e(0.0),
+                    ),
+                    _ => reflect_e(Expr::Var(pv), lo, hi),
+                };
+                pre.push(Stmt::If {
+                    cond: bin(
+                        BinOp::Or,
+                        Expr::cmp(CmpOp::Lt, Expr::Var(pv), f64e(lo)),
+                        Expr::cmp(CmpOp::Gt, Expr::Var(pv), f64e(hi)),
+                    ),
+                    then: vec![set(pv, r32(fixed, round32))],
+                    els: vec![],
+                });
+            }
+            let fl = k.var(Ty::F64);
+            let i0 = k.var(Ty::I64);
+            pre.push(set(fl, Expr::un(UnOp::Floor, Expr::Var(pv))));
+            pre.push(set(
+                i0,
+                Expr::cast(
+                    Ty::I64,
+                    if mode == Mode::Nearest {
+                        Expr::Var(pv)
+                    } else {
+                        Expr::Var(fl)
+                    },
+                ),
+            ));
+            let rr = sub(Expr::Var(pv), Expr::Var(fl));
+            let (offs, ws): (Vec<i64>, Vec<Expr>) = match mode {
+                Mode::Nearest => (vec![0], vec![f64e(1.0)]),
+                Mode::Linear => (vec![0, 1], vec![sub(f64e(1.0), rr.clone()), rr]),
+                Mode::Cubic => {
+                    let a = -0.75;
+                    let xv = k.var(Ty::F64);
+                    pre.push(set(xv, Expr::un(UnOp::Abs, rr)));
+                    let x = || Expr::Var(xv);
+                    let m = |p: Expr, q: Expr| Expr::mul(p, q);
+                    let ad = |p: Expr, q: Expr| Expr::add(p, q);
+                    let x1 = || ad(x(), f64e(1.0));
+                    let omx = || sub(f64e(1.0), x());
+                    let tmx = || sub(f64e(2.0), x());
+                    let w0 = sub(
+                        m(
+                            ad(m(sub(m(f64e(a), x1()), f64e(5.0 * a)), x1()), f64e(8.0 * a)),
+                            x1(),
+                        ),
+                        f64e(4.0 * a),
+                    );
+                    let w1 = ad(
+                        m(m(sub(m(f64e(a + 2.0), x()), f64e(a + 3.0)), x()), x()),
+                        f64e(1.0),
+                    );
+                    let w2 = ad(
+                        m(m(sub(m(f64e(a + 2.0), omx()), f64e(a + 3.0)), omx()), omx()),
+                        f64e(1.0),
+                    );
+                    let w3 = sub(
+                        m(
+                            ad(m(sub(m(f64e(a), tmx()), f64e(5.0 * a)), tmx()), f64e(8.0 * a)),
+                            tmx(),
+                        ),
+                        f64e(4.0 * a),
+                    );
+                    (vec![-1, 0, 1, 2], vec![w0, w1, w2, w3])
+                }
+            };
+            let mut t = Vec::new();
+            let ilen = sp[d] as i64;
+            for (off, w) in offs.into_iter().zip(ws) {
+                let iv = k.var(Ty::I64);
+                let vv = k.var(Ty::U8);
+                let wv = k.var(Ty::F64);
+                let raw = Expr::add(Expr::Var(i0), Expr::Int(off));
+                let clamp = |e: Expr| {
+                    bin(BinOp::Max, bin(BinOp::Min, e, Expr::Int(ilen - 1)), Expr::Int(0))
+                };
+                let (idx, valid) = match pad {
+                    Pad::Zeros => (
+                        clamp(raw.clone()),
+                        bin(
+                            BinOp::And,
+                            Expr::cmp(CmpOp::Ge, raw.clone(), Expr::Int(0)),
+                            Expr::cmp(CmpOp::Lt, raw, Expr::Int(ilen)),
+                        ),
+                    ),
+                    Pad::Border => (clamp(raw), Expr::cast(Ty::U8, Expr::Int(1))),
+                    Pad::Reflection => (
+                        clamp(Expr::cast(
+                            Ty::I64,
+                            reflect_e(Expr::cast(Ty::F64, raw), lo, hi),
+                        )),
+                        Expr::cast(Ty::U8, Expr::Int(1)),
+                    ),
+                };
+                let valid = if mode == Mode::Nearest {
+                    // Non-finite positions read nothing.
+                    bin(
+                        BinOp::And,
+                        valid,
+                        Expr::cmp(
+                            CmpOp::Eq,
+                            sub(Expr::Var(pv), Expr::Var(pv)),
+                            f64e(0.0),
+                        ),
+                    )
+                } else {
+                    valid
+                };
+                pre.push(set(iv, idx));
+                pre.push(set(vv, valid));
+                pre.push(set(wv, w));
+                t.push((iv, vv, wv));
+            }
+            taps.push(t);
+        }
+        // Tensor product of the taps.
+        let mut combos: Vec<(Expr, Expr, Expr)> = vec![(
+            Expr::Int(0),
+            Expr::cast(Ty::U8, Expr::Int(1)),
+            f64e(1.0),
+        )];
+        for (d, t) in taps.iter().enumerate() {
+            let mut next = Vec::new();
+            for (off, val, w) in &combos {
+                for &(iv, vv, wv) in t {
+                    let term = Expr::mul(Expr::Var(iv), int(st[d]));
+                    let noff = if d == 0 {
+                        term
+                    } else {
+                        Expr::add(off.clone(), term)
+                    };
+                    let nval = if d == 0 {
+                        Expr::Var(vv)
+                    } else {
+                        bin(BinOp::And, val.clone(), Expr::Var(vv))
+                    };
+                    let nw = if d == 0 {
+                        Expr::mul(w.clone(), Expr::Var(wv))
+                    } else {
+                        Expr::mul(w.clone(), Expr::Var(wv))
+                    };
+                    next.push((noff, nval, nw));
+                }
+            }
+            combos = next;
+        }
+        let acc = k.var(Ty::F64);
+        let base = Expr::mul(
+            Expr::add(Expr::mul(Expr::Var(b), int(c)), Expr::Var(ch)),
+            int(in_sz),
+        );
+        let mut inner = vec![set(acc, f64e(0.0))];
+        // Precompute combined weights/offsets per combo as vars outside the channel loop.
+        let mut cvars = Vec::new();
+        for (off, val, w) in combos {
+            let ov = k.var(Ty::I64);
+            let vv = k.var(Ty::U8);
+            let wv = k.var(Ty::F64);
+            pre.push(set(ov, off));
+            pre.push(set(vv, val));
+            pre.push(set(wv, w));
+            cvars.push((ov, vv, wv));
+        }
+        for (ov, vv, wv) in cvars {
+            let xv = to64(
+                Expr::load(x.buf, Expr::add(base.clone(), Expr::Var(ov))),
+                xt,
+            );
+            inner.push(Stmt::If {
+                cond: Expr::Var(vv),
+                then: vec![set(
+                    acc,
+                    Expr::add(Expr::Var(acc), Expr::mul(Expr::Var(wv), xv)),
+                )],
+                els: vec![],
+            });
+        }
+        inner.push(Stmt::Store {
+            buf: y.buf,
+            index: Expr::add(
+                Expr::mul(
+                    Expr::add(Expr::mul(Expr::Var(b), int(c)), Expr::Var(ch)),
+                    int(out_sz),
+                ),
+                Expr::Var(o),
+            ),
+            value: out_finish(Expr::Var(acc), ot),
+        });
+        pre.push(for_(ch, c, inner));
+        k.body = vec![for_(b, n, vec![for_(o, out_sz, pre)])];
+        lw.push(k);
+        Ok(())
+    }
+
+    fn affine_grid_l(lw: &mut LowerCtx) -> OpResult<()> {
+        let th = lw.input(0)?.clone();
+        let size: Vec<i64> = super::ints(lw.const_input(1)?)?;
+        let align = lw.op.attrs.int("align_corners", 0)? != 0;
+        ensure!(size.len() == 4 || size.len() == 5, "size must have 4 or 5 values");
+        let kd = size.len() - 2;
+        let sp: Vec<usize> = size[2..].iter().map(|&v| v as usize).collect();
+        let n = th.shape[0];
+        let y = lw.outputs[0].clone();
+        let tt = th.ty().compute();
+        let ot = y.ty();
+        let total: usize = sp.iter().product();
+        let mut k = lw.kernel("");
+        let b = k.var(Ty::I64);
+        let ivars: Vec<usize> = (0..kd).map(|_| k.var(Ty::I64)).collect();
+        let coord = |d: usize| -> Expr {
+            let len = sp[d];
+            let i = Expr::cast(Ty::F64, Expr::Var(ivars[d]));
+            if align {
+                if len == 1 {
+                    f64e(-1.0)
+                } else {
+                    Expr::add(
+                        f64e(-1.0),
+                        div(Expr::mul(i, f64e(2.0)), f64e(len as f64 - 1.0)),
+                    )
+                }
+            } else {
+                let step = 2.0 / len as f64;
+                Expr::add(f64e(-1.0 + step / 2.0), Expr::mul(i, f64e(step)))
+            }
+        };
+        let mut h: Vec<Expr> = (0..kd).rev().map(coord).collect();
+        h.push(f64e(1.0));
+        let pos = crate::ops::lowering::index(&ivars, &crate::ops::lowering::strides(&sp));
+        let mut body = Vec::new();
+        for row in 0..kd {
+            let mut acc: Option<Expr> = None;
+            for (j, hj) in h.iter().enumerate() {
+                let t = to64(
+                    Expr::load(
+                        th.buf,
+                        Expr::add(
+                            Expr::mul(Expr::Var(b), int(kd * (kd + 1))),
+                            int(row * (kd + 1) + j),
+                        ),
+                    ),
+                    tt,
+                );
+                let term = Expr::mul(t, hj.clone());
+                acc = Some(match acc {
+                    None => term,
+                    Some(a) => Expr::add(a, term),
+                });
+            }
+            body.push(Stmt::Store {
+                buf: y.buf,
+                index: Expr::add(
+                    Expr::mul(
+                        Expr::add(Expr::mul(Expr::Var(b), int(total)), pos.clone()),
+                        int(kd),
+                    ),
+                    int(row),
+                ),
+                value: out_finish(acc.expect("k > 0"), ot),
+            });
+        }
+        let mut nest = body;
+        for d in (0..kd).rev() {
+            nest = vec![for_(ivars[d], sp[d], nest)];
+        }
+        k.body = vec![for_(b, n, nest)];
+        lw.push(k);
+        Ok(())
     }
 
     fn resize(lw: &mut LowerCtx) -> OpResult<()> {

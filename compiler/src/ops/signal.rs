@@ -17,6 +17,7 @@ pub fn register(r: &mut Registry) {
     r.add_shaped("HammingWindow", hamming, &[0]);
     r.add_shaped("BlackmanWindow", blackman, &[0]);
     r.add_shaped("MelWeightMatrix", mel, &[0, 1, 2, 3, 4]);
+    lower::register(r);
 }
 
 type C = (f64, f64);
@@ -600,5 +601,385 @@ impl F32Plan {
             *c = ch;
             l1 *= ip;
         }
+    }
+}
+
+mod lower {
+    use super::{norm_axis, scalar_i64};
+    use crate::ensure;
+    use crate::ir::{DType, OpError, OpResult, Tensor};
+    use crate::kir::{BinOp, CmpOp, Expr, Stmt, Ty, VarId};
+    use crate::ops::lowering::LowerCtx;
+    use crate::ops::{Lowering, Registry};
+
+    pub fn register(r: &mut Registry) {
+        r.lower("DFT", Lowering::Custom(dft));
+        r.lower("STFT", Lowering::Custom(stft));
+    }
+
+    /// Windowed frames through a direct f64 DFT (constant frame_step / frame_length).
+    fn stft(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let y = lw.outputs[0].clone();
+        let step = scalar_i64(lw.const_input(1)?)?;
+        ensure!(step >= 1, "frame_step must be positive");
+        let step = step as usize;
+        let win = lw.opt_input(2).cloned();
+        let onesided = lw.op.attrs.int("onesided", 1)? != 0;
+        ensure!(x.shape.len() == 3, "STFT signal must be [batch, length, 1 or 2]");
+        let (batch, len, cdim) = (x.shape[0], x.shape[1], x.shape[2]);
+        ensure!(cdim == 1 || cdim == 2, "STFT last dim");
+        let flen = match lw.opt_input(3) {
+            Some(_) => {
+                let v = scalar_i64(lw.const_input(3)?)?;
+                ensure!(v >= 1, "frame_length must be positive");
+                v as usize
+            }
+            None => match &win {
+                Some(w) => w.len(),
+                None => len,
+            },
+        };
+        if let Some(w) = &win {
+            ensure!(w.shape.len() == 1 && w.len() == flen, "window length");
+        }
+        ensure!(flen <= len, "frame_length exceeds the signal length");
+        let frames = 1 + (len - flen) / step;
+        let bins = if onesided { flen / 2 + 1 } else { flen };
+        ensure!(y.len() == batch * frames * bins * 2, "STFT output size");
+        let (cs, sn): (Vec<f64>, Vec<f64>) = (0..flen)
+            .map(|k| {
+                let ang = -2.0 * std::f64::consts::PI * k as f64 / flen as f64;
+                (ang.cos(), ang.sin())
+            })
+            .unzip();
+        let cb = lw.constant("cos", &Tensor::from_vec(&[flen], cs))?;
+        let sb = lw.constant("sin", &Tensor::from_vec(&[flen], sn))?;
+        let xt = x.ty().compute();
+        let ot = y.ty().compute();
+        let mut k = lw.kernel("");
+        let (b, fr, kk, j) = (
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+        );
+        let (re, im, xr, xi, tc, ts, wv) = (
+            k.var(Ty::F64),
+            k.var(Ty::F64),
+            k.var(Ty::F64),
+            k.var(Ty::F64),
+            k.var(Ty::F64),
+            k.var(Ty::F64),
+            k.var(Ty::F64),
+        );
+        let xidx = |comp: usize| {
+            Expr::add(
+                Expr::mul(
+                    Expr::add(
+                        Expr::mul(v(b), int(len)),
+                        Expr::add(Expr::mul(v(fr), int(step)), v(j)),
+                    ),
+                    int(cdim),
+                ),
+                int(comp),
+            )
+        };
+        let mut jl = vec![set(
+            wv,
+            match &win {
+                Some(w) => to64(Expr::load(w.buf, v(j)), w.ty().compute()),
+                None => f(1.0),
+            },
+        )];
+        jl.push(set(
+            xr,
+            Expr::mul(to64(Expr::load(x.buf, xidx(0)), xt), v(wv)),
+        ));
+        jl.push(set(
+            xi,
+            if cdim == 2 {
+                Expr::mul(to64(Expr::load(x.buf, xidx(1)), xt), v(wv))
+            } else {
+                Expr::mul(f(0.0), v(wv))
+            },
+        ));
+        let tw = Expr::bin(BinOp::Rem, Expr::mul(v(kk), v(j)), int(flen));
+        jl.push(set(tc, Expr::load(cb, tw.clone())));
+        jl.push(set(ts, Expr::load(sb, tw)));
+        jl.push(set(
+            re,
+            Expr::add(
+                v(re),
+                sub(Expr::mul(v(xr), v(tc)), Expr::mul(v(xi), v(ts))),
+            ),
+        ));
+        jl.push(set(
+            im,
+            Expr::add(
+                v(im),
+                Expr::add(Expr::mul(v(xr), v(ts)), Expr::mul(v(xi), v(tc))),
+            ),
+        ));
+        let fin = |e: Expr| if ot == Ty::F64 { e } else { Expr::cast(ot, e) };
+        let oidx = Expr::mul(
+            Expr::add(
+                Expr::mul(Expr::add(Expr::mul(v(b), int(frames)), v(fr)), int(bins)),
+                v(kk),
+            ),
+            int(2),
+        );
+        let body = vec![
+            set(re, f(0.0)),
+            set(im, f(0.0)),
+            for_(j, flen, jl),
+            Stmt::Store {
+                buf: y.buf,
+                index: oidx.clone(),
+                value: fin(v(re)),
+            },
+            Stmt::Store {
+                buf: y.buf,
+                index: Expr::add(oidx, Expr::Int(1)),
+                value: fin(v(im)),
+            },
+        ];
+        k.body = vec![for_(b, batch, vec![for_(fr, frames, vec![for_(kk, bins, body)])])];
+        lw.push(k);
+        Ok(())
+    }
+
+    fn v(x: VarId) -> Expr {
+        Expr::Var(x)
+    }
+    fn int(x: usize) -> Expr {
+        Expr::Int(x as i64)
+    }
+    fn f(x: f64) -> Expr {
+        Expr::f(x, Ty::F64)
+    }
+    fn sub(a: Expr, b: Expr) -> Expr {
+        Expr::bin(BinOp::Sub, a, b)
+    }
+    fn for_(var: VarId, n: usize, body: Vec<Stmt>) -> Stmt {
+        Stmt::For {
+            var,
+            extent: n as u64,
+            body,
+        }
+    }
+    fn set(var: VarId, value: Expr) -> Stmt {
+        Stmt::Set { var, value }
+    }
+    fn to64(e: Expr, t: Ty) -> Expr {
+        if t == Ty::F64 {
+            e
+        } else {
+            Expr::cast(Ty::F64, e)
+        }
+    }
+
+    /// Direct DFT in f64 with twiddle tables; one lane per (outer, inner) position.
+    fn dft(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let y = lw.outputs[0].clone();
+        let inverse = lw.op.attrs.int("inverse", 0)? != 0;
+        let onesided = lw.op.attrs.int("onesided", 0)? != 0;
+        let rank = x.shape.len();
+        ensure!(rank >= 2, "DFT input must have rank >= 2");
+        let ax = if lw.op.opset >= 20 {
+            let a = match lw.opt_input(2) {
+                Some(_) => scalar_i64(lw.const_input(2)?)?,
+                None => -2,
+            };
+            norm_axis(a, rank)?
+        } else {
+            norm_axis(lw.op.attrs.int("axis", 1)?, rank)?
+        };
+        ensure!(ax != rank - 1, "the DFT axis cannot be the last axis");
+        let cdim = x.shape[rank - 1];
+        ensure!(cdim == 1 || cdim == 2, "DFT last dim");
+        let len = x.shape[ax];
+        let n = match lw.opt_input(1) {
+            Some(_) => {
+                let v = scalar_i64(lw.const_input(1)?)?;
+                ensure!(v >= 1, "dft_length must be positive");
+                v as usize
+            }
+            None => {
+                if inverse && onesided {
+                    ensure!(len >= 1, "empty one-sided spectrum");
+                    2 * (len - 1)
+                } else {
+                    len
+                }
+            }
+        };
+        ensure!(n >= 1, "dft_length must be positive");
+        let irfft = inverse && onesided;
+        if inverse
+            && !onesided
+            && matches!(x.dtype, DType::F32 | DType::F16)
+            && super::F32Plan::new(n).is_some()
+        {
+            return Err(OpError::unsupported(
+                "inverse float32 DFT rounds like pocketfft in single precision",
+            ));
+        }
+        let (keep, m, ocd) = if irfft {
+            (n, n, 1)
+        } else if onesided {
+            (n / 2 + 1, len.min(n), 2)
+        } else {
+            (n, len.min(n), 2)
+        };
+        let outer: usize = x.shape[..ax].iter().product();
+        let inner: usize = x.shape[ax + 1..rank - 1].iter().product();
+        ensure!(
+            y.len() == outer * keep * inner * ocd,
+            "DFT output size"
+        );
+        let sign = if inverse { 1.0 } else { -1.0 };
+        let (cs, sn): (Vec<f64>, Vec<f64>) = (0..n)
+            .map(|k| {
+                let ang = sign * 2.0 * std::f64::consts::PI * k as f64 / n as f64;
+                (ang.cos(), ang.sin())
+            })
+            .unzip();
+        let cb = lw.constant("cos", &Tensor::from_vec(&[n], cs))?;
+        let sb = lw.constant("sin", &Tensor::from_vec(&[n], sn))?;
+        let xt = x.ty().compute();
+        let ot = y.ty().compute();
+        let mut k = lw.kernel("");
+        let (a, kk, b, j) = (
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+        );
+        let (re, im, xr, xi, tc, ts) = (
+            k.var(Ty::F64),
+            k.var(Ty::F64),
+            k.var(Ty::F64),
+            k.var(Ty::F64),
+            k.var(Ty::F64),
+            k.var(Ty::F64),
+        );
+        let xidx = |jj: Expr, comp: usize| -> Expr {
+            let e = Expr::add(
+                Expr::mul(
+                    Expr::add(Expr::mul(Expr::add(Expr::mul(v(a), int(len)), jj), int(inner)), v(b)),
+                    int(cdim),
+                ),
+                int(comp),
+            );
+            e
+        };
+        let mut jl = Vec::new();
+        if irfft {
+            let half = n / 2;
+            let jj = k.var(Ty::I64);
+            let ok = k.var(Ty::U8);
+            jl.push(set(
+                jj,
+                Expr::select(
+                    Expr::cmp(CmpOp::Le, v(j), int(half)),
+                    v(j),
+                    sub(int(n), v(j)),
+                ),
+            ));
+            jl.push(set(ok, Expr::cmp(CmpOp::Lt, v(jj), int(len))));
+            let cl = Expr::bin(BinOp::Min, v(jj), int(len.max(1) - 1));
+            jl.push(set(
+                xr,
+                Expr::select(v(ok), to64(Expr::load(x.buf, xidx(cl.clone(), 0)), xt), f(0.0)),
+            ));
+            if cdim == 2 {
+                let mut zero_im = Expr::cmp(CmpOp::Eq, v(jj), Expr::Int(0));
+                if n % 2 == 0 {
+                    zero_im = Expr::bin(
+                        BinOp::Or,
+                        zero_im,
+                        Expr::cmp(CmpOp::Eq, v(jj), int(half)),
+                    );
+                }
+                let raw = Expr::select(
+                    v(ok),
+                    to64(Expr::load(x.buf, xidx(cl, 1)), xt),
+                    f(0.0),
+                );
+                let val = Expr::select(zero_im, f(0.0), raw);
+                jl.push(set(xi, val));
+                jl.push(Stmt::If {
+                    cond: Expr::cmp(CmpOp::Gt, v(j), int(half)),
+                    then: vec![set(xi, Expr::un(crate::kir::UnOp::Neg, v(xi)))],
+                    els: vec![],
+                });
+            } else {
+                jl.push(set(xi, f(0.0)));
+            }
+        } else {
+            jl.push(set(xr, to64(Expr::load(x.buf, xidx(v(j), 0)), xt)));
+            jl.push(set(
+                xi,
+                if cdim == 2 {
+                    to64(Expr::load(x.buf, xidx(v(j), 1)), xt)
+                } else {
+                    f(0.0)
+                },
+            ));
+        }
+        let tw = Expr::bin(BinOp::Rem, Expr::mul(v(kk), v(j)), int(n));
+        jl.push(set(tc, Expr::load(cb, tw.clone())));
+        jl.push(set(ts, Expr::load(sb, tw)));
+        jl.push(set(
+            re,
+            Expr::add(
+                v(re),
+                sub(Expr::mul(v(xr), v(tc)), Expr::mul(v(xi), v(ts))),
+            ),
+        ));
+        jl.push(set(
+            im,
+            Expr::add(
+                v(im),
+                Expr::add(Expr::mul(v(xr), v(ts)), Expr::mul(v(xi), v(tc))),
+            ),
+        ));
+        let fin = |e: Expr| -> Expr {
+            let e = if inverse {
+                Expr::bin(BinOp::Div, e, f(n as f64))
+            } else {
+                e
+            };
+            if ot == Ty::F64 {
+                e
+            } else {
+                Expr::cast(ot, e)
+            }
+        };
+        let oidx = Expr::mul(
+            Expr::add(
+                Expr::mul(Expr::add(Expr::mul(v(a), int(keep)), v(kk)), int(inner)),
+                v(b),
+            ),
+            int(ocd),
+        );
+        let mut body = vec![set(re, f(0.0)), set(im, f(0.0)), for_(j, m, jl)];
+        body.push(Stmt::Store {
+            buf: y.buf,
+            index: oidx.clone(),
+            value: fin(v(re)),
+        });
+        if ocd == 2 {
+            body.push(Stmt::Store {
+                buf: y.buf,
+                index: Expr::add(oidx, Expr::Int(1)),
+                value: fin(v(im)),
+            });
+        }
+        k.body = vec![for_(a, outer, vec![for_(kk, keep, vec![for_(b, inner, body)])])];
+        lw.push(k);
+        Ok(())
     }
 }
