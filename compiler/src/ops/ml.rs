@@ -29,6 +29,7 @@ pub fn register(r: &mut Registry) {
     r.add_with(ONNX_ML, "FeatureVectorizer", feature_vectorizer, t());
     r.add_with(ONNX_ML, "CategoryMapper", category_mapper, t());
     r.add_with(ONNX_ML, "SVMRegressor", svm_regressor, t());
+    lower::register(r);
 }
 
 fn shaped<T>(shape: &[usize], v: Vec<T>) -> OpResult<ArrayD<T>> {
@@ -1189,4 +1190,75 @@ fn svm_regressor(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         res.push(one[0]);
     }
     out(Tensor::from_f64(DType::F32, shaped(&[n, 1], res)?, false))
+}
+
+mod lower {
+    use crate::ir::OpResult;
+    use crate::kir::{BinOp, CmpOp, Expr, Stmt, Ty};
+    use crate::ops::lowering::{elementwise, lit, LowerCtx};
+    use crate::ops::{Lowering, Registry, ONNX_ML};
+    use crate::ensure;
+
+    fn binarizer(lw: &mut LowerCtx) -> OpResult<()> {
+        let t = lw.input(0)?.ty().compute();
+        let th = lw.op.attrs.float("threshold", 0.0)? as f64;
+        elementwise(lw, 0, |_, a| {
+            // Compare in f64 like the reference.
+            let x = if t == Ty::F64 { a[0].clone() } else { Expr::cast(Ty::F64, a[0].clone()) };
+            Ok(Expr::select(
+                Expr::cmp(CmpOp::Gt, x, Expr::Float(th, Ty::F64)),
+                lit(1.0, t),
+                lit(0.0, t),
+            ))
+        })
+    }
+
+    fn array_feature_extractor(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let idx = lw.input(1)?.clone();
+        let out = lw.outputs[0].clone();
+        ensure!(!x.shape.is_empty(), "ArrayFeatureExtractor: X must have rank >= 1");
+        let last = *x.shape.last().expect("rank >= 1") as i64;
+        let n = idx.len() as i64;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let mut k = lw.kernel("");
+        let p = k.var(Ty::I64);
+        let outer = Expr::bin(BinOp::Div, Expr::Var(p), Expr::Int(n));
+        let j = Expr::bin(BinOp::Rem, Expr::Var(p), Expr::Int(n));
+        let col = Expr::cast(Ty::I64, Expr::load(idx.buf, j));
+        // Out-of-range indices read column 0 (the reference rejects them).
+        let ok = Expr::bin(
+            BinOp::And,
+            Expr::cmp(CmpOp::Ge, col.clone(), Expr::Int(0)),
+            Expr::cmp(CmpOp::Lt, col.clone(), Expr::Int(last)),
+        );
+        let col = Expr::select(ok, col, Expr::Int(0));
+        k.body = vec![Stmt::For {
+            var: p,
+            extent: out.len() as u64,
+            body: vec![Stmt::Store {
+                buf: out.buf,
+                index: Expr::Var(p),
+                value: Expr::load(
+                    x.buf,
+                    Expr::add(Expr::mul(outer, Expr::Int(last)), col),
+                ),
+            }],
+        }];
+        lw.push(k);
+        Ok(())
+    }
+
+    /// Registers an ai.onnx.ml lowering (`Registry::lower` only takes default-domain
+    /// names; the map is visible to this descendant module).
+    fn ml(r: &mut Registry, op: &str, l: Lowering) {
+        r.lower.insert((ONNX_ML.to_string(), op.to_string()), l);
+    }
+
+    pub fn register(r: &mut Registry) {
+        ml(r, "Binarizer", Lowering::Custom(binarizer));
+        ml(r, "ArrayFeatureExtractor", Lowering::Custom(array_feature_extractor));
+    }
 }
