@@ -913,8 +913,10 @@ mod tests {
 
 mod lower {
     use crate::ir::OpResult;
-    use crate::kir::{BinOp, CmpOp, Expr, MathFn, Ty, UnOp};
-    use crate::ops::lowering::{elementwise, lit, LowerCtx};
+    use crate::kir::{BinOp, CmpOp, Expr, MathFn, Stmt, Ty, UnOp};
+    use crate::ops::lowering::{
+        broadcast_strides, elementwise, index, lit, nest, strides, LowerCtx,
+    };
     use crate::ops::{Lowering, Registry};
     use crate::{bail, ensure};
 
@@ -1254,6 +1256,117 @@ mod lower {
         })
     }
 
+    /// Pow with an integer base: repeated squaring (integer exponent) or a float pow
+    /// (float exponent); float bases go through `binary`.
+    fn pow(lw: &mut LowerCtx) -> OpResult<()> {
+        let t = lw.input(0)?.ty().compute();
+        if t.is_float() {
+            return binary(lw);
+        }
+        let t1 = lw.input(1)?.ty().compute();
+        if t1.is_float() {
+            return elementwise(lw, 0, |_, a| {
+                let x = Expr::cast(Ty::F64, a[0].clone());
+                let y = Expr::cast(Ty::F64, a[1].clone());
+                Ok(Expr::cast(t, Expr::call(MathFn::Pow, vec![x, y])))
+            });
+        }
+        let out = lw.outputs[0].clone();
+        let (a, b) = (lw.input(0)?.clone(), lw.input(1)?.clone());
+        let mut k = lw.kernel("");
+        let (base, e, r, it) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+        let body = nest(&mut k, &out.shape, |_, vars| {
+            let v = |x| Expr::Var(x);
+            let la = Expr::cast(
+                Ty::I64,
+                Expr::load(a.buf, index(vars, &broadcast_strides(&a.shape, &out.shape))),
+            );
+            let lb = Expr::cast(
+                Ty::I64,
+                Expr::load(b.buf, index(vars, &broadcast_strides(&b.shape, &out.shape))),
+            );
+            let odd = |x: Expr| Expr::cmp(CmpOp::Ne, bin(BinOp::And, x, Expr::Int(1)), Expr::Int(0));
+            // Negative exponents: 1 for base 1, +-1 for base -1, else 0.
+            let neg = Expr::select(
+                Expr::cmp(CmpOp::Eq, v(base), Expr::Int(1)),
+                Expr::Int(1),
+                Expr::select(
+                    Expr::cmp(CmpOp::Eq, v(base), Expr::Int(-1)),
+                    Expr::select(odd(v(e)), Expr::Int(-1), Expr::Int(1)),
+                    Expr::Int(0),
+                ),
+            );
+            vec![
+                Stmt::Set { var: base, value: la },
+                Stmt::Set { var: e, value: lb },
+                Stmt::If {
+                    cond: Expr::cmp(CmpOp::Lt, v(e), Expr::Int(0)),
+                    then: vec![Stmt::Set { var: r, value: neg }],
+                    els: vec![
+                        Stmt::Set { var: r, value: Expr::Int(1) },
+                        Stmt::For {
+                            var: it,
+                            extent: 63,
+                            body: vec![
+                                Stmt::Set {
+                                    var: r,
+                                    value: Expr::select(
+                                        odd(v(e)),
+                                        bin(BinOp::Mul, v(r), v(base)),
+                                        v(r),
+                                    ),
+                                },
+                                Stmt::Set { var: base, value: bin(BinOp::Mul, v(base), v(base)) },
+                                Stmt::Set { var: e, value: bin(BinOp::Shr, v(e), Expr::Int(1)) },
+                            ],
+                        },
+                    ],
+                },
+                Stmt::Store {
+                    buf: out.buf,
+                    index: index(vars, &strides(&out.shape)),
+                    value: Expr::cast(t, v(r)),
+                },
+            ]
+        });
+        k.body = body;
+        lw.push(k);
+        Ok(())
+    }
+
+    fn isinf(lw: &mut LowerCtx) -> OpResult<()> {
+        let t = lw.input(0)?.ty().compute();
+        ensure!(t.is_float(), "IsInf of {t}");
+        let neg = lw.op.attrs.int("detect_negative", 1)? != 0;
+        let pos = lw.op.attrs.int("detect_positive", 1)? != 0;
+        elementwise(lw, 0, |_, a| {
+            let x = a[0].clone();
+            let p = if pos {
+                Expr::cmp(CmpOp::Eq, x.clone(), Expr::Float(f64::INFINITY, t))
+            } else {
+                lit(0.0, Ty::U8)
+            };
+            let n = if neg {
+                Expr::cmp(CmpOp::Eq, x, Expr::Float(f64::NEG_INFINITY, t))
+            } else {
+                lit(0.0, Ty::U8)
+            };
+            Ok(bin(BinOp::Or, p, n))
+        })
+    }
+
+    fn swiglu(lw: &mut LowerCtx) -> OpResult<()> {
+        let t = lw.input(0)?.ty().compute();
+        ensure!(t.is_float(), "SwiGLU of {t}");
+        ensure!(lw.input(1)?.ty().compute() == t, "SwiGLU: mixed types");
+        let alpha = fattr(lw, "alpha", 1.0)?;
+        elementwise(lw, 0, |_, a| {
+            let x = a[0].clone();
+            let s = sigmoid(bin(BinOp::Mul, lit(alpha, t), x.clone()), t);
+            Ok(bin(BinOp::Mul, bin(BinOp::Mul, x, s), a[1].clone()))
+        })
+    }
+
     fn variadic(lw: &mut LowerCtx) -> OpResult<()> {
         let t = lw.input(0)?.ty().compute();
         let op = lw.op.op_type.clone();
@@ -1385,7 +1498,6 @@ mod lower {
             "Sub",
             "Mul",
             "Div",
-            "Pow",
             "Mod",
             "And",
             "Or",
@@ -1408,5 +1520,8 @@ mod lower {
         }
         r.lower("Where", Lowering::Custom(where_));
         r.lower("Clip", Lowering::Custom(clip));
+        r.lower("Pow", Lowering::Custom(pow));
+        r.lower("IsInf", Lowering::Custom(isinf));
+        r.lower("SwiGLU", Lowering::Custom(swiglu));
     }
 }

@@ -937,7 +937,100 @@ mod lower {
         Ok(())
     }
 
+    mod tensor_scatter {
+        use crate::ir::OpResult;
+        use crate::kir::{BinOp, CmpOp, Expr, Stmt, Ty};
+        use crate::ops::lowering::{index, nest, strides, LowerCtx};
+        use crate::ops::{Lowering, Registry};
+        use crate::{bail, ensure};
+
+        fn tensor_scatter(lw: &mut LowerCtx) -> OpResult<()> {
+            let past = lw.input(0)?.clone();
+            let upd = lw.input(1)?.clone();
+            let wi = lw.opt_input(2).cloned();
+            let out = lw.outputs[0].clone();
+            let r = past.shape.len();
+            ensure!(r >= 2 && upd.shape.len() == r, "TensorScatter: ranks");
+            let a = lw.op.attrs.int("axis", -2)?;
+            let ax = if a < 0 { a + r as i64 } else { a };
+            ensure!(ax >= 1 && ax < r as i64, "TensorScatter: axis");
+            let ax = ax as usize;
+            let circular = match lw.op.attrs.string("mode", "linear".into())?.as_str() {
+                "linear" => false,
+                "circular" => true,
+                m => bail!("TensorScatter: unknown mode {m:?}"),
+            };
+            let mut k = lw.kernel("copy");
+            let j = k.var(Ty::I64);
+            k.body = vec![Stmt::For {
+                var: j,
+                extent: out.len() as u64,
+                body: vec![Stmt::Store {
+                    buf: out.buf,
+                    index: Expr::Var(j),
+                    value: Expr::load(past.buf, Expr::Var(j)),
+                }],
+            }];
+            lw.push(k);
+            if upd.is_empty() {
+                return Ok(());
+            }
+            let maxlen = past.shape[ax] as i64;
+            let os = strides(&out.shape);
+            let us = strides(&upd.shape);
+            let mut k = lw.kernel("");
+            let s = k.var(Ty::I64);
+            let body = nest(&mut k, &upd.shape, |_, v| {
+                let w = match &wi {
+                    Some(w) => Expr::cast(Ty::I64, Expr::load(w.buf, Expr::Var(v[0]))),
+                    None => Expr::Int(0),
+                };
+                let mut st = vec![Stmt::Set { var: s, value: Expr::add(w, Expr::Var(v[ax])) }];
+                if circular {
+                    let m = Expr::Int(maxlen.max(1));
+                    let rem = Expr::bin(BinOp::Rem, Expr::Var(s), m.clone());
+                    st.push(Stmt::Set {
+                        var: s,
+                        value: Expr::select(
+                            Expr::cmp(CmpOp::Lt, rem.clone(), Expr::Int(0)),
+                            Expr::add(rem.clone(), m),
+                            rem,
+                        ),
+                    });
+                }
+                let mut oi = Expr::mul(Expr::Var(s), Expr::Int(os[ax] as i64));
+                for d in 0..r {
+                    if d != ax {
+                        oi = Expr::add(oi, Expr::mul(Expr::Var(v[d]), Expr::Int(os[d] as i64)));
+                    }
+                }
+                st.push(Stmt::If {
+                    cond: Expr::bin(
+                        BinOp::And,
+                        Expr::cmp(CmpOp::Ge, Expr::Var(s), Expr::Int(0)),
+                        Expr::cmp(CmpOp::Lt, Expr::Var(s), Expr::Int(maxlen)),
+                    ),
+                    then: vec![Stmt::Store {
+                        buf: out.buf,
+                        index: oi,
+                        value: Expr::load(upd.buf, index(v, &us)),
+                    }],
+                    els: vec![],
+                });
+                st
+            });
+            k.body = body;
+            lw.push(k);
+            Ok(())
+        }
+
+        pub fn register(r: &mut Registry) {
+            r.lower("TensorScatter", Lowering::Custom(tensor_scatter));
+        }
+    }
+
     pub fn register(r: &mut Registry) {
+        tensor_scatter::register(r);
         r.lower("Gather", Lowering::Custom(gather));
         r.lower("GatherElements", Lowering::Custom(gather_elements));
         r.lower("GatherND", Lowering::Custom(gather_nd));

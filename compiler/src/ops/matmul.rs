@@ -1095,7 +1095,257 @@ mod lower {
         Ok(())
     }
 
+    mod det {
+        use crate::ensure;
+        use crate::ir::OpResult;
+        use crate::kir::{BinOp, CmpOp, Expr, Stmt, Ty, UnOp};
+        use crate::ops::lowering::LowerCtx;
+        use crate::ops::{Lowering, Registry};
+        use crate::ir::OpError;
+
+        /// Gaussian elimination with row pivoting, unrolled over vars (small matrices).
+        fn det(lw: &mut LowerCtx) -> OpResult<()> {
+            let x = lw.input(0)?.clone();
+            let out = lw.outputs[0].clone();
+            let r = x.shape.len();
+            ensure!(r >= 2 && x.shape[r - 1] == x.shape[r - 2], "Det: shape");
+            let n = x.shape[r - 1];
+            if n > 6 {
+                return Err(OpError::unsupported("Det of matrices larger than 6x6"));
+            }
+            let nb = out.len();
+            let t = x.ty();
+            let ot = out.ty().compute();
+            let mut k = lw.kernel("");
+            let b = k.var(Ty::I64);
+            let m: Vec<usize> = (0..n * n).map(|_| k.var(Ty::F64)).collect();
+            let (d, tmp, c0, f) = (k.var(Ty::F64), k.var(Ty::F64), k.var(Ty::U8), k.var(Ty::F64));
+            let v = Expr::Var;
+            let fl = |x: f64| Expr::Float(x, Ty::F64);
+            let mut body = Vec::new();
+            for (i, &mv) in m.iter().enumerate() {
+                let e = Expr::load(
+                    x.buf,
+                    Expr::add(Expr::mul(v(b), Expr::Int((n * n) as i64)), Expr::Int(i as i64)),
+                );
+                let e = if t.compute() == Ty::F64 { e } else { Expr::cast(Ty::F64, e) };
+                body.push(Stmt::Set { var: mv, value: e });
+            }
+            body.push(Stmt::Set { var: d, value: fl(1.0) });
+            for c in 0..n {
+                for rr in c + 1..n {
+                    body.push(Stmt::Set {
+                        var: c0,
+                        value: Expr::cmp(
+                            CmpOp::Gt,
+                            Expr::un(UnOp::Abs, v(m[rr * n + c])),
+                            Expr::un(UnOp::Abs, v(m[c * n + c])),
+                        ),
+                    });
+                    for jj in c..n {
+                        let (a, bb) = (m[c * n + jj], m[rr * n + jj]);
+                        body.push(Stmt::Set { var: tmp, value: v(a) });
+                        body.push(Stmt::Set { var: a, value: Expr::select(v(c0), v(bb), v(a)) });
+                        body.push(Stmt::Set { var: bb, value: Expr::select(v(c0), v(tmp), v(bb)) });
+                    }
+                    body.push(Stmt::Set {
+                        var: d,
+                        value: Expr::select(v(c0), Expr::un(UnOp::Neg, v(d)), v(d)),
+                    });
+                }
+                let piv = v(m[c * n + c]);
+                body.push(Stmt::Set { var: d, value: Expr::mul(v(d), piv.clone()) });
+                for rr in c + 1..n {
+                    body.push(Stmt::Set {
+                        var: f,
+                        value: Expr::select(
+                            Expr::cmp(CmpOp::Eq, piv.clone(), fl(0.0)),
+                            fl(0.0),
+                            Expr::bin(BinOp::Div, v(m[rr * n + c]), piv.clone()),
+                        ),
+                    });
+                    for jj in c..n {
+                        let a = m[rr * n + jj];
+                        body.push(Stmt::Set {
+                            var: a,
+                            value: Expr::bin(
+                                BinOp::Sub,
+                                v(a),
+                                Expr::mul(v(f), v(m[c * n + jj])),
+                            ),
+                        });
+                    }
+                }
+            }
+            let res = if ot == Ty::F64 { v(d) } else { Expr::cast(ot, v(d)) };
+            body.push(Stmt::Store { buf: out.buf, index: v(b), value: res });
+            k.body = vec![Stmt::For { var: b, extent: nb as u64, body }];
+            lw.push(k);
+            Ok(())
+        }
+
+        pub fn register(r: &mut Registry) {
+            r.lower("Det", Lowering::Custom(det));
+        }
+    }
+
+    mod qlinear {
+        use crate::ensure;
+        use crate::ir::{OpError, OpResult};
+        use crate::kir::{BinOp, CmpOp, Expr, Stmt, Ty, UnOp};
+        use crate::ops::lowering::{broadcast_strides, nest, strides, LowerCtx, TensorRef};
+        use crate::ops::{Lowering, Registry};
+
+        fn f64e(t: &TensorRef) -> Expr {
+            let e = Expr::load(t.buf, Expr::Int(0));
+            if t.ty().compute() == Ty::F64 {
+                e
+            } else {
+                Expr::cast(Ty::F64, e)
+            }
+        }
+
+        /// Rounds an f64 to the precision of the scale type (as the reference does).
+        fn round_to(e: Expr, t: Ty) -> Expr {
+            let bits = match t {
+                Ty::F32 => return Expr::cast(Ty::F64, Expr::cast(Ty::F32, e)),
+                Ty::F16 => 11,
+                Ty::BF16 => 8,
+                _ => return e,
+            };
+            // Veltkamp splitting: the high part has `bits` significant bits.
+            let c = Expr::Float((1u64 << (53 - bits)) as f64 + 1.0, Ty::F64);
+            let sigma = Expr::mul(e.clone(), c);
+            Expr::bin(BinOp::Sub, sigma.clone(), Expr::bin(BinOp::Sub, sigma, e))
+        }
+
+        fn qlinear_matmul(lw: &mut LowerCtx) -> OpResult<()> {
+            let a = lw.input(0)?.clone();
+            let b = lw.input(3)?.clone();
+            let (sa, sb, sy) = (lw.input(1)?.clone(), lw.input(4)?.clone(), lw.input(6)?.clone());
+            let (za, zb, zy) = (
+                lw.opt_input(2).cloned(),
+                lw.opt_input(5).cloned(),
+                lw.opt_input(7).cloned(),
+            );
+            for p in [Some(&sa), Some(&sb), Some(&sy), za.as_ref(), zb.as_ref(), zy.as_ref()]
+                .into_iter()
+                .flatten()
+            {
+                if p.len() != 1 {
+                    return Err(OpError::unsupported(
+                        "QLinearMatMul with per-axis scales or zero points",
+                    ));
+                }
+            }
+            let out = lw.outputs[0].clone();
+            let (ra, rb, ro) = (a.shape.len(), b.shape.len(), out.shape.len());
+            if ra < 2 || rb < 2 {
+                return Err(OpError::unsupported("QLinearMatMul of 1-D inputs"));
+            }
+            let kk = a.shape[ra - 1];
+            ensure!(b.shape[rb - 2] == kk, "QLinearMatMul: inner dims differ");
+            let (m, n) = (out.shape[ro - 2], out.shape[ro - 1]);
+            let ob = &out.shape[..ro - 2];
+            let abs = broadcast_strides(&a.shape[..ra - 2], ob);
+            let bbs = broadcast_strides(&b.shape[..rb - 2], ob);
+            let ot = out.ty();
+            let (lo, hi) = match ot {
+                Ty::U8 => (0.0, 255.0),
+                Ty::I8 => (-128.0, 127.0),
+                Ty::U16 => (0.0, 65535.0),
+                Ty::I16 => (-32768.0, 32767.0),
+                _ => return Err(OpError::unsupported(format!("QLinearMatMul to {ot}"))),
+            };
+            let st = sy.ty();
+            let factor = round_to(
+                Expr::bin(BinOp::Div, round_to(Expr::mul(f64e(&sa), f64e(&sb)), st), f64e(&sy)),
+                st,
+            );
+            let zpe = |z: &Option<TensorRef>| match z {
+                Some(z) => Expr::cast(Ty::I64, Expr::load(z.buf, Expr::Int(0))),
+                None => Expr::Int(0),
+            };
+            let (zae, zbe) = (zpe(&za), zpe(&zb));
+            let zye = match &zy {
+                Some(z) => f64e(z),
+                None => Expr::Float(0.0, Ty::F64),
+            };
+            let os = strides(&out.shape);
+            let mut k = lw.kernel("");
+            let (acc, fv, j) = (k.var(Ty::I64), k.var(Ty::F64), k.var(Ty::I64));
+            let body = nest(&mut k, &out.shape, |_, v| {
+                let mut ab = Expr::Int(0);
+                let mut bb = Expr::Int(0);
+                let mut oi = Expr::Int(0);
+                for d in 0..ro - 2 {
+                    ab = Expr::add(ab, Expr::mul(Expr::Var(v[d]), Expr::Int((abs[d] * a.shape[ra - 2] * kk) as i64)));
+                    bb = Expr::add(bb, Expr::mul(Expr::Var(v[d]), Expr::Int((bbs[d] * kk * n) as i64)));
+                }
+                for d in 0..ro {
+                    oi = Expr::add(oi, Expr::mul(Expr::Var(v[d]), Expr::Int(os[d] as i64)));
+                }
+                let (vm, vn) = (v[ro - 2], v[ro - 1]);
+                let ai = Expr::add(
+                    ab,
+                    Expr::add(
+                        Expr::mul(Expr::Var(vm), Expr::Int(kk as i64)),
+                        Expr::Var(j),
+                    ),
+                );
+                let bi = Expr::add(
+                    bb,
+                    Expr::add(Expr::mul(Expr::Var(j), Expr::Int(n as i64)), Expr::Var(vn)),
+                );
+                let av = Expr::bin(BinOp::Sub, Expr::cast(Ty::I64, Expr::load(a.buf, ai)), zae.clone());
+                let bv = Expr::bin(BinOp::Sub, Expr::cast(Ty::I64, Expr::load(b.buf, bi)), zbe.clone());
+                let x = Expr::add(
+                    Expr::mul(Expr::cast(Ty::F64, Expr::Var(acc)), factor.clone()),
+                    zye.clone(),
+                );
+                let r = Expr::un(UnOp::Nearest, x);
+                let lo_e = Expr::Float(lo, Ty::F64);
+                let hi_e = Expr::Float(hi, Ty::F64);
+                vec![
+                    Stmt::Set { var: acc, value: Expr::Int(0) },
+                    Stmt::For {
+                        var: j,
+                        extent: kk as u64,
+                        body: vec![Stmt::Set {
+                            var: acc,
+                            value: Expr::add(Expr::Var(acc), Expr::mul(av, bv)),
+                        }],
+                    },
+                    Stmt::Set { var: fv, value: r },
+                    Stmt::Set {
+                        var: fv,
+                        value: Expr::select(
+                            Expr::cmp(CmpOp::Lt, Expr::Var(fv), lo_e.clone()),
+                            lo_e,
+                            Expr::select(
+                                Expr::cmp(CmpOp::Gt, Expr::Var(fv), hi_e.clone()),
+                                hi_e,
+                                Expr::Var(fv),
+                            ),
+                        ),
+                    },
+                    Stmt::Store { buf: out.buf, index: oi, value: Expr::cast(ot, Expr::Var(fv)) },
+                ]
+            });
+            let _ = m;
+            k.body = body;
+            lw.push(k);
+            Ok(())
+        }
+
+        pub fn register(r: &mut Registry) {
+            r.lower("QLinearMatMul", Lowering::Custom(qlinear_matmul));
+        }
+    }
+
     pub fn register(r: &mut Registry) {
+        qlinear::register(r);
+        det::register(r);
         r.lower("MatMul", Lowering::Custom(matmul));
         r.lower("MatMulInteger", Lowering::Custom(matmul_integer));
         r.lower("Gemm", Lowering::Custom(gemm));

@@ -25,6 +25,7 @@ pub fn register(r: &mut Registry) {
     r.add_with(TRAINING, "Momentum", momentum, Traits::default());
     r.add_with(TRAINING, "Adam", adam, Traits::default());
     r.add_with(TRAINING, "Adagrad", adagrad, Traits::default());
+    lower::register(r);
 }
 
 fn shaped<T>(shape: &[usize], v: Vec<T>) -> OpResult<ArrayD<T>> {
@@ -694,4 +695,207 @@ fn adagrad(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     }
     xs.extend(hs);
     outs(xs)
+}
+
+mod lower {
+    use super::TRAINING;
+    use crate::ensure;
+    use crate::ir::OpResult;
+    use crate::kir::{BinOp, CmpOp, Expr, MathFn, Stmt, Ty, UnOp, VarId};
+    use crate::ops::lowering::LowerCtx;
+    use crate::ops::{Lowering, Registry};
+
+    fn f(x: f64) -> Expr {
+        Expr::Float(x, Ty::F64)
+    }
+    fn v(x: VarId) -> Expr {
+        Expr::Var(x)
+    }
+    fn add(a: Expr, b: Expr) -> Expr {
+        Expr::bin(BinOp::Add, a, b)
+    }
+    fn sub(a: Expr, b: Expr) -> Expr {
+        Expr::bin(BinOp::Sub, a, b)
+    }
+    fn mul(a: Expr, b: Expr) -> Expr {
+        Expr::bin(BinOp::Mul, a, b)
+    }
+    fn div(a: Expr, b: Expr) -> Expr {
+        Expr::bin(BinOp::Div, a, b)
+    }
+    fn to_f64(e: Expr, t: Ty) -> Expr {
+        if t.compute() == Ty::F64 {
+            e
+        } else {
+            Expr::cast(Ty::F64, e)
+        }
+    }
+
+    /// An optimizer update: per parameter, one flat loop that loads the group tensors
+    /// into f64 vars and computes the new values. `step(r, t, loaded) -> (set statements
+    /// over scratch vars, new values per output group)`.
+    #[allow(clippy::type_complexity)]
+    fn optimizer(
+        lw: &mut LowerCtx,
+        groups: usize,
+        step: &dyn Fn(&mut crate::kir::Kernel, Expr, Expr, &[Expr]) -> (Vec<Stmt>, Vec<Expr>),
+    ) -> OpResult<()> {
+        let rest = lw.inputs.len().saturating_sub(2);
+        ensure!(
+            rest > 0 && rest % groups == 0,
+            "{}: expected 2 + {groups}*N inputs",
+            lw.op.op_type
+        );
+        let n = rest / groups;
+        let rr = lw.input(0)?.clone();
+        let tt = lw.input(1)?.clone();
+        for i in 0..n {
+            let ins: Vec<_> = (0..groups)
+                .map(|g| lw.input(2 + g * n + i).cloned())
+                .collect::<OpResult<_>>()?;
+            let len = ins[0].len();
+            for x in &ins {
+                ensure!(x.len() == len, "{}: shapes differ", lw.op.op_type);
+                ensure!(x.ty().compute().is_float(), "{}: float tensors", lw.op.op_type);
+            }
+            let mut k = lw.kernel(&format!("p{i}"));
+            let j = k.var(Ty::I64);
+            let r = to_f64(Expr::load(rr.buf, Expr::Int(0)), rr.ty());
+            let t = Expr::cast(Ty::I64, Expr::load(tt.buf, Expr::Int(0)));
+            let mut body = Vec::new();
+            let mut loaded = Vec::new();
+            for x in &ins {
+                let var = k.var(Ty::F64);
+                body.push(Stmt::Set {
+                    var,
+                    value: to_f64(Expr::load(x.buf, Expr::Var(j)), x.ty()),
+                });
+                loaded.push(Expr::Var(var));
+            }
+            let (sets, news) = step(&mut k, r, t, &loaded);
+            body.extend(sets);
+            let outs: Vec<_> = (0..news.len())
+                .map(|g| lw.outputs[g * n + i].clone())
+                .collect();
+            let mut vars = Vec::new();
+            for e in news {
+                let var = k.var(Ty::F64);
+                body.push(Stmt::Set { var, value: e });
+                vars.push(var);
+            }
+            for (o, var) in outs.iter().zip(vars) {
+                let ct = o.ty().compute();
+                body.push(Stmt::Store {
+                    buf: o.buf,
+                    index: Expr::Var(j),
+                    value: if ct == Ty::F64 { v(var) } else { Expr::cast(ct, v(var)) },
+                });
+            }
+            k.body = vec![Stmt::For {
+                var: j,
+                extent: len as u64,
+                body,
+            }];
+            lw.push(k);
+        }
+        Ok(())
+    }
+
+    fn momentum(lw: &mut LowerCtx) -> OpResult<()> {
+        let alpha = lw.op.attrs.float("alpha", 0.0)? as f64;
+        let beta = lw.op.attrs.float("beta", 0.0)? as f64;
+        let norm = lw.op.attrs.float("norm_coefficient", 0.0)? as f64;
+        let mode = lw.op.attrs.string("mode", "standard".into())?;
+        let nesterov = match mode.as_str() {
+            "standard" => false,
+            "nesterov" => true,
+            m => crate::bail!("Momentum: unknown mode {m:?}"),
+        };
+        optimizer(lw, 3, &|k, r, t, a| {
+            let (x, g, vv) = (a[0].clone(), a[1].clone(), a[2].clone());
+            let beta_adj = Expr::select(Expr::cmp(CmpOp::Gt, t, Expr::Int(0)), f(beta), f(1.0));
+            let (greg, vn) = (k.var(Ty::F64), k.var(Ty::F64));
+            let sets = vec![
+                Stmt::Set { var: greg, value: add(mul(x.clone(), f(norm)), g) },
+                Stmt::Set { var: vn, value: add(mul(vv, f(alpha)), mul(v(greg), beta_adj)) },
+            ];
+            let xn = if nesterov {
+                sub(x, mul(add(v(greg), mul(v(vn), f(alpha))), r))
+            } else {
+                sub(x, mul(v(vn), r))
+            };
+            (sets, vec![xn, v(vn)])
+        })
+    }
+
+    fn adam(lw: &mut LowerCtx) -> OpResult<()> {
+        let alpha = lw.op.attrs.float("alpha", 0.9)? as f64;
+        let beta = lw.op.attrs.float("beta", 0.999)? as f64;
+        let eps = lw.op.attrs.float("epsilon", 1e-6)? as f64;
+        let norm = lw.op.attrs.float("norm_coefficient", 0.0)? as f64;
+        let norm_post = lw.op.attrs.float("norm_coefficient_post", 0.0)? as f64;
+        optimizer(lw, 4, &|k, r, t, a| {
+            let (x, g, vv, h) = (a[0].clone(), a[1].clone(), a[2].clone(), a[3].clone());
+            let tf = Expr::cast(Ty::F64, t.clone());
+            let r_adj = Expr::select(
+                Expr::cmp(CmpOp::Gt, t, Expr::Int(0)),
+                div(
+                    mul(
+                        r.clone(),
+                        Expr::un(
+                            UnOp::Sqrt,
+                            sub(f(1.0), Expr::call(MathFn::Pow, vec![f(beta), tf.clone()])),
+                        ),
+                    ),
+                    sub(f(1.0), Expr::call(MathFn::Pow, vec![f(alpha), tf])),
+                ),
+                r,
+            );
+            let (greg, vn, hn) = (k.var(Ty::F64), k.var(Ty::F64), k.var(Ty::F64));
+            let sets = vec![
+                Stmt::Set { var: greg, value: add(mul(x.clone(), f(norm)), g) },
+                Stmt::Set {
+                    var: vn,
+                    value: add(mul(vv, f(alpha)), mul(v(greg), f(1.0 - alpha))),
+                },
+                Stmt::Set {
+                    var: hn,
+                    value: add(mul(h, f(beta)), mul(mul(v(greg), v(greg)), f(1.0 - beta))),
+                },
+            ];
+            let hs = add(Expr::un(UnOp::Sqrt, v(hn)), f(eps));
+            let xn = sub(x, mul(div(v(vn), hs), r_adj));
+            (sets, vec![mul(xn, f(1.0 - norm_post)), v(vn), v(hn)])
+        })
+    }
+
+    fn adagrad(lw: &mut LowerCtx) -> OpResult<()> {
+        let decay = lw.op.attrs.float("decay_factor", 0.0)? as f64;
+        let eps = lw.op.attrs.float("epsilon", 1e-6)? as f64;
+        let norm = lw.op.attrs.float("norm_coefficient", 0.0)? as f64;
+        optimizer(lw, 3, &|k, r, t, a| {
+            let (x, g, h) = (a[0].clone(), a[1].clone(), a[2].clone());
+            let r_ = div(r, add(f(1.0), mul(Expr::cast(Ty::F64, t), f(decay))));
+            let (greg, hn) = (k.var(Ty::F64), k.var(Ty::F64));
+            let sets = vec![
+                Stmt::Set { var: greg, value: add(mul(x.clone(), f(norm)), g) },
+                Stmt::Set { var: hn, value: add(h, mul(v(greg), v(greg))) },
+            ];
+            let hs = add(Expr::un(UnOp::Sqrt, v(hn)), f(eps));
+            let xn = sub(x, mul(div(v(greg), hs), r_));
+            (sets, vec![xn, v(hn)])
+        })
+    }
+
+    /// Registers a lowering of the training domain (`Registry::lower` only takes
+    /// default-domain names; the map is visible to this descendant module).
+    fn training(r: &mut Registry, op: &str, l: Lowering) {
+        r.lower.insert((TRAINING.to_string(), op.to_string()), l);
+    }
+
+    pub fn register(r: &mut Registry) {
+        training(r, "Momentum", Lowering::Custom(momentum));
+        training(r, "Adam", Lowering::Custom(adam));
+        training(r, "Adagrad", Lowering::Custom(adagrad));
+    }
 }

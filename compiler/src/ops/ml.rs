@@ -29,6 +29,7 @@ pub fn register(r: &mut Registry) {
     r.add_with(ONNX_ML, "FeatureVectorizer", feature_vectorizer, t());
     r.add_with(ONNX_ML, "CategoryMapper", category_mapper, t());
     r.add_with(ONNX_ML, "SVMRegressor", svm_regressor, t());
+    lower::register(r);
 }
 
 fn shaped<T>(shape: &[usize], v: Vec<T>) -> OpResult<ArrayD<T>> {
@@ -1189,4 +1190,273 @@ fn svm_regressor(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         res.push(one[0]);
     }
     out(Tensor::from_f64(DType::F32, shaped(&[n, 1], res)?, false))
+}
+
+mod lower {
+    use crate::ir::OpResult;
+    use crate::kir::{BinOp, CmpOp, Expr, Stmt, Ty};
+    use crate::ops::lowering::{elementwise, lit, LowerCtx};
+    use crate::ops::{Lowering, Registry, ONNX_ML};
+    use crate::ensure;
+
+    fn binarizer(lw: &mut LowerCtx) -> OpResult<()> {
+        let t = lw.input(0)?.ty().compute();
+        let th = lw.op.attrs.float("threshold", 0.0)? as f64;
+        elementwise(lw, 0, |_, a| {
+            // Compare in f64 like the reference.
+            let x = if t == Ty::F64 { a[0].clone() } else { Expr::cast(Ty::F64, a[0].clone()) };
+            Ok(Expr::select(
+                Expr::cmp(CmpOp::Gt, x, Expr::Float(th, Ty::F64)),
+                lit(1.0, t),
+                lit(0.0, t),
+            ))
+        })
+    }
+
+    fn array_feature_extractor(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let idx = lw.input(1)?.clone();
+        let out = lw.outputs[0].clone();
+        ensure!(!x.shape.is_empty(), "ArrayFeatureExtractor: X must have rank >= 1");
+        let last = *x.shape.last().expect("rank >= 1") as i64;
+        let n = idx.len() as i64;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let mut k = lw.kernel("");
+        let p = k.var(Ty::I64);
+        let outer = Expr::bin(BinOp::Div, Expr::Var(p), Expr::Int(n));
+        let j = Expr::bin(BinOp::Rem, Expr::Var(p), Expr::Int(n));
+        let col = Expr::cast(Ty::I64, Expr::load(idx.buf, j));
+        // Out-of-range indices read column 0 (the reference rejects them).
+        let ok = Expr::bin(
+            BinOp::And,
+            Expr::cmp(CmpOp::Ge, col.clone(), Expr::Int(0)),
+            Expr::cmp(CmpOp::Lt, col.clone(), Expr::Int(last)),
+        );
+        let col = Expr::select(ok, col, Expr::Int(0));
+        k.body = vec![Stmt::For {
+            var: p,
+            extent: out.len() as u64,
+            body: vec![Stmt::Store {
+                buf: out.buf,
+                index: Expr::Var(p),
+                value: Expr::load(
+                    x.buf,
+                    Expr::add(Expr::mul(outer, Expr::Int(last)), col),
+                ),
+            }],
+        }];
+        lw.push(k);
+        Ok(())
+    }
+
+    /// Registers an ai.onnx.ml lowering (`Registry::lower` only takes default-domain
+    /// names; the map is visible to this descendant module).
+    fn ml(r: &mut Registry, op: &str, l: Lowering) {
+        r.lower.insert((ONNX_ML.to_string(), op.to_string()), l);
+    }
+
+
+    mod tree {
+        use crate::ir::{OpError, OpResult};
+        use crate::kir::{BinOp, CmpOp, Expr, Stmt, Ty, VarId};
+        use crate::ops::lowering::LowerCtx;
+        use crate::ops::util::{f64s, ints};
+        use crate::ops::{Lowering, Registry, ONNX_ML};
+        use crate::{bail, ensure};
+
+        struct T {
+            splits: Vec<f64>,
+            modes: Vec<i64>,
+            sets: Vec<Vec<f64>>,
+            feats: Vec<i64>,
+            tids: Vec<i64>,
+            fids: Vec<i64>,
+            tleaf: Vec<i64>,
+            fleaf: Vec<i64>,
+            missing: Vec<i64>,
+            leaf_targets: Vec<i64>,
+            leaf_weights: Vec<f64>,
+        }
+
+        fn f(x: f64) -> Expr {
+            Expr::Float(x, Ty::F64)
+        }
+
+        /// The statements that add leaf `l` into the accumulators.
+        fn leaf(t: &T, l: i64, acc: &[VarId], agg: i64, n_trees: usize) -> OpResult<Vec<Stmt>> {
+            let l = usize::try_from(l).ok().filter(|&l| l < t.leaf_weights.len());
+            let Some(l) = l else { bail!("TreeEnsemble: leaf out of range") };
+            let w = t.leaf_weights[l];
+            let tg = usize::try_from(t.leaf_targets[l]).ok().filter(|&x| x < acc.len());
+            let Some(tg) = tg else { bail!("TreeEnsemble: target out of range") };
+            let a = Expr::Var(acc[tg]);
+            let value = match agg {
+                0 => Expr::add(a, f(w / n_trees as f64)),
+                1 => Expr::add(a, f(w)),
+                2 => Expr::select(Expr::cmp(CmpOp::Lt, f(w), a.clone()), f(w), a),
+                _ => Expr::select(Expr::cmp(CmpOp::Gt, f(w), a.clone()), f(w), a),
+            };
+            Ok(vec![Stmt::Set { var: acc[tg], value }])
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        fn node(
+            t: &T,
+            i: usize,
+            depth: usize,
+            row: &Expr,
+            c: usize,
+            x: usize,
+            acc: &[VarId],
+            agg: i64,
+            n_trees: usize,
+        ) -> OpResult<Vec<Stmt>> {
+            ensure!(depth <= t.modes.len() + 1 && i < t.modes.len(), "TreeEnsemble: bad tree");
+            let fe = usize::try_from(t.feats[i]).ok().filter(|&v| v < c);
+            let Some(fe) = fe else { bail!("TreeEnsemble: feature out of range") };
+            let v = Expr::cast(Ty::F64, Expr::load(x, Expr::add(row.clone(), Expr::Int(fe as i64))));
+            let th = f(t.splits[i]);
+            let mut cond = match t.modes[i] {
+                0 => Expr::cmp(CmpOp::Le, v.clone(), th),
+                1 => Expr::cmp(CmpOp::Lt, v.clone(), th),
+                2 => Expr::cmp(CmpOp::Ge, v.clone(), th),
+                3 => Expr::cmp(CmpOp::Gt, v.clone(), th),
+                4 => Expr::cmp(CmpOp::Eq, v.clone(), th),
+                5 => Expr::cmp(CmpOp::Ne, v.clone(), th),
+                _ => {
+                    let mut e = Expr::Cast(Ty::U8, Box::new(Expr::Int(0)));
+                    for &m in &t.sets[i] {
+                        e = Expr::bin(BinOp::Or, e, Expr::cmp(CmpOp::Eq, v.clone(), f(m)));
+                    }
+                    e
+                }
+            };
+            if t.missing.get(i).copied().unwrap_or(0) != 0 {
+                cond = Expr::bin(BinOp::Or, cond, Expr::cmp(CmpOp::Ne, v.clone(), v));
+            }
+            let branch = |next: i64, is_leaf: i64| -> OpResult<Vec<Stmt>> {
+                if is_leaf != 0 {
+                    leaf(t, next, acc, agg, n_trees)
+                } else {
+                    let n = usize::try_from(next).map_err(|_| OpError::new("negative node id"))?;
+                    node(t, n, depth + 1, row, c, x, acc, agg, n_trees)
+                }
+            };
+            Ok(vec![Stmt::If {
+                cond,
+                then: branch(t.tids[i], t.tleaf[i])?,
+                els: branch(t.fids[i], t.fleaf[i])?,
+            }])
+        }
+
+        fn tree_ensemble(lw: &mut LowerCtx) -> OpResult<()> {
+            let a = &lw.op.attrs;
+            let tv = |name: &str| -> OpResult<Vec<f64>> {
+                match a.get_tensor(name)? {
+                    Some(t) => Ok(f64s(&t)?.iter().copied().collect()),
+                    None => bail!("TreeEnsemble: attribute `{name}` is required"),
+                }
+            };
+            let post = a.int("post_transform", 0)?;
+            if post != 0 {
+                return Err(OpError::unsupported("TreeEnsemble with a post transform"));
+            }
+            let agg = a.int("aggregate_function", 1)?;
+            ensure!((0..=3).contains(&agg), "TreeEnsemble: aggregate_function");
+            let modes: Vec<i64> = match a.get_tensor("nodes_modes")? {
+                Some(t) => ints(&t)?,
+                None => bail!("TreeEnsemble: nodes_modes is required"),
+            };
+            let members: Vec<f64> = match a.get_tensor("membership_values")? {
+                Some(t) => f64s(&t)?.iter().copied().collect(),
+                None => vec![],
+            };
+            let mut it = members.split(|v| v.is_nan());
+            let sets = modes
+                .iter()
+                .map(|&m| if m == 6 { it.next().map(|s| s.to_vec()).unwrap_or_default() } else { vec![] })
+                .collect();
+            let t = T {
+                splits: tv("nodes_splits")?,
+                sets,
+                feats: a.req_ints("nodes_featureids")?,
+                tids: a.req_ints("nodes_truenodeids")?,
+                fids: a.req_ints("nodes_falsenodeids")?,
+                tleaf: a.req_ints("nodes_trueleafs")?,
+                fleaf: a.req_ints("nodes_falseleafs")?,
+                missing: a.ints("nodes_missing_value_tracks_true", &[])?,
+                leaf_targets: a.req_ints("leaf_targetids")?,
+                leaf_weights: tv("leaf_weights")?,
+                modes,
+            };
+            let nn = t.modes.len();
+            ensure!(
+                [t.splits.len(), t.feats.len(), t.tids.len(), t.fids.len(), t.tleaf.len(), t.fleaf.len()]
+                    .iter()
+                    .all(|&l| l == nn),
+                "TreeEnsemble: node attributes differ in length"
+            );
+            let roots = a.req_ints("tree_roots")?;
+            let n_targets = a.req_int("n_targets")? as usize;
+            if n_targets > 64 {
+                return Err(OpError::unsupported("TreeEnsemble with more than 64 targets"));
+            }
+            let x = lw.input(0)?.clone();
+            let out = lw.outputs[0].clone();
+            let (n, c) = match x.shape.as_slice() {
+                [c] => (1, *c),
+                [n, rest @ ..] => (*n, rest.iter().product()),
+                [] => (1, 1),
+            };
+            let big = match x.ty() {
+                Ty::F64 => f64::MAX,
+                Ty::F16 => 65504.0,
+                Ty::BF16 => 3.3895313892515355e38,
+                _ => f32::MAX as f64,
+            };
+            let init = match agg {
+                0 | 1 => 0.0,
+                2 => big,
+                _ => -big,
+            };
+            let mut k = lw.kernel("");
+            let r = k.var(Ty::I64);
+            let acc: Vec<VarId> = (0..n_targets).map(|_| k.var(Ty::F64)).collect();
+            let row = Expr::mul(Expr::Var(r), Expr::Int(c as i64));
+            let mut body: Vec<Stmt> = acc.iter().map(|&v| Stmt::Set { var: v, value: f(init) }).collect();
+            for &root in &roots {
+                let root = usize::try_from(root).map_err(|_| OpError::new("negative root"))?;
+                ensure!(root < nn, "TreeEnsemble: root out of range");
+                if t.tleaf[root] != 0 && t.fleaf[root] != 0 && t.tids[root] == t.fids[root] {
+                    body.extend(leaf(&t, t.tids[root], &acc, agg, roots.len())?);
+                } else {
+                    body.extend(node(&t, root, 0, &row, c, x.buf, &acc, agg, roots.len())?);
+                }
+            }
+            let ot = out.ty().compute();
+            for (j, &v) in acc.iter().enumerate() {
+                let val = if ot == Ty::F64 { Expr::Var(v) } else { Expr::cast(ot, Expr::Var(v)) };
+                body.push(Stmt::Store {
+                    buf: out.buf,
+                    index: Expr::add(Expr::mul(Expr::Var(r), Expr::Int(n_targets as i64)), Expr::Int(j as i64)),
+                    value: val,
+                });
+            }
+            k.body = vec![Stmt::For { var: r, extent: n as u64, body }];
+            lw.push(k);
+            Ok(())
+        }
+
+        pub fn register(r: &mut Registry) {
+            r.lower.insert((ONNX_ML.to_string(), "TreeEnsemble".to_string()), Lowering::Custom(tree_ensemble));
+        }
+    }
+
+    pub fn register(r: &mut Registry) {
+        tree::register(r);
+        ml(r, "Binarizer", Lowering::Custom(binarizer));
+        ml(r, "ArrayFeatureExtractor", Lowering::Custom(array_feature_extractor));
+    }
 }

@@ -1193,7 +1193,122 @@ mod lower {
         })
     }
 
+    mod col2im {
+        use crate::ensure;
+        use crate::ir::OpResult;
+        use crate::kir::{BinOp, CmpOp, Expr, Stmt, Ty};
+        use crate::ops::lowering::{nest, strides, LowerCtx};
+        use crate::ops::{Lowering, Registry};
+
+        fn col2im(lw: &mut LowerCtx) -> OpResult<()> {
+            let x = lw.input(0)?.clone();
+            let img = lw.const_input(1)?.to_i64_vec().unwrap_or_default();
+            let blk = lw.const_input(2)?.to_i64_vec().unwrap_or_default();
+            let out = lw.outputs[0].clone();
+            let nd = img.len();
+            ensure!(nd > 0 && blk.len() == nd && x.shape.len() == 3, "Col2Im: bad shapes");
+            let dil = lw.op.attrs.ints("dilations", &vec![1; nd])?;
+            let pads = lw.op.attrs.ints("pads", &vec![0; 2 * nd])?;
+            let st = lw.op.attrs.ints("strides", &vec![1; nd])?;
+            ensure!(
+                dil.len() == nd && pads.len() == 2 * nd && st.len() == nd,
+                "Col2Im: attribute lengths do not match"
+            );
+            let mut ncol = Vec::new();
+            for i in 0..nd {
+                let span = dil[i] * (blk[i] - 1) + 1;
+                ncol.push((img[i] + pads[i] + pads[i + nd] - span).div_euclid(st[i]) + 1);
+            }
+            let bl: i64 = blk.iter().product();
+            let (n, cb, l) = (x.shape[0], x.shape[1], x.shape[2]);
+            ensure!(bl > 0 && cb as i64 % bl == 0, "Col2Im: channels");
+            ensure!(ncol.iter().product::<i64>() == l as i64, "Col2Im: length");
+            let c = cb / bl as usize;
+            let isz: i64 = img.iter().product();
+            let t = out.ty().compute();
+            let mut k = lw.kernel("zero");
+            let j = k.var(Ty::I64);
+            let zero = if t.is_float() { Expr::Float(0.0, t) } else { Expr::cast(t, Expr::Int(0)) };
+            k.body = vec![Stmt::For {
+                var: j,
+                extent: out.len() as u64,
+                body: vec![Stmt::Store { buf: out.buf, index: Expr::Var(j), value: zero }],
+            }];
+            lw.push(k);
+            if x.is_empty() {
+                return Ok(());
+            }
+            let bs = strides(&blk.iter().map(|&v| v as usize).collect::<Vec<_>>());
+            let ls = strides(&ncol.iter().map(|&v| v as usize).collect::<Vec<_>>());
+            let is = strides(&img.iter().map(|&v| v as usize).collect::<Vec<_>>());
+            let mut k = lw.kernel("");
+            let body = nest(&mut k, &[n, c, bl as usize, l], |_, v| {
+                let (vn, vc, vb, vl) = (v[0], v[1], v[2], v[3]);
+                let mut cond: Option<Expr> = None;
+                let mut off = Expr::Int(0);
+                for d in 0..nd {
+                    let bd = Expr::bin(
+                        BinOp::Rem,
+                        Expr::bin(BinOp::Div, Expr::Var(vb), Expr::Int(bs[d] as i64)),
+                        Expr::Int(blk[d]),
+                    );
+                    let ld = Expr::bin(
+                        BinOp::Rem,
+                        Expr::bin(BinOp::Div, Expr::Var(vl), Expr::Int(ls[d] as i64)),
+                        Expr::Int(ncol[d]),
+                    );
+                    let pos = Expr::add(
+                        Expr::bin(BinOp::Sub, Expr::mul(ld, Expr::Int(st[d])), Expr::Int(pads[d])),
+                        Expr::mul(bd, Expr::Int(dil[d])),
+                    );
+                    let ok = Expr::bin(
+                        BinOp::And,
+                        Expr::cmp(CmpOp::Ge, pos.clone(), Expr::Int(0)),
+                        Expr::cmp(CmpOp::Lt, pos.clone(), Expr::Int(img[d])),
+                    );
+                    cond = Some(match cond {
+                        None => ok,
+                        Some(c) => Expr::bin(BinOp::And, c, ok),
+                    });
+                    off = Expr::add(off, Expr::mul(pos, Expr::Int(is[d] as i64)));
+                }
+                let oi = Expr::add(
+                    Expr::mul(
+                        Expr::add(Expr::mul(Expr::Var(vn), Expr::Int(c as i64)), Expr::Var(vc)),
+                        Expr::Int(isz),
+                    ),
+                    off,
+                );
+                let ch = Expr::add(
+                    Expr::add(
+                        Expr::mul(Expr::Var(vn), Expr::Int(cb as i64)),
+                        Expr::mul(Expr::Var(vc), Expr::Int(bl)),
+                    ),
+                    Expr::Var(vb),
+                );
+                let ii = Expr::add(Expr::mul(ch, Expr::Int(l as i64)), Expr::Var(vl));
+                vec![Stmt::If {
+                    cond: cond.expect("nd > 0"),
+                    then: vec![Stmt::Store {
+                        buf: out.buf,
+                        index: oi.clone(),
+                        value: Expr::add(Expr::load(out.buf, oi), Expr::load(x.buf, ii)),
+                    }],
+                    els: vec![],
+                }]
+            });
+            k.body = body;
+            lw.push(k);
+            Ok(())
+        }
+
+        pub fn register(r: &mut Registry) {
+            r.lower("Col2Im", Lowering::Custom(col2im));
+        }
+    }
+
     pub fn register(r: &mut Registry) {
+        col2im::register(r);
         r.lower("Trilu", Lowering::Custom(trilu));
         r.lower("EyeLike", Lowering::Custom(eye_like));
         r.lower("ConstantOfShape", Lowering::Custom(constant_of_shape));
