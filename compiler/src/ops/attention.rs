@@ -984,7 +984,10 @@ mod lower {
         let sidx = |d: Expr, m: Expr| sv.idx(v(bi), v(h), d, m);
         let mut hb = Vec::new();
         if let Some(dc) = &decay {
-            ensure!(dc.shape.len() == 3 && dc.shape[0] == b && dc.shape[1] == t, "decay shape");
+            ensure!(
+                dc.shape.len() == 3 && dc.shape[0] == b && dc.shape[1] == t,
+                "decay shape"
+            );
             let w = if dc.shape[2] == kvh {
                 1
             } else if dc.shape[2] == kvh * dk {
@@ -1002,7 +1005,10 @@ mod lower {
                 d,
                 dk,
                 vec![
-                    set(g, Expr::call(MathFn::Exp, vec![f64_(dc, Expr::load(dc.buf, di))])),
+                    set(
+                        g,
+                        Expr::call(MathFn::Exp, vec![f64_(dc, Expr::load(dc.buf, di))]),
+                    ),
                     for_(
                         m,
                         dv,
@@ -1018,7 +1024,10 @@ mod lower {
         ));
         let kval = f64_(&kt, kv.at(v(bi), v(h), v(ti), v(d)));
         if let Some(bt) = &beta {
-            ensure!(bt.shape.len() == 3 && bt.shape[0] == b && bt.shape[1] == t, "beta shape");
+            ensure!(
+                bt.shape.len() == 3 && bt.shape[0] == b && bt.shape[1] == t,
+                "beta shape"
+            );
             let w = bt.shape[2];
             ensure!(w == kvh || w == 1, "beta last dim");
             let bidx = lin(vec![
@@ -1037,11 +1046,7 @@ mod lower {
                         dk,
                         vec![set(acc, add(v(acc), mul(sat(v(d), v(m)), kval.clone())))],
                     ),
-                    store(
-                        vb,
-                        v(m),
-                        mul(v(be), sub(Expr::load(vb, v(m)), v(acc))),
-                    ),
+                    store(vb, v(m), mul(v(be), sub(Expr::load(vb, v(m)), v(acc)))),
                 ],
             ));
         }

@@ -1274,7 +1274,12 @@ mod lower {
         let out = lw.outputs[0].clone();
         let (a, b) = (lw.input(0)?.clone(), lw.input(1)?.clone());
         let mut k = lw.kernel("");
-        let (base, e, r, it) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+        let (base, e, r, it) = (
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+        );
         let body = nest(&mut k, &out.shape, |_, vars| {
             let v = |x| Expr::Var(x);
             let la = Expr::cast(
@@ -1285,7 +1290,8 @@ mod lower {
                 Ty::I64,
                 Expr::load(b.buf, index(vars, &broadcast_strides(&b.shape, &out.shape))),
             );
-            let odd = |x: Expr| Expr::cmp(CmpOp::Ne, bin(BinOp::And, x, Expr::Int(1)), Expr::Int(0));
+            let odd =
+                |x: Expr| Expr::cmp(CmpOp::Ne, bin(BinOp::And, x, Expr::Int(1)), Expr::Int(0));
             // Negative exponents: 1 for base 1, +-1 for base -1, else 0.
             let neg = Expr::select(
                 Expr::cmp(CmpOp::Eq, v(base), Expr::Int(1)),
@@ -1297,13 +1303,19 @@ mod lower {
                 ),
             );
             vec![
-                Stmt::Set { var: base, value: la },
+                Stmt::Set {
+                    var: base,
+                    value: la,
+                },
                 Stmt::Set { var: e, value: lb },
                 Stmt::If {
                     cond: Expr::cmp(CmpOp::Lt, v(e), Expr::Int(0)),
                     then: vec![Stmt::Set { var: r, value: neg }],
                     els: vec![
-                        Stmt::Set { var: r, value: Expr::Int(1) },
+                        Stmt::Set {
+                            var: r,
+                            value: Expr::Int(1),
+                        },
                         Stmt::For {
                             var: it,
                             extent: 63,
@@ -1316,8 +1328,14 @@ mod lower {
                                         v(r),
                                     ),
                                 },
-                                Stmt::Set { var: base, value: bin(BinOp::Mul, v(base), v(base)) },
-                                Stmt::Set { var: e, value: bin(BinOp::Shr, v(e), Expr::Int(1)) },
+                                Stmt::Set {
+                                    var: base,
+                                    value: bin(BinOp::Mul, v(base), v(base)),
+                                },
+                                Stmt::Set {
+                                    var: e,
+                                    value: bin(BinOp::Shr, v(e), Expr::Int(1)),
+                                },
                             ],
                         },
                     ],

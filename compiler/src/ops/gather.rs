@@ -985,7 +985,10 @@ mod lower {
                     Some(w) => Expr::cast(Ty::I64, Expr::load(w.buf, Expr::Var(v[0]))),
                     None => Expr::Int(0),
                 };
-                let mut st = vec![Stmt::Set { var: s, value: Expr::add(w, Expr::Var(v[ax])) }];
+                let mut st = vec![Stmt::Set {
+                    var: s,
+                    value: Expr::add(w, Expr::Var(v[ax])),
+                }];
                 if circular {
                     let m = Expr::Int(maxlen.max(1));
                     let rem = Expr::bin(BinOp::Rem, Expr::Var(s), m.clone());

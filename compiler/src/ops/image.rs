@@ -1853,18 +1853,12 @@ mod lower {
             ),
         ));
         let cf = |v: usize| Expr::cast(Ty::F64, Expr::Var(v));
-        let base = Expr::mul(
-            Expr::add(Expr::mul(vr(bb), int(c)), vr(ch)),
-            int(h * w),
-        );
+        let base = Expr::mul(Expr::add(Expr::mul(vr(bb), int(c)), vr(ch)), int(h * w));
         let px = |yi: usize, xi: usize| -> Expr {
             to64(
                 Expr::load(
                     x.buf,
-                    Expr::add(
-                        base.clone(),
-                        Expr::add(Expr::mul(vr(yi), int(w)), vr(xi)),
-                    ),
+                    Expr::add(base.clone(), Expr::add(Expr::mul(vr(yi), int(w)), vr(xi))),
                 ),
                 xt,
             )
@@ -1883,10 +1877,7 @@ mod lower {
                 .reduce(|a, b| bin(BinOp::Max, a, b))
                 .expect("4 terms")
         } else {
-            terms
-                .into_iter()
-                .reduce(Expr::add)
-                .expect("4 terms")
+            terms.into_iter().reduce(Expr::add).expect("4 terms")
         };
         let clampdim = |fv: usize, lo_v: usize, hi_v: usize, len: usize| -> Vec<Stmt> {
             vec![
@@ -1922,11 +1913,7 @@ mod lower {
                 Expr::cmp(CmpOp::Gt, vr(xx), f64e(w as f64)),
             ),
         );
-        let first = Expr::cmp(
-            CmpOp::Eq,
-            Expr::add(vr(iy), vr(ix)),
-            Expr::Int(0),
-        );
+        let first = Expr::cmp(CmpOp::Eq, Expr::add(vr(iy), vr(ix)), Expr::Int(0));
         let acc = if max_mode {
             set(
                 val,
@@ -1983,10 +1970,7 @@ mod lower {
                 index: Expr::add(
                     Expr::mul(
                         Expr::add(
-                            Expr::mul(
-                                Expr::add(Expr::mul(vr(n), int(c)), vr(ch)),
-                                int(ph_n),
-                            ),
+                            Expr::mul(Expr::add(Expr::mul(vr(n), int(c)), vr(ch)), int(ph_n)),
                             vr(ph),
                         ),
                         int(pw_n),
@@ -2168,10 +2152,7 @@ mod lower {
             );
             let nv = to64(Expr::load(g.buf, gidx), gt);
             let val = if align {
-                Expr::mul(
-                    div(Expr::add(nv, f64e(1.0)), f64e(2.0)),
-                    f64e(len - 1.0),
-                )
+                Expr::mul(div(Expr::add(nv, f64e(1.0)), f64e(2.0)), f64e(len - 1.0))
             } else {
                 div(
                     sub(Expr::mul(Expr::add(nv, f64e(1.0)), f64e(len)), f64e(1.0)),
@@ -2246,7 +2227,10 @@ mod lower {
                     );
                     let w3 = sub(
                         m(
-                            ad(m(sub(m(f64e(a), tmx()), f64e(5.0 * a)), tmx()), f64e(8.0 * a)),
+                            ad(
+                                m(sub(m(f64e(a), tmx()), f64e(5.0 * a)), tmx()),
+                                f64e(8.0 * a),
+                            ),
                             tmx(),
                         ),
                         f64e(4.0 * a),
@@ -2262,7 +2246,11 @@ mod lower {
                 let wv = k.var(Ty::F64);
                 let raw = Expr::add(Expr::Var(i0), Expr::Int(off));
                 let clamp = |e: Expr| {
-                    bin(BinOp::Max, bin(BinOp::Min, e, Expr::Int(ilen - 1)), Expr::Int(0))
+                    bin(
+                        BinOp::Max,
+                        bin(BinOp::Min, e, Expr::Int(ilen - 1)),
+                        Expr::Int(0),
+                    )
                 };
                 let (idx, valid) = match pad {
                     Pad::Zeros => (
@@ -2287,11 +2275,7 @@ mod lower {
                     bin(
                         BinOp::And,
                         valid,
-                        Expr::cmp(
-                            CmpOp::Eq,
-                            sub(Expr::Var(pv), Expr::Var(pv)),
-                            f64e(0.0),
-                        ),
+                        Expr::cmp(CmpOp::Eq, sub(Expr::Var(pv), Expr::Var(pv)), f64e(0.0)),
                     )
                 } else {
                     valid
@@ -2304,11 +2288,8 @@ mod lower {
             taps.push(t);
         }
         // Tensor product of the taps.
-        let mut combos: Vec<(Expr, Expr, Expr)> = vec![(
-            Expr::Int(0),
-            Expr::cast(Ty::U8, Expr::Int(1)),
-            f64e(1.0),
-        )];
+        let mut combos: Vec<(Expr, Expr, Expr)> =
+            vec![(Expr::Int(0), Expr::cast(Ty::U8, Expr::Int(1)), f64e(1.0))];
         for (d, t) in taps.iter().enumerate() {
             let mut next = Vec::new();
             for (off, val, w) in &combos {
@@ -2386,7 +2367,10 @@ mod lower {
         let th = lw.input(0)?.clone();
         let size: Vec<i64> = super::ints(lw.const_input(1)?)?;
         let align = lw.op.attrs.int("align_corners", 0)? != 0;
-        ensure!(size.len() == 4 || size.len() == 5, "size must have 4 or 5 values");
+        ensure!(
+            size.len() == 4 || size.len() == 5,
+            "size must have 4 or 5 values"
+        );
         let kd = size.len() - 2;
         let sp: Vec<usize> = size[2..].iter().map(|&v| v as usize).collect();
         let n = th.shape[0];

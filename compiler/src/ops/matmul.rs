@@ -1097,11 +1097,11 @@ mod lower {
 
     mod det {
         use crate::ensure;
+        use crate::ir::OpError;
         use crate::ir::OpResult;
         use crate::kir::{BinOp, CmpOp, Expr, Stmt, Ty, UnOp};
         use crate::ops::lowering::LowerCtx;
         use crate::ops::{Lowering, Registry};
-        use crate::ir::OpError;
 
         /// Gaussian elimination with row pivoting, unrolled over vars (small matrices).
         fn det(lw: &mut LowerCtx) -> OpResult<()> {
@@ -1119,19 +1119,34 @@ mod lower {
             let mut k = lw.kernel("");
             let b = k.var(Ty::I64);
             let m: Vec<usize> = (0..n * n).map(|_| k.var(Ty::F64)).collect();
-            let (d, tmp, c0, f) = (k.var(Ty::F64), k.var(Ty::F64), k.var(Ty::U8), k.var(Ty::F64));
+            let (d, tmp, c0, f) = (
+                k.var(Ty::F64),
+                k.var(Ty::F64),
+                k.var(Ty::U8),
+                k.var(Ty::F64),
+            );
             let v = Expr::Var;
             let fl = |x: f64| Expr::Float(x, Ty::F64);
             let mut body = Vec::new();
             for (i, &mv) in m.iter().enumerate() {
                 let e = Expr::load(
                     x.buf,
-                    Expr::add(Expr::mul(v(b), Expr::Int((n * n) as i64)), Expr::Int(i as i64)),
+                    Expr::add(
+                        Expr::mul(v(b), Expr::Int((n * n) as i64)),
+                        Expr::Int(i as i64),
+                    ),
                 );
-                let e = if t.compute() == Ty::F64 { e } else { Expr::cast(Ty::F64, e) };
+                let e = if t.compute() == Ty::F64 {
+                    e
+                } else {
+                    Expr::cast(Ty::F64, e)
+                };
                 body.push(Stmt::Set { var: mv, value: e });
             }
-            body.push(Stmt::Set { var: d, value: fl(1.0) });
+            body.push(Stmt::Set {
+                var: d,
+                value: fl(1.0),
+            });
             for c in 0..n {
                 for rr in c + 1..n {
                     body.push(Stmt::Set {
@@ -1144,9 +1159,18 @@ mod lower {
                     });
                     for jj in c..n {
                         let (a, bb) = (m[c * n + jj], m[rr * n + jj]);
-                        body.push(Stmt::Set { var: tmp, value: v(a) });
-                        body.push(Stmt::Set { var: a, value: Expr::select(v(c0), v(bb), v(a)) });
-                        body.push(Stmt::Set { var: bb, value: Expr::select(v(c0), v(tmp), v(bb)) });
+                        body.push(Stmt::Set {
+                            var: tmp,
+                            value: v(a),
+                        });
+                        body.push(Stmt::Set {
+                            var: a,
+                            value: Expr::select(v(c0), v(bb), v(a)),
+                        });
+                        body.push(Stmt::Set {
+                            var: bb,
+                            value: Expr::select(v(c0), v(tmp), v(bb)),
+                        });
                     }
                     body.push(Stmt::Set {
                         var: d,
@@ -1154,7 +1178,10 @@ mod lower {
                     });
                 }
                 let piv = v(m[c * n + c]);
-                body.push(Stmt::Set { var: d, value: Expr::mul(v(d), piv.clone()) });
+                body.push(Stmt::Set {
+                    var: d,
+                    value: Expr::mul(v(d), piv.clone()),
+                });
                 for rr in c + 1..n {
                     body.push(Stmt::Set {
                         var: f,
@@ -1168,18 +1195,26 @@ mod lower {
                         let a = m[rr * n + jj];
                         body.push(Stmt::Set {
                             var: a,
-                            value: Expr::bin(
-                                BinOp::Sub,
-                                v(a),
-                                Expr::mul(v(f), v(m[c * n + jj])),
-                            ),
+                            value: Expr::bin(BinOp::Sub, v(a), Expr::mul(v(f), v(m[c * n + jj]))),
                         });
                     }
                 }
             }
-            let res = if ot == Ty::F64 { v(d) } else { Expr::cast(ot, v(d)) };
-            body.push(Stmt::Store { buf: out.buf, index: v(b), value: res });
-            k.body = vec![Stmt::For { var: b, extent: nb as u64, body }];
+            let res = if ot == Ty::F64 {
+                v(d)
+            } else {
+                Expr::cast(ot, v(d))
+            };
+            body.push(Stmt::Store {
+                buf: out.buf,
+                index: v(b),
+                value: res,
+            });
+            k.body = vec![Stmt::For {
+                var: b,
+                extent: nb as u64,
+                body,
+            }];
             lw.push(k);
             Ok(())
         }
@@ -1222,15 +1257,26 @@ mod lower {
         fn qlinear_matmul(lw: &mut LowerCtx) -> OpResult<()> {
             let a = lw.input(0)?.clone();
             let b = lw.input(3)?.clone();
-            let (sa, sb, sy) = (lw.input(1)?.clone(), lw.input(4)?.clone(), lw.input(6)?.clone());
+            let (sa, sb, sy) = (
+                lw.input(1)?.clone(),
+                lw.input(4)?.clone(),
+                lw.input(6)?.clone(),
+            );
             let (za, zb, zy) = (
                 lw.opt_input(2).cloned(),
                 lw.opt_input(5).cloned(),
                 lw.opt_input(7).cloned(),
             );
-            for p in [Some(&sa), Some(&sb), Some(&sy), za.as_ref(), zb.as_ref(), zy.as_ref()]
-                .into_iter()
-                .flatten()
+            for p in [
+                Some(&sa),
+                Some(&sb),
+                Some(&sy),
+                za.as_ref(),
+                zb.as_ref(),
+                zy.as_ref(),
+            ]
+            .into_iter()
+            .flatten()
             {
                 if p.len() != 1 {
                     return Err(OpError::unsupported(
@@ -1259,7 +1305,11 @@ mod lower {
             };
             let st = sy.ty();
             let factor = round_to(
-                Expr::bin(BinOp::Div, round_to(Expr::mul(f64e(&sa), f64e(&sb)), st), f64e(&sy)),
+                Expr::bin(
+                    BinOp::Div,
+                    round_to(Expr::mul(f64e(&sa), f64e(&sb)), st),
+                    f64e(&sy),
+                ),
                 st,
             );
             let zpe = |z: &Option<TensorRef>| match z {
@@ -1279,8 +1329,17 @@ mod lower {
                 let mut bb = Expr::Int(0);
                 let mut oi = Expr::Int(0);
                 for d in 0..ro - 2 {
-                    ab = Expr::add(ab, Expr::mul(Expr::Var(v[d]), Expr::Int((abs[d] * a.shape[ra - 2] * kk) as i64)));
-                    bb = Expr::add(bb, Expr::mul(Expr::Var(v[d]), Expr::Int((bbs[d] * kk * n) as i64)));
+                    ab = Expr::add(
+                        ab,
+                        Expr::mul(
+                            Expr::Var(v[d]),
+                            Expr::Int((abs[d] * a.shape[ra - 2] * kk) as i64),
+                        ),
+                    );
+                    bb = Expr::add(
+                        bb,
+                        Expr::mul(Expr::Var(v[d]), Expr::Int((bbs[d] * kk * n) as i64)),
+                    );
                 }
                 for d in 0..ro {
                     oi = Expr::add(oi, Expr::mul(Expr::Var(v[d]), Expr::Int(os[d] as i64)));
@@ -1288,17 +1347,22 @@ mod lower {
                 let (vm, vn) = (v[ro - 2], v[ro - 1]);
                 let ai = Expr::add(
                     ab,
-                    Expr::add(
-                        Expr::mul(Expr::Var(vm), Expr::Int(kk as i64)),
-                        Expr::Var(j),
-                    ),
+                    Expr::add(Expr::mul(Expr::Var(vm), Expr::Int(kk as i64)), Expr::Var(j)),
                 );
                 let bi = Expr::add(
                     bb,
                     Expr::add(Expr::mul(Expr::Var(j), Expr::Int(n as i64)), Expr::Var(vn)),
                 );
-                let av = Expr::bin(BinOp::Sub, Expr::cast(Ty::I64, Expr::load(a.buf, ai)), zae.clone());
-                let bv = Expr::bin(BinOp::Sub, Expr::cast(Ty::I64, Expr::load(b.buf, bi)), zbe.clone());
+                let av = Expr::bin(
+                    BinOp::Sub,
+                    Expr::cast(Ty::I64, Expr::load(a.buf, ai)),
+                    zae.clone(),
+                );
+                let bv = Expr::bin(
+                    BinOp::Sub,
+                    Expr::cast(Ty::I64, Expr::load(b.buf, bi)),
+                    zbe.clone(),
+                );
                 let x = Expr::add(
                     Expr::mul(Expr::cast(Ty::F64, Expr::Var(acc)), factor.clone()),
                     zye.clone(),
@@ -1307,7 +1371,10 @@ mod lower {
                 let lo_e = Expr::Float(lo, Ty::F64);
                 let hi_e = Expr::Float(hi, Ty::F64);
                 vec![
-                    Stmt::Set { var: acc, value: Expr::Int(0) },
+                    Stmt::Set {
+                        var: acc,
+                        value: Expr::Int(0),
+                    },
                     Stmt::For {
                         var: j,
                         extent: kk as u64,
@@ -1329,7 +1396,11 @@ mod lower {
                             ),
                         ),
                     },
-                    Stmt::Store { buf: out.buf, index: oi, value: Expr::cast(ot, Expr::Var(fv)) },
+                    Stmt::Store {
+                        buf: out.buf,
+                        index: oi,
+                        value: Expr::cast(ot, Expr::Var(fv)),
+                    },
                 ]
             });
             let _ = m;

@@ -756,7 +756,11 @@ mod lower {
             let len = ins[0].len();
             for x in &ins {
                 ensure!(x.len() == len, "{}: shapes differ", lw.op.op_type);
-                ensure!(x.ty().compute().is_float(), "{}: float tensors", lw.op.op_type);
+                ensure!(
+                    x.ty().compute().is_float(),
+                    "{}: float tensors",
+                    lw.op.op_type
+                );
             }
             let mut k = lw.kernel(&format!("p{i}"));
             let j = k.var(Ty::I64);
@@ -788,7 +792,11 @@ mod lower {
                 body.push(Stmt::Store {
                     buf: o.buf,
                     index: Expr::Var(j),
-                    value: if ct == Ty::F64 { v(var) } else { Expr::cast(ct, v(var)) },
+                    value: if ct == Ty::F64 {
+                        v(var)
+                    } else {
+                        Expr::cast(ct, v(var))
+                    },
                 });
             }
             k.body = vec![Stmt::For {
@@ -816,8 +824,14 @@ mod lower {
             let beta_adj = Expr::select(Expr::cmp(CmpOp::Gt, t, Expr::Int(0)), f(beta), f(1.0));
             let (greg, vn) = (k.var(Ty::F64), k.var(Ty::F64));
             let sets = vec![
-                Stmt::Set { var: greg, value: add(mul(x.clone(), f(norm)), g) },
-                Stmt::Set { var: vn, value: add(mul(vv, f(alpha)), mul(v(greg), beta_adj)) },
+                Stmt::Set {
+                    var: greg,
+                    value: add(mul(x.clone(), f(norm)), g),
+                },
+                Stmt::Set {
+                    var: vn,
+                    value: add(mul(vv, f(alpha)), mul(v(greg), beta_adj)),
+                },
             ];
             let xn = if nesterov {
                 sub(x, mul(add(v(greg), mul(v(vn), f(alpha))), r))
@@ -853,7 +867,10 @@ mod lower {
             );
             let (greg, vn, hn) = (k.var(Ty::F64), k.var(Ty::F64), k.var(Ty::F64));
             let sets = vec![
-                Stmt::Set { var: greg, value: add(mul(x.clone(), f(norm)), g) },
+                Stmt::Set {
+                    var: greg,
+                    value: add(mul(x.clone(), f(norm)), g),
+                },
                 Stmt::Set {
                     var: vn,
                     value: add(mul(vv, f(alpha)), mul(v(greg), f(1.0 - alpha))),
@@ -878,8 +895,14 @@ mod lower {
             let r_ = div(r, add(f(1.0), mul(Expr::cast(Ty::F64, t), f(decay))));
             let (greg, hn) = (k.var(Ty::F64), k.var(Ty::F64));
             let sets = vec![
-                Stmt::Set { var: greg, value: add(mul(x.clone(), f(norm)), g) },
-                Stmt::Set { var: hn, value: add(h, mul(v(greg), v(greg))) },
+                Stmt::Set {
+                    var: greg,
+                    value: add(mul(x.clone(), f(norm)), g),
+                },
+                Stmt::Set {
+                    var: hn,
+                    value: add(h, mul(v(greg), v(greg))),
+                },
             ];
             let hs = add(Expr::un(UnOp::Sqrt, v(hn)), f(eps));
             let xn = sub(x, mul(div(v(greg), hs), r_));

@@ -1193,18 +1193,22 @@ fn svm_regressor(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
 }
 
 mod lower {
+    use crate::ensure;
     use crate::ir::OpResult;
     use crate::kir::{BinOp, CmpOp, Expr, Stmt, Ty};
     use crate::ops::lowering::{elementwise, lit, LowerCtx};
     use crate::ops::{Lowering, Registry, ONNX_ML};
-    use crate::ensure;
 
     fn binarizer(lw: &mut LowerCtx) -> OpResult<()> {
         let t = lw.input(0)?.ty().compute();
         let th = lw.op.attrs.float("threshold", 0.0)? as f64;
         elementwise(lw, 0, |_, a| {
             // Compare in f64 like the reference.
-            let x = if t == Ty::F64 { a[0].clone() } else { Expr::cast(Ty::F64, a[0].clone()) };
+            let x = if t == Ty::F64 {
+                a[0].clone()
+            } else {
+                Expr::cast(Ty::F64, a[0].clone())
+            };
             Ok(Expr::select(
                 Expr::cmp(CmpOp::Gt, x, Expr::Float(th, Ty::F64)),
                 lit(1.0, t),
@@ -1217,7 +1221,10 @@ mod lower {
         let x = lw.input(0)?.clone();
         let idx = lw.input(1)?.clone();
         let out = lw.outputs[0].clone();
-        ensure!(!x.shape.is_empty(), "ArrayFeatureExtractor: X must have rank >= 1");
+        ensure!(
+            !x.shape.is_empty(),
+            "ArrayFeatureExtractor: X must have rank >= 1"
+        );
         let last = *x.shape.last().expect("rank >= 1") as i64;
         let n = idx.len() as i64;
         if out.is_empty() {
@@ -1241,10 +1248,7 @@ mod lower {
             body: vec![Stmt::Store {
                 buf: out.buf,
                 index: Expr::Var(p),
-                value: Expr::load(
-                    x.buf,
-                    Expr::add(Expr::mul(outer, Expr::Int(last)), col),
-                ),
+                value: Expr::load(x.buf, Expr::add(Expr::mul(outer, Expr::Int(last)), col)),
             }],
         }];
         lw.push(k);
@@ -1256,7 +1260,6 @@ mod lower {
     fn ml(r: &mut Registry, op: &str, l: Lowering) {
         r.lower.insert((ONNX_ML.to_string(), op.to_string()), l);
     }
-
 
     mod tree {
         use crate::ir::{OpError, OpResult};
@@ -1286,11 +1289,19 @@ mod lower {
 
         /// The statements that add leaf `l` into the accumulators.
         fn leaf(t: &T, l: i64, acc: &[VarId], agg: i64, n_trees: usize) -> OpResult<Vec<Stmt>> {
-            let l = usize::try_from(l).ok().filter(|&l| l < t.leaf_weights.len());
-            let Some(l) = l else { bail!("TreeEnsemble: leaf out of range") };
+            let l = usize::try_from(l)
+                .ok()
+                .filter(|&l| l < t.leaf_weights.len());
+            let Some(l) = l else {
+                bail!("TreeEnsemble: leaf out of range")
+            };
             let w = t.leaf_weights[l];
-            let tg = usize::try_from(t.leaf_targets[l]).ok().filter(|&x| x < acc.len());
-            let Some(tg) = tg else { bail!("TreeEnsemble: target out of range") };
+            let tg = usize::try_from(t.leaf_targets[l])
+                .ok()
+                .filter(|&x| x < acc.len());
+            let Some(tg) = tg else {
+                bail!("TreeEnsemble: target out of range")
+            };
             let a = Expr::Var(acc[tg]);
             let value = match agg {
                 0 => Expr::add(a, f(w / n_trees as f64)),
@@ -1298,7 +1309,10 @@ mod lower {
                 2 => Expr::select(Expr::cmp(CmpOp::Lt, f(w), a.clone()), f(w), a),
                 _ => Expr::select(Expr::cmp(CmpOp::Gt, f(w), a.clone()), f(w), a),
             };
-            Ok(vec![Stmt::Set { var: acc[tg], value }])
+            Ok(vec![Stmt::Set {
+                var: acc[tg],
+                value,
+            }])
         }
 
         #[allow(clippy::too_many_arguments)]
@@ -1313,10 +1327,18 @@ mod lower {
             agg: i64,
             n_trees: usize,
         ) -> OpResult<Vec<Stmt>> {
-            ensure!(depth <= t.modes.len() + 1 && i < t.modes.len(), "TreeEnsemble: bad tree");
+            ensure!(
+                depth <= t.modes.len() + 1 && i < t.modes.len(),
+                "TreeEnsemble: bad tree"
+            );
             let fe = usize::try_from(t.feats[i]).ok().filter(|&v| v < c);
-            let Some(fe) = fe else { bail!("TreeEnsemble: feature out of range") };
-            let v = Expr::cast(Ty::F64, Expr::load(x, Expr::add(row.clone(), Expr::Int(fe as i64))));
+            let Some(fe) = fe else {
+                bail!("TreeEnsemble: feature out of range")
+            };
+            let v = Expr::cast(
+                Ty::F64,
+                Expr::load(x, Expr::add(row.clone(), Expr::Int(fe as i64))),
+            );
             let th = f(t.splits[i]);
             let mut cond = match t.modes[i] {
                 0 => Expr::cmp(CmpOp::Le, v.clone(), th),
@@ -1376,7 +1398,13 @@ mod lower {
             let mut it = members.split(|v| v.is_nan());
             let sets = modes
                 .iter()
-                .map(|&m| if m == 6 { it.next().map(|s| s.to_vec()).unwrap_or_default() } else { vec![] })
+                .map(|&m| {
+                    if m == 6 {
+                        it.next().map(|s| s.to_vec()).unwrap_or_default()
+                    } else {
+                        vec![]
+                    }
+                })
                 .collect();
             let t = T {
                 splits: tv("nodes_splits")?,
@@ -1393,15 +1421,24 @@ mod lower {
             };
             let nn = t.modes.len();
             ensure!(
-                [t.splits.len(), t.feats.len(), t.tids.len(), t.fids.len(), t.tleaf.len(), t.fleaf.len()]
-                    .iter()
-                    .all(|&l| l == nn),
+                [
+                    t.splits.len(),
+                    t.feats.len(),
+                    t.tids.len(),
+                    t.fids.len(),
+                    t.tleaf.len(),
+                    t.fleaf.len()
+                ]
+                .iter()
+                .all(|&l| l == nn),
                 "TreeEnsemble: node attributes differ in length"
             );
             let roots = a.req_ints("tree_roots")?;
             let n_targets = a.req_int("n_targets")? as usize;
             if n_targets > 64 {
-                return Err(OpError::unsupported("TreeEnsemble with more than 64 targets"));
+                return Err(OpError::unsupported(
+                    "TreeEnsemble with more than 64 targets",
+                ));
             }
             let x = lw.input(0)?.clone();
             let out = lw.outputs[0].clone();
@@ -1425,7 +1462,13 @@ mod lower {
             let r = k.var(Ty::I64);
             let acc: Vec<VarId> = (0..n_targets).map(|_| k.var(Ty::F64)).collect();
             let row = Expr::mul(Expr::Var(r), Expr::Int(c as i64));
-            let mut body: Vec<Stmt> = acc.iter().map(|&v| Stmt::Set { var: v, value: f(init) }).collect();
+            let mut body: Vec<Stmt> = acc
+                .iter()
+                .map(|&v| Stmt::Set {
+                    var: v,
+                    value: f(init),
+                })
+                .collect();
             for &root in &roots {
                 let root = usize::try_from(root).map_err(|_| OpError::new("negative root"))?;
                 ensure!(root < nn, "TreeEnsemble: root out of range");
@@ -1437,26 +1480,44 @@ mod lower {
             }
             let ot = out.ty().compute();
             for (j, &v) in acc.iter().enumerate() {
-                let val = if ot == Ty::F64 { Expr::Var(v) } else { Expr::cast(ot, Expr::Var(v)) };
+                let val = if ot == Ty::F64 {
+                    Expr::Var(v)
+                } else {
+                    Expr::cast(ot, Expr::Var(v))
+                };
                 body.push(Stmt::Store {
                     buf: out.buf,
-                    index: Expr::add(Expr::mul(Expr::Var(r), Expr::Int(n_targets as i64)), Expr::Int(j as i64)),
+                    index: Expr::add(
+                        Expr::mul(Expr::Var(r), Expr::Int(n_targets as i64)),
+                        Expr::Int(j as i64),
+                    ),
                     value: val,
                 });
             }
-            k.body = vec![Stmt::For { var: r, extent: n as u64, body }];
+            k.body = vec![Stmt::For {
+                var: r,
+                extent: n as u64,
+                body,
+            }];
             lw.push(k);
             Ok(())
         }
 
         pub fn register(r: &mut Registry) {
-            r.lower.insert((ONNX_ML.to_string(), "TreeEnsemble".to_string()), Lowering::Custom(tree_ensemble));
+            r.lower.insert(
+                (ONNX_ML.to_string(), "TreeEnsemble".to_string()),
+                Lowering::Custom(tree_ensemble),
+            );
         }
     }
 
     pub fn register(r: &mut Registry) {
         tree::register(r);
         ml(r, "Binarizer", Lowering::Custom(binarizer));
-        ml(r, "ArrayFeatureExtractor", Lowering::Custom(array_feature_extractor));
+        ml(
+            r,
+            "ArrayFeatureExtractor",
+            Lowering::Custom(array_feature_extractor),
+        );
     }
 }

@@ -1206,7 +1206,10 @@ mod lower {
             let blk = lw.const_input(2)?.to_i64_vec().unwrap_or_default();
             let out = lw.outputs[0].clone();
             let nd = img.len();
-            ensure!(nd > 0 && blk.len() == nd && x.shape.len() == 3, "Col2Im: bad shapes");
+            ensure!(
+                nd > 0 && blk.len() == nd && x.shape.len() == 3,
+                "Col2Im: bad shapes"
+            );
             let dil = lw.op.attrs.ints("dilations", &vec![1; nd])?;
             let pads = lw.op.attrs.ints("pads", &vec![0; 2 * nd])?;
             let st = lw.op.attrs.ints("strides", &vec![1; nd])?;
@@ -1228,11 +1231,19 @@ mod lower {
             let t = out.ty().compute();
             let mut k = lw.kernel("zero");
             let j = k.var(Ty::I64);
-            let zero = if t.is_float() { Expr::Float(0.0, t) } else { Expr::cast(t, Expr::Int(0)) };
+            let zero = if t.is_float() {
+                Expr::Float(0.0, t)
+            } else {
+                Expr::cast(t, Expr::Int(0))
+            };
             k.body = vec![Stmt::For {
                 var: j,
                 extent: out.len() as u64,
-                body: vec![Stmt::Store { buf: out.buf, index: Expr::Var(j), value: zero }],
+                body: vec![Stmt::Store {
+                    buf: out.buf,
+                    index: Expr::Var(j),
+                    value: zero,
+                }],
             }];
             lw.push(k);
             if x.is_empty() {
@@ -1258,7 +1269,11 @@ mod lower {
                         Expr::Int(ncol[d]),
                     );
                     let pos = Expr::add(
-                        Expr::bin(BinOp::Sub, Expr::mul(ld, Expr::Int(st[d])), Expr::Int(pads[d])),
+                        Expr::bin(
+                            BinOp::Sub,
+                            Expr::mul(ld, Expr::Int(st[d])),
+                            Expr::Int(pads[d]),
+                        ),
                         Expr::mul(bd, Expr::Int(dil[d])),
                     );
                     let ok = Expr::bin(

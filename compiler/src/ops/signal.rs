@@ -626,7 +626,10 @@ mod lower {
         let step = step as usize;
         let win = lw.opt_input(2).cloned();
         let onesided = lw.op.attrs.int("onesided", 1)? != 0;
-        ensure!(x.shape.len() == 3, "STFT signal must be [batch, length, 1 or 2]");
+        ensure!(
+            x.shape.len() == 3,
+            "STFT signal must be [batch, length, 1 or 2]"
+        );
         let (batch, len, cdim) = (x.shape[0], x.shape[1], x.shape[2]);
         ensure!(cdim == 1 || cdim == 2, "STFT last dim");
         let flen = match lw.opt_input(3) {
@@ -709,10 +712,7 @@ mod lower {
         jl.push(set(ts, Expr::load(sb, tw)));
         jl.push(set(
             re,
-            Expr::add(
-                v(re),
-                sub(Expr::mul(v(xr), v(tc)), Expr::mul(v(xi), v(ts))),
-            ),
+            Expr::add(v(re), sub(Expr::mul(v(xr), v(tc)), Expr::mul(v(xi), v(ts)))),
         ));
         jl.push(set(
             im,
@@ -744,7 +744,11 @@ mod lower {
                 value: fin(v(im)),
             },
         ];
-        k.body = vec![for_(b, batch, vec![for_(fr, frames, vec![for_(kk, bins, body)])])];
+        k.body = vec![for_(
+            b,
+            batch,
+            vec![for_(fr, frames, vec![for_(kk, bins, body)])],
+        )];
         lw.push(k);
         Ok(())
     }
@@ -835,10 +839,7 @@ mod lower {
         };
         let outer: usize = x.shape[..ax].iter().product();
         let inner: usize = x.shape[ax + 1..rank - 1].iter().product();
-        ensure!(
-            y.len() == outer * keep * inner * ocd,
-            "DFT output size"
-        );
+        ensure!(y.len() == outer * keep * inner * ocd, "DFT output size");
         let sign = if inverse { 1.0 } else { -1.0 };
         let (cs, sn): (Vec<f64>, Vec<f64>) = (0..n)
             .map(|k| {
@@ -868,7 +869,10 @@ mod lower {
         let xidx = |jj: Expr, comp: usize| -> Expr {
             let e = Expr::add(
                 Expr::mul(
-                    Expr::add(Expr::mul(Expr::add(Expr::mul(v(a), int(len)), jj), int(inner)), v(b)),
+                    Expr::add(
+                        Expr::mul(Expr::add(Expr::mul(v(a), int(len)), jj), int(inner)),
+                        v(b),
+                    ),
                     int(cdim),
                 ),
                 int(comp),
@@ -892,22 +896,18 @@ mod lower {
             let cl = Expr::bin(BinOp::Min, v(jj), int(len.max(1) - 1));
             jl.push(set(
                 xr,
-                Expr::select(v(ok), to64(Expr::load(x.buf, xidx(cl.clone(), 0)), xt), f(0.0)),
+                Expr::select(
+                    v(ok),
+                    to64(Expr::load(x.buf, xidx(cl.clone(), 0)), xt),
+                    f(0.0),
+                ),
             ));
             if cdim == 2 {
                 let mut zero_im = Expr::cmp(CmpOp::Eq, v(jj), Expr::Int(0));
                 if n % 2 == 0 {
-                    zero_im = Expr::bin(
-                        BinOp::Or,
-                        zero_im,
-                        Expr::cmp(CmpOp::Eq, v(jj), int(half)),
-                    );
+                    zero_im = Expr::bin(BinOp::Or, zero_im, Expr::cmp(CmpOp::Eq, v(jj), int(half)));
                 }
-                let raw = Expr::select(
-                    v(ok),
-                    to64(Expr::load(x.buf, xidx(cl, 1)), xt),
-                    f(0.0),
-                );
+                let raw = Expr::select(v(ok), to64(Expr::load(x.buf, xidx(cl, 1)), xt), f(0.0));
                 let val = Expr::select(zero_im, f(0.0), raw);
                 jl.push(set(xi, val));
                 jl.push(Stmt::If {
@@ -934,10 +934,7 @@ mod lower {
         jl.push(set(ts, Expr::load(sb, tw)));
         jl.push(set(
             re,
-            Expr::add(
-                v(re),
-                sub(Expr::mul(v(xr), v(tc)), Expr::mul(v(xi), v(ts))),
-            ),
+            Expr::add(v(re), sub(Expr::mul(v(xr), v(tc)), Expr::mul(v(xi), v(ts)))),
         ));
         jl.push(set(
             im,
@@ -978,7 +975,11 @@ mod lower {
                 value: fin(v(im)),
             });
         }
-        k.body = vec![for_(a, outer, vec![for_(kk, keep, vec![for_(b, inner, body)])])];
+        k.body = vec![for_(
+            a,
+            outer,
+            vec![for_(kk, keep, vec![for_(b, inner, body)])],
+        )];
         lw.push(k);
         Ok(())
     }
