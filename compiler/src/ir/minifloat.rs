@@ -175,7 +175,7 @@ pub fn encode(dt: DType, x: f64, saturate: bool) -> u8 {
                 prev.1
             } else if a > mid {
                 code
-            } else if prev.1 % 2 == 0 {
+            } else if prev.1.is_multiple_of(2) {
                 prev.1
             } else {
                 code
@@ -199,7 +199,7 @@ pub fn encode(dt: DType, x: f64, saturate: bool) -> u8 {
 
 fn encode_e8m0(x: f64, saturate: bool) -> u8 {
     // ONNX's default round mode for E8M0 is "up": the smallest power of two >= x.
-    if x.is_nan() || x <= 0.0 && x != 0.0 {
+    if x.is_nan() || x < 0.0 {
         return 0xFF;
     }
     if x == 0.0 {

@@ -416,9 +416,7 @@ impl Tensor {
         if to == self.dt {
             return Some(self.clone());
         }
-        if to.storage().is_none() {
-            return None;
-        }
+        to.storage()?;
         let from = self.dt;
         Some(match (&self.data, to) {
             (Data::Str(a), DType::Bool) => Tensor::from_array(a.map(|s| {

@@ -153,35 +153,35 @@ pub fn from_raw(dt: DType, shape: &[usize], n: usize, raw: &[u8], what: &str) ->
         };
     }
     let data = match dt {
-        DType::F32 => Data::F32(mk(&shape, le!(f32, 4))),
-        DType::F64 => Data::F64(mk(&shape, le!(f64, 8))),
+        DType::F32 => Data::F32(mk(shape, le!(f32, 4))),
+        DType::F64 => Data::F64(mk(shape, le!(f64, 8))),
         DType::F16 => Data::F16(mk(
-            &shape,
+            shape,
             le!(u16, 2).into_iter().map(f16::from_bits).collect(),
         )),
         DType::BF16 => Data::BF16(mk(
-            &shape,
+            shape,
             le!(u16, 2).into_iter().map(bf16::from_bits).collect(),
         )),
-        DType::I8 => Data::I8(mk(&shape, raw.iter().map(|&x| x as i8).collect())),
-        DType::I16 => Data::I16(mk(&shape, le!(i16, 2))),
-        DType::I32 => Data::I32(mk(&shape, le!(i32, 4))),
-        DType::I64 => Data::I64(mk(&shape, le!(i64, 8))),
-        DType::U16 => Data::U16(mk(&shape, le!(u16, 2))),
-        DType::U32 => Data::U32(mk(&shape, le!(u32, 4))),
-        DType::U64 => Data::U64(mk(&shape, le!(u64, 8))),
-        DType::Bool => Data::Bool(mk(&shape, raw.iter().map(|&x| x != 0).collect())),
+        DType::I8 => Data::I8(mk(shape, raw.iter().map(|&x| x as i8).collect())),
+        DType::I16 => Data::I16(mk(shape, le!(i16, 2))),
+        DType::I32 => Data::I32(mk(shape, le!(i32, 4))),
+        DType::I64 => Data::I64(mk(shape, le!(i64, 8))),
+        DType::U16 => Data::U16(mk(shape, le!(u16, 2))),
+        DType::U32 => Data::U32(mk(shape, le!(u32, 4))),
+        DType::U64 => Data::U64(mk(shape, le!(u64, 8))),
+        DType::Bool => Data::Bool(mk(shape, raw.iter().map(|&x| x != 0).collect())),
         DType::U8
         | DType::F8E4M3FN
         | DType::F8E4M3FNUZ
         | DType::F8E5M2
         | DType::F8E5M2FNUZ
-        | DType::F8E8M0 => Data::U8(mk(&shape, raw.to_vec())),
-        DType::U4 | DType::F4E2M1 | DType::U2 => Data::U8(mk(&shape, unpack(raw, n, bits))),
+        | DType::F8E8M0 => Data::U8(mk(shape, raw.to_vec())),
+        DType::U4 | DType::F4E2M1 | DType::U2 => Data::U8(mk(shape, unpack(raw, n, bits))),
         DType::I4 | DType::I2 => {
             let sh = 8 - bits as u32;
             Data::I8(mk(
-                &shape,
+                shape,
                 unpack(raw, n, bits)
                     .into_iter()
                     .map(|x| ((x << sh) as i8) >> sh)

@@ -72,7 +72,7 @@ fn split_heads(a: ArrayD<f64>, heads: usize, what: &str) -> OpResult<Array4<f64>
     ensure!(s.len() == 3, "{what} must be rank 3, got shape {s:?}");
     ensure!(heads > 0, "the number of heads for {what} must be positive");
     ensure!(
-        s[2] % heads == 0,
+        s[2].is_multiple_of(heads),
         "{what}: hidden size {} is not divisible by {heads} heads",
         s[2]
     );
@@ -1241,7 +1241,7 @@ mod lower {
         Ok(match s.len() {
             4 => (View::std4(t.buf, s[1], s[2], s[3]), s[0], s[1], s[2], s[3]),
             3 => {
-                ensure!(heads > 0 && s[2] % heads == 0, "bad head count");
+                ensure!(heads > 0 && s[2].is_multiple_of(heads), "bad head count");
                 let d = s[2] / heads;
                 (View::heads3(t.buf, heads, s[1], d), s[0], heads, s[1], d)
             }

@@ -238,7 +238,7 @@ fn resize_taps(
         let xp = x + pad;
         let pp = xp.floor();
         let frac = xp - pp;
-        let off = if n % 2 == 0 {
+        let off = if n.is_multiple_of(2) {
             if frac == 0.0 {
                 -((n / 2) as f64)
             } else {

@@ -742,7 +742,7 @@ mod lower {
     ) -> OpResult<()> {
         let rest = lw.inputs.len().saturating_sub(2);
         ensure!(
-            rest > 0 && rest % groups == 0,
+            rest > 0 && rest.is_multiple_of(groups),
             "{}: expected 2 + {groups}*N inputs",
             lw.op.op_type
         );

@@ -128,7 +128,7 @@ fn dft_core(
                 }
             }
             full[0].1 = 0.0;
-            if n % 2 == 0 {
+            if n.is_multiple_of(2) {
                 full[half].1 = 0.0;
             }
             for m in half + 1..n {
@@ -440,18 +440,18 @@ impl F32Plan {
         }
         let mut len = n;
         let mut factors = Vec::new();
-        while len % 4 == 0 {
+        while len.is_multiple_of(4) {
             factors.push(4);
             len /= 4;
         }
-        if len % 2 == 0 {
+        if len.is_multiple_of(2) {
             len /= 2;
             factors.push(2);
             let last = factors.len() - 1;
             factors.swap(0, last);
         }
         for d in [3, 5] {
-            while len % d == 0 {
+            while len.is_multiple_of(d) {
                 factors.push(d);
                 len /= d;
             }
@@ -867,7 +867,7 @@ mod lower {
             k.var(Ty::F64),
         );
         let xidx = |jj: Expr, comp: usize| -> Expr {
-            let e = Expr::add(
+            Expr::add(
                 Expr::mul(
                     Expr::add(
                         Expr::mul(Expr::add(Expr::mul(v(a), int(len)), jj), int(inner)),
@@ -876,8 +876,7 @@ mod lower {
                     int(cdim),
                 ),
                 int(comp),
-            );
-            e
+            )
         };
         let mut jl = Vec::new();
         if irfft {
