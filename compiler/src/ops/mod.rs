@@ -23,6 +23,7 @@ mod normalization;
 mod pool;
 mod quant;
 mod reduce;
+mod rng;
 mod rnn;
 mod sequence;
 mod shape;

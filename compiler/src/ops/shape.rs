@@ -887,49 +887,7 @@ fn col2im(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     out(Tensor::from_f64(t.dtype(), a, false))
 }
 
-/// NumPy's legacy MT19937 generator (`np.random.seed(s)`), for Dropout's training mode.
-struct Mt {
-    s: [u32; 624],
-    i: usize,
-}
-
-impl Mt {
-    fn new(seed: u32) -> Mt {
-        let mut s = [0u32; 624];
-        s[0] = seed;
-        for i in 1..624 {
-            s[i] = 1812433253u32
-                .wrapping_mul(s[i - 1] ^ (s[i - 1] >> 30))
-                .wrapping_add(i as u32);
-        }
-        Mt { s, i: 624 }
-    }
-    fn next_u32(&mut self) -> u32 {
-        if self.i >= 624 {
-            for k in 0..624 {
-                let y = (self.s[k] & 0x8000_0000) | (self.s[(k + 1) % 624] & 0x7fff_ffff);
-                let mut v = self.s[(k + 397) % 624] ^ (y >> 1);
-                if y & 1 != 0 {
-                    v ^= 0x9908_b0df;
-                }
-                self.s[k] = v;
-            }
-            self.i = 0;
-        }
-        let mut y = self.s[self.i];
-        self.i += 1;
-        y ^= y >> 11;
-        y ^= (y << 7) & 0x9d2c_5680;
-        y ^= (y << 15) & 0xefc6_0000;
-        y ^= y >> 18;
-        y
-    }
-    fn uniform(&mut self) -> f64 {
-        let a = (self.next_u32() >> 5) as f64;
-        let b = (self.next_u32() >> 6) as f64;
-        (a * 67108864.0 + b) / 9007199254740992.0
-    }
-}
+use super::rng::Mt;
 
 fn dropout(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     let t = input(ins, 0)?;
