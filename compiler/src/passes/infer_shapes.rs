@@ -182,7 +182,9 @@ pub fn infer_shapes(g: &mut Graph) -> Result<InferReport> {
                 }
             }
             Ok(None) => {
-                let why = if node.op.data_dependent_shape() {
+                let why = if !node.op.subgraphs().is_empty() {
+                    "control flow (a node with subgraphs): its output types are not inferred statically yet".to_string()
+                } else if node.op.data_dependent_shape() {
                     "its output shape depends on the input data".to_string()
                 } else if node.op.shape_inputs().iter().any(|&i| {
                     inputs
