@@ -32,7 +32,12 @@ echo "== building (release)"
 cargo build --release --workspace --all-targets
 
 echo "== testing"
-cargo test --release --workspace
+mkdir -p target
+cargo test --release --workspace 2>&1 | tee target/test-output.log
 
 echo "== the C example (compile the bundled model, link, run)"
 bash examples/c/run.sh
+
+# One closing line over every cargo test binary (unit, integration and doc tests).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed;?$/) p += $(i-1); if ($(i) ~ /^failed;?$/) f += $(i-1); if ($(i) ~ /^ignored;?$/) s += $(i-1) } }
+     END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' target/test-output.log
