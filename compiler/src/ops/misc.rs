@@ -832,10 +832,9 @@ mod lower {
         })
     }
 
-    /// Registers a lowering of the training domain (`Registry::lower` only takes
-    /// default-domain names; the map is visible to this descendant module).
+    /// Registers a lowering of the training domain.
     fn training(r: &mut Registry, op: &str, l: Lowering) {
-        r.lower.insert((TRAINING.to_string(), op.to_string()), l);
+        r.lower_in(TRAINING, op, l);
     }
 
     pub fn register(r: &mut Registry) {

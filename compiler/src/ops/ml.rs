@@ -1255,10 +1255,9 @@ mod lower {
         Ok(())
     }
 
-    /// Registers an ai.onnx.ml lowering (`Registry::lower` only takes default-domain
-    /// names; the map is visible to this descendant module).
+    /// Registers an ai.onnx.ml lowering.
     fn ml(r: &mut Registry, op: &str, l: Lowering) {
-        r.lower.insert((ONNX_ML.to_string(), op.to_string()), l);
+        r.lower_in(ONNX_ML, op, l);
     }
 
     mod tree {
@@ -1504,10 +1503,7 @@ mod lower {
         }
 
         pub fn register(r: &mut Registry) {
-            r.lower.insert(
-                (ONNX_ML.to_string(), "TreeEnsemble".to_string()),
-                Lowering::Custom(tree_ensemble),
-            );
+            r.lower_in(ONNX_ML, "TreeEnsemble", Lowering::Custom(tree_ensemble));
         }
     }
 

@@ -197,6 +197,14 @@ impl Registry {
             .insert((ONNX.to_string(), op_type.to_string()), l);
     }
 
+    /// Registers the lowering of an op of another domain (`ai.onnx.ml`, ...).
+    pub fn lower_in(&mut self, domain: &str, op_type: &str, l: Lowering) {
+        self.lower.insert(
+            (normalize_domain(domain).to_string(), op_type.to_string()),
+            l,
+        );
+    }
+
     /// How an op is compiled, if it can be.
     pub fn lowering(&self, domain: &str, op_type: &str) -> Option<Lowering> {
         self.lower
