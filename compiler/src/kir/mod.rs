@@ -3,6 +3,7 @@
 //! run in order; each kernel is a loop nest of scalar statements. The native back end
 //! turns every kernel into one function; buffers are named by id, never by ONNX node.
 
+pub mod build;
 mod print;
 pub mod verify;
 

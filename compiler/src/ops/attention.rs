@@ -900,6 +900,7 @@ impl Op for FlexAttention {
 
 mod lower {
     use crate::ir::{DType, OpError, OpResult};
+    use crate::kir::build::*;
     use crate::kir::{BinOp, BufId, BufKind, CmpOp, Expr, MathFn, Stmt, Ty, VarId};
     use crate::ops::lowering::{broadcast_strides, LowerCtx, TensorRef};
     use crate::ops::{Lowering, Registry};
@@ -1116,32 +1117,11 @@ mod lower {
         Ok(())
     }
 
-    fn v(x: VarId) -> Expr {
-        Expr::Var(x)
-    }
-    fn int(x: usize) -> Expr {
-        Expr::Int(x as i64)
-    }
-    fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
-        Expr::bin(op, a, b)
-    }
-    fn add(a: Expr, b: Expr) -> Expr {
-        Expr::add(a, b)
-    }
     fn sub(a: Expr, b: Expr) -> Expr {
         bin(BinOp::Sub, a, b)
     }
-    fn mul(a: Expr, b: Expr) -> Expr {
-        Expr::mul(a, b)
-    }
     fn div(a: Expr, b: Expr) -> Expr {
         bin(BinOp::Div, a, b)
-    }
-    fn cmp(op: CmpOp, a: Expr, b: Expr) -> Expr {
-        Expr::cmp(op, a, b)
-    }
-    fn sel(c: Expr, a: Expr, b: Expr) -> Expr {
-        Expr::select(c, a, b)
     }
     fn fl(x: f64, t: Ty) -> Expr {
         Expr::f(x, t)
@@ -1153,36 +1133,8 @@ mod lower {
             Expr::cast(t, e)
         }
     }
-    fn for_(var: VarId, n: usize, body: Vec<Stmt>) -> Stmt {
-        Stmt::For {
-            var,
-            extent: n as u64,
-            body,
-        }
-    }
-    fn set(var: VarId, value: Expr) -> Stmt {
-        Stmt::Set { var, value }
-    }
-    fn store(buf: BufId, index: Expr, value: Expr) -> Stmt {
-        Stmt::Store { buf, index, value }
-    }
     fn if_(cond: Expr, then: Vec<Stmt>, els: Vec<Stmt>) -> Stmt {
         Stmt::If { cond, then, els }
-    }
-    /// `sum(e * stride)`, skipping zero strides.
-    fn lin(terms: Vec<(Expr, usize)>) -> Expr {
-        let mut acc: Option<Expr> = None;
-        for (e, s) in terms {
-            if s == 0 {
-                continue;
-            }
-            let t = if s == 1 { e } else { mul(e, int(s)) };
-            acc = Some(match acc {
-                None => t,
-                Some(a) => add(a, t),
-            });
-        }
-        acc.unwrap_or(Expr::Int(0))
     }
     /// NaN-propagating running maximum: `m = max(m, x)`.
     fn nan_max(m: VarId, x: Expr) -> Stmt {

@@ -256,6 +256,7 @@ mod tests {
 mod lower {
     use crate::ensure;
     use crate::ir::{DType, OpResult};
+    use crate::kir::build::*;
     use crate::kir::{BinOp, CmpOp, Expr, Kernel, MathFn, Stmt, Ty, UnOp, VarId};
     use crate::ops::lowering::{elementwise, lit, LowerCtx};
     use crate::ops::{Lowering, Registry};
@@ -293,20 +294,8 @@ mod lower {
         }
     }
 
-    fn f(x: f64) -> Expr {
-        Expr::f(x, Ty::F64)
-    }
     fn i(x: i64) -> Expr {
         Expr::Int(x)
-    }
-    fn v(x: VarId) -> Expr {
-        Expr::Var(x)
-    }
-    fn set(var: VarId, value: Expr) -> Stmt {
-        Stmt::Set { var, value }
-    }
-    fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
-        Expr::bin(op, a, b)
     }
     fn pow2(e: Expr) -> Expr {
         Expr::call(MathFn::Pow, vec![f(2.0), Expr::cast(Ty::F64, e)])

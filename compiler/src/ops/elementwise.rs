@@ -913,6 +913,7 @@ mod tests {
 
 mod lower {
     use crate::ir::OpResult;
+    use crate::kir::build::*;
     use crate::kir::{BinOp, CmpOp, Expr, MathFn, Stmt, Ty, UnOp};
     use crate::ops::lowering::{
         broadcast_strides, elementwise, index, lit, nest, strides, LowerCtx,
@@ -922,12 +923,6 @@ mod lower {
 
     fn un(op: UnOp, a: Expr) -> Expr {
         Expr::un(op, a)
-    }
-    fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
-        Expr::bin(op, a, b)
-    }
-    fn call(f: MathFn, a: Expr) -> Expr {
-        Expr::call(f, vec![a])
     }
     fn sigmoid(x: Expr, t: Ty) -> Expr {
         bin(

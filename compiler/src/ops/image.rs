@@ -1721,6 +1721,7 @@ mod lower {
     use super::{resize_setup, resize_taps, resized_axes, upsample_setup, Mode, Pad, Setup};
     use crate::ensure;
     use crate::ir::{DType, OpError, OpResult, Tensor, Value};
+    use crate::kir::build::*;
     use crate::kir::{BinOp, BufId, BufKind, CmpOp, Expr, Stmt, Ty, UnOp};
     use crate::ops::lowering::LowerCtx;
     use crate::ops::{Lowering, OpCtx, Registry};
@@ -1992,16 +1993,6 @@ mod lower {
 
     fn f64e(x: f64) -> Expr {
         Expr::f(x, Ty::F64)
-    }
-    fn to64(e: Expr, t: Ty) -> Expr {
-        if t == Ty::F64 {
-            e
-        } else {
-            Expr::cast(Ty::F64, e)
-        }
-    }
-    fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
-        Expr::bin(op, a, b)
     }
     fn sub(a: Expr, b: Expr) -> Expr {
         bin(BinOp::Sub, a, b)
@@ -2448,10 +2439,6 @@ mod lower {
 
     fn upsample(lw: &mut LowerCtx) -> OpResult<()> {
         lower_resize(lw, upsample_setup)
-    }
-
-    fn int(x: usize) -> Expr {
-        Expr::Int(x as i64)
     }
 
     fn for_(var: usize, n: usize, body: Vec<Stmt>) -> Stmt {

@@ -730,14 +730,12 @@ fn qlinear_matmul(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> 
 mod lower {
     use super::{einsum_equation, einsum_plan, EinsumPlan};
     use crate::ir::{broadcast_shapes, OpError, OpResult};
+    use crate::kir::build::*;
     use crate::kir::{Expr, Stmt, Ty, VarId};
     use crate::ops::lowering::{broadcast_strides, index, nest, strides, LowerCtx, TensorRef};
     use crate::ops::{Lowering, Registry};
     use crate::{bail, ensure};
 
-    fn v(x: VarId) -> Expr {
-        Expr::Var(x)
-    }
     fn set(x: VarId, e: Expr) -> Stmt {
         Stmt::Set { var: x, value: e }
     }

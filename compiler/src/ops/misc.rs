@@ -623,27 +623,19 @@ mod lower {
     use super::TRAINING;
     use crate::ensure;
     use crate::ir::OpResult;
-    use crate::kir::{BinOp, CmpOp, Expr, MathFn, Stmt, Ty, UnOp, VarId};
+    use crate::kir::build::*;
+    use crate::kir::{BinOp, CmpOp, Expr, MathFn, Stmt, Ty, UnOp};
     use crate::ops::lowering::LowerCtx;
     use crate::ops::{Lowering, Registry};
 
     fn f(x: f64) -> Expr {
         Expr::Float(x, Ty::F64)
     }
-    fn v(x: VarId) -> Expr {
-        Expr::Var(x)
-    }
     fn add(a: Expr, b: Expr) -> Expr {
         Expr::bin(BinOp::Add, a, b)
     }
-    fn sub(a: Expr, b: Expr) -> Expr {
-        Expr::bin(BinOp::Sub, a, b)
-    }
     fn mul(a: Expr, b: Expr) -> Expr {
         Expr::bin(BinOp::Mul, a, b)
-    }
-    fn div(a: Expr, b: Expr) -> Expr {
-        Expr::bin(BinOp::Div, a, b)
     }
     fn to_f64(e: Expr, t: Ty) -> Expr {
         if t.compute() == Ty::F64 {

@@ -888,52 +888,17 @@ fn causal_conv_with_state(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<V
 mod lower {
     use super::{conv_shapes, group_attr, positive, window};
     use crate::ir::OpResult;
+    use crate::kir::build::*;
     use crate::kir::{BinOp, CmpOp, Expr, MathFn, Stmt, Ty, UnOp, VarId};
     use crate::ops::lowering::{index, lit, strides, LowerCtx, TensorRef};
     use crate::ops::{Lowering, Registry};
     use crate::{bail, ensure};
 
-    fn v(x: VarId) -> Expr {
-        Expr::Var(x)
-    }
     fn int(x: i64) -> Expr {
         Expr::Int(x)
     }
-    fn add(a: Expr, b: Expr) -> Expr {
-        Expr::add(a, b)
-    }
-    fn sub(a: Expr, b: Expr) -> Expr {
-        Expr::bin(BinOp::Sub, a, b)
-    }
-    fn mul(a: Expr, b: Expr) -> Expr {
-        Expr::mul(a, b)
-    }
-    fn and(a: Expr, b: Expr) -> Expr {
-        Expr::bin(BinOp::And, a, b)
-    }
-    fn cmp(op: CmpOp, a: Expr, b: Expr) -> Expr {
-        Expr::cmp(op, a, b)
-    }
     fn set(var: VarId, e: Expr) -> Stmt {
         Stmt::Set { var, value: e }
-    }
-    fn iff(cond: Expr, then: Vec<Stmt>) -> Stmt {
-        Stmt::If {
-            cond,
-            then,
-            els: vec![],
-        }
-    }
-    /// Wraps `body` in loops (outermost first).
-    fn loops(dims: &[(VarId, usize)], mut body: Vec<Stmt>) -> Vec<Stmt> {
-        for &(var, n) in dims.iter().rev() {
-            body = vec![Stmt::For {
-                var,
-                extent: n as u64,
-                body,
-            }];
-        }
-        body
     }
     /// Row-major flat index of coordinate expressions over `ext`.
     fn flat(coords: &[Expr], ext: &[usize]) -> Expr {

@@ -364,44 +364,17 @@ mod lower {
     use super::{eps, stash_dtype};
     use crate::ensure;
     use crate::ir::OpResult;
+    use crate::kir::build::*;
     use crate::kir::{BinOp, CmpOp, Expr, Kernel, MathFn, Stmt, Ty, UnOp, VarId};
     use crate::ops::lowering::{broadcast_strides, index, strides, LowerCtx, TensorRef};
     use crate::ops::util::{axes, axis};
     use crate::ops::{Lowering, Registry};
 
-    fn v(x: VarId) -> Expr {
-        Expr::Var(x)
-    }
-    fn f64c(x: f64) -> Expr {
-        Expr::f(x, Ty::F64)
-    }
-    fn add(a: Expr, b: Expr) -> Expr {
-        Expr::add(a, b)
-    }
-    fn sub(a: Expr, b: Expr) -> Expr {
-        Expr::bin(BinOp::Sub, a, b)
-    }
-    fn mul(a: Expr, b: Expr) -> Expr {
-        Expr::mul(a, b)
-    }
-    fn div(a: Expr, b: Expr) -> Expr {
-        Expr::bin(BinOp::Div, a, b)
-    }
     fn set(var: VarId, e: Expr) -> Stmt {
         Stmt::Set { var, value: e }
     }
     fn to64(e: Expr) -> Expr {
         Expr::cast(Ty::F64, e)
-    }
-    fn loops(dims: &[(VarId, usize)], mut body: Vec<Stmt>) -> Vec<Stmt> {
-        for &(var, n) in dims.iter().rev() {
-            body = vec![Stmt::For {
-                var,
-                extent: n as u64,
-                body,
-            }];
-        }
-        body
     }
 
     /// X viewed as `shape` with reduced axes.

@@ -415,50 +415,19 @@ mod lower {
     use super::p_attr;
     use crate::ensure;
     use crate::ir::OpResult;
+    use crate::kir::build::*;
     use crate::kir::{BinOp, CmpOp, Expr, Kernel, MathFn, Stmt, Ty, UnOp, VarId};
     use crate::ops::lowering::{index, lit, strides, LowerCtx, TensorRef};
     use crate::ops::{Lowering, Registry};
 
-    fn v(x: VarId) -> Expr {
-        Expr::Var(x)
-    }
     fn int(x: i64) -> Expr {
         Expr::Int(x)
-    }
-    fn add(a: Expr, b: Expr) -> Expr {
-        Expr::add(a, b)
-    }
-    fn mul(a: Expr, b: Expr) -> Expr {
-        Expr::mul(a, b)
-    }
-    fn and(a: Expr, b: Expr) -> Expr {
-        Expr::bin(BinOp::And, a, b)
     }
     fn or(a: Expr, b: Expr) -> Expr {
         Expr::bin(BinOp::Or, a, b)
     }
-    fn cmp(op: CmpOp, a: Expr, b: Expr) -> Expr {
-        Expr::cmp(op, a, b)
-    }
     fn set(var: VarId, e: Expr) -> Stmt {
         Stmt::Set { var, value: e }
-    }
-    fn iff(cond: Expr, then: Vec<Stmt>) -> Stmt {
-        Stmt::If {
-            cond,
-            then,
-            els: vec![],
-        }
-    }
-    fn loops(dims: &[(VarId, usize)], mut body: Vec<Stmt>) -> Vec<Stmt> {
-        for &(var, n) in dims.iter().rev() {
-            body = vec![Stmt::For {
-                var,
-                extent: n as u64,
-                body,
-            }];
-        }
-        body
     }
     /// Flat index of coordinates over `ext`, row-major or (col) column-major.
     fn flat(coords: &[Expr], ext: &[usize], col: bool) -> Expr {

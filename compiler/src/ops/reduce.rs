@@ -786,15 +786,13 @@ fn sce_loss(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
 mod lower {
     use super::{split3, Kind};
     use crate::ir::{DType, OpError, OpResult};
+    use crate::kir::build::*;
     use crate::kir::{BinOp, CmpOp, Expr, Kernel, MathFn, Stmt, Ty, UnOp, VarId};
     use crate::ops::lowering::{index, nest, strides, LowerCtx, TensorRef};
     use crate::ops::util::axis;
     use crate::ops::{Lowering, Registry};
     use crate::{bail, ensure};
 
-    fn v(x: VarId) -> Expr {
-        Expr::Var(x)
-    }
     fn set(x: VarId, e: Expr) -> Stmt {
         Stmt::Set { var: x, value: e }
     }
@@ -805,20 +803,11 @@ mod lower {
             body,
         }
     }
-    fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
-        Expr::bin(op, a, b)
-    }
-    fn cmp(op: CmpOp, a: Expr, b: Expr) -> Expr {
-        Expr::cmp(op, a, b)
-    }
     fn is_nan(x: Expr) -> Expr {
         cmp(CmpOp::Ne, x.clone(), x)
     }
     fn u8c(b: bool) -> Expr {
         Expr::cast(Ty::U8, Expr::Int(b as i64))
-    }
-    fn f64c(x: f64) -> Expr {
-        Expr::f(x, Ty::F64)
     }
     /// An integer constant of type `t` (wrapping).
     fn ic(x: i128, t: Ty) -> Expr {

@@ -435,7 +435,8 @@ fn run(ctx: &OpCtx, ins: &[Option<&Value>], kind: Kind) -> OpResult<Vec<Value>> 
 mod lower {
     use super::{activations, Act, Kind};
     use crate::ir::{OpError, OpResult};
-    use crate::kir::{BinOp, BufId, BufKind, CmpOp, Expr, MathFn, Stmt, Ty, UnOp, VarId};
+    use crate::kir::build::*;
+    use crate::kir::{BufId, BufKind, CmpOp, Expr, MathFn, Stmt, Ty, UnOp};
     use crate::ops::lowering::{LowerCtx, TensorRef};
     use crate::ops::{Lowering, Registry};
     use crate::{bail, ensure};
@@ -448,66 +449,14 @@ mod lower {
 
     const F: Ty = Ty::F64;
 
-    fn v(x: VarId) -> Expr {
-        Expr::Var(x)
-    }
-    fn int(x: usize) -> Expr {
-        Expr::Int(x as i64)
-    }
     fn fl(x: f64) -> Expr {
         Expr::f(x, F)
-    }
-    fn add(a: Expr, b: Expr) -> Expr {
-        Expr::add(a, b)
-    }
-    fn sub(a: Expr, b: Expr) -> Expr {
-        Expr::bin(BinOp::Sub, a, b)
-    }
-    fn mul(a: Expr, b: Expr) -> Expr {
-        Expr::mul(a, b)
-    }
-    fn div(a: Expr, b: Expr) -> Expr {
-        Expr::bin(BinOp::Div, a, b)
     }
     fn lt(a: Expr, b: Expr) -> Expr {
         Expr::cmp(CmpOp::Lt, a, b)
     }
     fn gt(a: Expr, b: Expr) -> Expr {
         Expr::cmp(CmpOp::Gt, a, b)
-    }
-    fn sel(c: Expr, a: Expr, b: Expr) -> Expr {
-        Expr::select(c, a, b)
-    }
-    fn call(f: MathFn, a: Expr) -> Expr {
-        Expr::call(f, vec![a])
-    }
-    fn for_(var: VarId, n: usize, body: Vec<Stmt>) -> Stmt {
-        Stmt::For {
-            var,
-            extent: n as u64,
-            body,
-        }
-    }
-    fn set(var: VarId, value: Expr) -> Stmt {
-        Stmt::Set { var, value }
-    }
-    fn store(buf: BufId, index: Expr, value: Expr) -> Stmt {
-        Stmt::Store { buf, index, value }
-    }
-    /// Linear index `sum(e * stride)`.
-    fn lin(terms: Vec<(Expr, usize)>) -> Expr {
-        let mut acc: Option<Expr> = None;
-        for (e, s) in terms {
-            if s == 0 {
-                continue;
-            }
-            let t = if s == 1 { e } else { mul(e, int(s)) };
-            acc = Some(match acc {
-                None => t,
-                Some(a) => add(a, t),
-            });
-        }
-        acc.unwrap_or(Expr::Int(0))
     }
     /// A load widened to f64.
     fn ld(t: &TensorRef, idx: Expr) -> Expr {

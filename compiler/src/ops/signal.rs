@@ -608,7 +608,8 @@ mod lower {
     use super::{norm_axis, scalar_i64};
     use crate::ensure;
     use crate::ir::{DType, OpError, OpResult, Tensor};
-    use crate::kir::{BinOp, CmpOp, Expr, Stmt, Ty, VarId};
+    use crate::kir::build::*;
+    use crate::kir::{BinOp, CmpOp, Expr, Stmt, Ty};
     use crate::ops::lowering::LowerCtx;
     use crate::ops::{Lowering, Registry};
 
@@ -751,36 +752,6 @@ mod lower {
         )];
         lw.push(k);
         Ok(())
-    }
-
-    fn v(x: VarId) -> Expr {
-        Expr::Var(x)
-    }
-    fn int(x: usize) -> Expr {
-        Expr::Int(x as i64)
-    }
-    fn f(x: f64) -> Expr {
-        Expr::f(x, Ty::F64)
-    }
-    fn sub(a: Expr, b: Expr) -> Expr {
-        Expr::bin(BinOp::Sub, a, b)
-    }
-    fn for_(var: VarId, n: usize, body: Vec<Stmt>) -> Stmt {
-        Stmt::For {
-            var,
-            extent: n as u64,
-            body,
-        }
-    }
-    fn set(var: VarId, value: Expr) -> Stmt {
-        Stmt::Set { var, value }
-    }
-    fn to64(e: Expr, t: Ty) -> Expr {
-        if t == Ty::F64 {
-            e
-        } else {
-            Expr::cast(Ty::F64, e)
-        }
     }
 
     /// Direct DFT in f64 with twiddle tables; one lane per (outer, inner) position.
