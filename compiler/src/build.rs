@@ -118,7 +118,7 @@ impl Build {
             name: Some(name.clone()),
             target,
             shapes: self.shapes,
-            constants: vec![],
+            ..Options::default()
         };
         let c = compile_file(&model, &opts)?;
         let obj = out.join(format!("{name}.o"));

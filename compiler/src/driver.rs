@@ -20,6 +20,9 @@ pub struct Options {
     pub shapes: Vec<(String, Vec<usize>)>,
     /// Inputs fixed to constant values for this compile (shape-only inputs in tests).
     pub constants: Vec<(String, Tensor)>,
+    /// Graph optimisation level (`--opt-level`): 0 none, 1 basic cleanup, 2 fusion,
+    /// 3 layout choice. See [`passes::PIPELINE`].
+    pub opt_level: u8,
 }
 
 impl Default for Options {
@@ -29,6 +32,7 @@ impl Default for Options {
             target: "host".into(),
             shapes: Vec::new(),
             constants: Vec::new(),
+            opt_level: 2,
         }
     }
 }
@@ -36,6 +40,8 @@ impl Default for Options {
 /// Everything a compile produced.
 pub struct Compiled {
     pub graph: Graph,
+    /// What each optimisation pass did.
+    pub passes: Vec<passes::PassStat>,
     pub lowered: Lowered,
     pub artifacts: Artifacts,
     pub target: Target,
@@ -78,14 +84,32 @@ pub fn prepare(g: &mut Graph, opts: &Options) -> Result<HashMap<ValueId, crate::
     Ok(rep.known)
 }
 
+/// Runs the optimisation passes of `level` on a prepared graph; when any pass ran, shape
+/// inference runs again so `known` describes the optimised graph.
+pub fn optimize(
+    g: &mut Graph,
+    level: u8,
+    known: &mut HashMap<ValueId, crate::ir::Value>,
+) -> Result<Vec<passes::PassStat>> {
+    let stats = passes::optimize(g, level, cfg!(debug_assertions))?;
+    if !stats.is_empty() {
+        *known = passes::infer_shapes(g)?.known;
+    }
+    Ok(stats)
+}
+
 /// Compiles a graph (already imported) for a target.
 pub fn compile_graph(mut g: Graph, prefix: &str, opts: &Options) -> Result<Compiled> {
     let target = Target::load(&opts.target).map_err(Error::Usage)?;
-    let known = prepare(&mut g, opts)?;
+    let mut known = prepare(&mut g, opts)?;
+    let passes = optimize(&mut g, opts.opt_level, &mut known)?;
     let lowered = lower(&g, &known)?;
-    let artifacts = emit(&g, &lowered, prefix, &target.triple, &target.features)?;
+    let mut artifacts = emit(&g, &lowered, prefix, &target.triple, &target.features)?;
+    artifacts.report["opt_level"] = opts.opt_level.into();
+    artifacts.report["passes"] = serde_json::to_value(&passes).unwrap_or_default();
     Ok(Compiled {
         graph: g,
+        passes,
         lowered,
         artifacts,
         target,

@@ -131,6 +131,11 @@ struct CompileArgs {
     /// Output file (default: standard output for text).
     #[arg(short, long)]
     output: Option<PathBuf>,
+    /// Graph optimisation: 0 none, 1 basic cleanup (folding, dead code, common
+    /// subexpressions, no-op removal), 2 also fusion, 3 also layout choice.
+    #[arg(long = "opt-level", short = 'O', default_value_t = 2,
+          value_parser = clap::value_parser!(u8).range(0..=3))]
+    opt_level: u8,
     #[command(flatten)]
     shapes: ShapeArgs,
 }
@@ -434,6 +439,7 @@ fn compile(args: CompileArgs) -> Result<()> {
         target: args.target.clone(),
         shapes: binds,
         constants: vec![],
+        opt_level: args.opt_level,
     };
     let c = driver::compile_file(&model, &opts)?;
     match args.emit {

@@ -213,6 +213,7 @@ pub fn lower(g: &Graph, known: &HashMap<ValueId, Value>) -> Result<Lowered> {
             inputs,
             outputs,
             program: &mut p,
+            epilogue: None,
         };
         let r = match lowering {
             Lowering::Custom(f) => f(&mut lw),

@@ -69,6 +69,188 @@ pub struct LowerCtx<'a> {
     pub inputs: Vec<Option<TensorRef>>,
     pub outputs: Vec<TensorRef>,
     pub program: &'a mut Program,
+    /// Elementwise work fused into this node's kernel (set by the fusion passes through
+    /// `onnxc.Fused` nodes). Only lowerings listed as epilogue anchors see one, and they
+    /// must apply it to every element of output 0 before it is stored.
+    pub epilogue: Option<Epilogue>,
+}
+
+/// An activation an epilogue applies.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Act {
+    Relu,
+    /// `min(max(x, lo), hi)` (Relu6 is `Clip(0, 6)`).
+    Clip(f64, f64),
+    LeakyRelu(f64),
+    Sigmoid,
+    /// `max(0, min(1, alpha * x + beta))`.
+    HardSigmoid(f64, f64),
+    /// `x * max(0, min(1, x / 6 + 1 / 2))`.
+    HardSwish,
+    /// `x * sigmoid(x)`.
+    Silu,
+    /// `0.5 x (1 + erf(x / sqrt 2))`.
+    GeluErf,
+    /// `0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`.
+    GeluTanh,
+    Tanh,
+}
+
+/// One step of an epilogue, applied to the accumulated value in order.
+#[derive(Clone, Debug)]
+pub enum EpStep {
+    /// `acc + t`, `t` broadcast (NumPy rules) to output 0's shape: a bias or a residual.
+    Add(TensorRef),
+    /// `acc * t`, `t` broadcast to output 0's shape.
+    Mul(TensorRef),
+    Act(Act),
+}
+
+/// Elementwise work applied inside the kernel that produces a value, while the value is
+/// still in registers, instead of a second pass over memory.
+#[derive(Clone, Debug, Default)]
+pub struct Epilogue {
+    pub steps: Vec<EpStep>,
+}
+
+impl Epilogue {
+    /// The epilogue applied to `acc` (of compute type `ty`) at output position `vars`
+    /// (one loop variable per dim of `out_shape`).
+    pub fn apply(&self, acc: Expr, ty: Ty, vars: &[VarId], out_shape: &[usize]) -> Expr {
+        let mut x = acc;
+        for s in &self.steps {
+            x = match s {
+                EpStep::Add(t) => Expr::add(
+                    x,
+                    load_as(t, ty, index(vars, &broadcast_strides(&t.shape, out_shape))),
+                ),
+                EpStep::Mul(t) => Expr::mul(
+                    x,
+                    load_as(t, ty, index(vars, &broadcast_strides(&t.shape, out_shape))),
+                ),
+                EpStep::Act(a) => act_expr(a, x, ty),
+            };
+        }
+        x
+    }
+
+    /// Same, at a flat (row-major) output index: for kernels that do not keep one loop
+    /// variable per dim. Broadcast operands are indexed by div/rem of the flat index.
+    pub fn apply_flat(&self, acc: Expr, ty: Ty, flat: Expr, out_shape: &[usize]) -> Expr {
+        let os = strides(out_shape);
+        let mut x = acc;
+        for s in &self.steps {
+            let idx = |t: &TensorRef| {
+                let bs = broadcast_strides(&t.shape, out_shape);
+                if t.shape.iter().product::<usize>() == out_shape.iter().product::<usize>() {
+                    return flat.clone();
+                }
+                let mut e: Option<Expr> = None;
+                for d in 0..out_shape.len() {
+                    if bs[d] == 0 {
+                        continue;
+                    }
+                    let coord = Expr::bin(
+                        crate::kir::BinOp::Rem,
+                        Expr::bin(
+                            crate::kir::BinOp::Div,
+                            flat.clone(),
+                            Expr::Int(os[d] as i64),
+                        ),
+                        Expr::Int(out_shape[d] as i64),
+                    );
+                    let term = Expr::mul(coord, Expr::Int(bs[d] as i64));
+                    e = Some(match e {
+                        None => term,
+                        Some(a) => Expr::add(a, term),
+                    });
+                }
+                e.unwrap_or(Expr::Int(0))
+            };
+            x = match s {
+                EpStep::Add(t) => Expr::add(x, load_as(t, ty, idx(t))),
+                EpStep::Mul(t) => Expr::mul(x, load_as(t, ty, idx(t))),
+                EpStep::Act(a) => act_expr(a, x, ty),
+            };
+        }
+        x
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+}
+
+fn load_as(t: &TensorRef, ty: Ty, idx: Expr) -> Expr {
+    let v = Expr::load(t.buf, idx);
+    if t.ty().compute() == ty {
+        v
+    } else {
+        Expr::cast(ty, v)
+    }
+}
+
+/// The scalar expression of an activation at compute type `ty` (F32 or F64).
+pub fn act_expr(a: &Act, x: Expr, ty: Ty) -> Expr {
+    use crate::kir::{BinOp, CmpOp, MathFn};
+    let c = |v: f64| Expr::f(v, ty);
+    let max = |a: Expr, b: Expr| Expr::bin(BinOp::Max, a, b);
+    let min = |a: Expr, b: Expr| Expr::bin(BinOp::Min, a, b);
+    let sigmoid = |x: Expr| {
+        Expr::bin(
+            BinOp::Div,
+            c(1.0),
+            Expr::add(
+                c(1.0),
+                Expr::call(MathFn::Exp, vec![Expr::un(crate::kir::UnOp::Neg, x)]),
+            ),
+        )
+    };
+    match a {
+        Act::Relu => max(x, c(0.0)),
+        Act::Clip(lo, hi) => min(max(x, c(*lo)), c(*hi)),
+        Act::LeakyRelu(alpha) => Expr::select(
+            Expr::cmp(CmpOp::Ge, x.clone(), c(0.0)),
+            x.clone(),
+            Expr::mul(x, c(*alpha)),
+        ),
+        Act::Sigmoid => sigmoid(x),
+        Act::HardSigmoid(alpha, beta) => {
+            min(max(Expr::add(Expr::mul(x, c(*alpha)), c(*beta)), c(0.0)), c(1.0))
+        }
+        Act::HardSwish => Expr::mul(
+            x.clone(),
+            min(
+                max(Expr::add(Expr::mul(x, c(1.0 / 6.0)), c(0.5)), c(0.0)),
+                c(1.0),
+            ),
+        ),
+        Act::Silu => Expr::mul(x.clone(), sigmoid(x)),
+        Act::GeluErf => Expr::mul(
+            Expr::mul(x.clone(), c(0.5)),
+            Expr::add(
+                c(1.0),
+                Expr::call(MathFn::Erf, vec![Expr::mul(x, c(std::f64::consts::FRAC_1_SQRT_2))]),
+            ),
+        ),
+        Act::GeluTanh => {
+            let inner = Expr::mul(
+                c((2.0 / std::f64::consts::PI).sqrt()),
+                Expr::add(
+                    x.clone(),
+                    Expr::mul(
+                        c(0.044715),
+                        Expr::mul(x.clone(), Expr::mul(x.clone(), x.clone())),
+                    ),
+                ),
+            );
+            Expr::mul(
+                Expr::mul(x, c(0.5)),
+                Expr::add(c(1.0), Expr::call(MathFn::Tanh, vec![inner])),
+            )
+        }
+        Act::Tanh => Expr::call(MathFn::Tanh, vec![x]),
+    }
 }
 
 impl LowerCtx<'_> {

@@ -1,7 +1,71 @@
-//! Graph -> graph passes, one per file, in the order [`pipeline`] lists them.
+//! Graph -> graph passes, one per file, run in the order [`PIPELINE`] lists them.
+//!
+//! Every pass takes a shape-inferred graph and leaves one: values keep their types, new
+//! values get theirs. [`optimize`] runs the passes an `--opt-level` selects, runs the IR
+//! verifier after each one when asked (always in tests and debug builds), and records the
+//! node count before and after each pass and the time it took.
 
 pub mod infer_shapes;
 
 pub use infer_shapes::{
     bind_input_shapes, check_static_inputs, free_input_dims, infer_shapes, InferReport,
 };
+
+use crate::error::{Error, Result};
+use crate::ir::Graph;
+use serde::Serialize;
+use std::time::Instant;
+
+/// A graph -> graph pass.
+pub type PassFn = fn(&mut Graph) -> Result<()>;
+
+/// One pass of the pipeline.
+pub struct Pass {
+    pub name: &'static str,
+    /// The lowest `--opt-level` that runs it: 1 basic cleanup, 2 fusion, 3 layout choice.
+    pub level: u8,
+    pub run: PassFn,
+}
+
+/// The passes, in order. Level 0 runs none of them.
+pub const PIPELINE: &[Pass] = &[];
+
+/// What one pass did (for the report).
+#[derive(Clone, Debug, Serialize)]
+pub struct PassStat {
+    pub pass: &'static str,
+    pub nodes_before: usize,
+    pub nodes_after: usize,
+    pub micros: u128,
+}
+
+/// The highest `--opt-level`.
+pub const MAX_OPT_LEVEL: u8 = 3;
+
+/// Runs the pipeline's passes up to `level` on a shape-inferred graph. With `verify`, the
+/// IR verifier runs after every pass and names the pass that broke the graph.
+pub fn optimize(g: &mut Graph, level: u8, verify: bool) -> Result<Vec<PassStat>> {
+    let mut stats = Vec::new();
+    for p in PIPELINE.iter().filter(|p| p.level <= level) {
+        let before = g.node_count();
+        let t = Instant::now();
+        (p.run)(g)?;
+        let micros = t.elapsed().as_micros();
+        if verify {
+            if let Err(errs) = crate::ir::verify(g, true) {
+                return Err(Error::model(format!(
+                    "IR verifier after pass `{}`:\n{}",
+                    p.name,
+                    errs.join("\n")
+                )));
+            }
+        }
+        stats.push(PassStat {
+            pass: p.name,
+            nodes_before: before,
+            nodes_after: g.node_count(),
+            micros,
+        });
+    }
+    Ok(stats)
+}
