@@ -6,7 +6,9 @@
 //! [`eval`] runs a graph with them (the oracle for tests and for constant folding).
 
 pub mod backend;
+pub mod bench;
 pub mod build;
+pub mod check;
 pub mod conformance;
 pub mod driver;
 pub mod emit;

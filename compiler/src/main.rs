@@ -18,6 +18,8 @@ use std::process::ExitCode;
 ///   onnxc model.onnx --emit report                       # arena, weights, code size (JSON)
 ///   onnxc inspect model.onnx                             # opsets, signature, ops, FLOPs
 ///   onnxc run model.onnx --input x=x.npy --output-dir out/ [--engine compiled]
+///   onnxc check model.onnx                               # compiled vs reference, random inputs
+///   onnxc bench model.onnx [--threads 2]                 # compiled vs ONNX Runtime, timed
 ///
 /// Symbolic dims (batch, sequence) are fixed with --shape NAME=1x3x224x224.
 #[derive(Parser, Debug)]
@@ -59,6 +61,62 @@ enum Cmd {
         /// Also print each output (dtype, shape and its first 32 values).
         #[arg(long)]
         print: bool,
+    },
+    /// Run a model compiled and through the reference evaluator on the same inputs
+    /// (random ones unless given) and print the largest relative error per output.
+    /// Fails when an error exceeds --tolerance.
+    Check {
+        model: PathBuf,
+        /// An input value: NAME=FILE (.npy or TensorProto .pb); the others are random.
+        #[arg(long = "input", short = 'i', value_name = "NAME=FILE")]
+        inputs: Vec<String>,
+        /// Target to compile for (aarch64 targets run under qemu-aarch64-static).
+        #[arg(long, default_value = "host")]
+        target: String,
+        #[arg(long = "opt-level", short = 'O', default_value_t = 2,
+              value_parser = clap::value_parser!(u8).range(0..=3))]
+        opt_level: u8,
+        /// Seed of the random inputs.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Largest accepted relative error (max |compiled - reference| / max |reference|).
+        #[arg(long, default_value_t = 1e-4)]
+        tolerance: f64,
+        #[command(flatten)]
+        shapes: ShapeArgs,
+    },
+    /// Time the compiled model and ONNX Runtime (Python `onnxruntime`, ORT_ENABLE_ALL, the
+    /// same thread count) on the same random inputs, in one run, after warm-up; print
+    /// median and p90, their ratio, FLOPs and the fraction of this core's measured FMA
+    /// peak, and check that the outputs agree (1e-4 relative).
+    Bench {
+        model: PathBuf,
+        /// Threads for ONNX Runtime (the compiled model runs on the caller's thread).
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        /// Timed runs of each engine.
+        #[arg(long, default_value_t = 50)]
+        iters: usize,
+        /// Untimed runs before timing.
+        #[arg(long, default_value_t = 5)]
+        warmup: usize,
+        /// Target to compile for; must run on this machine.
+        #[arg(long, default_value = "host")]
+        target: String,
+        #[arg(long = "opt-level", short = 'O', default_value_t = 2,
+              value_parser = clap::value_parser!(u8).range(0..=3))]
+        opt_level: u8,
+        /// Time only the compiled model.
+        #[arg(long)]
+        no_ort: bool,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Keep the scratch files (objects, inputs, times) in this folder.
+        #[arg(long, value_name = "DIR")]
+        keep: Option<PathBuf>,
+        #[command(flatten)]
+        shapes: ShapeArgs,
     },
     /// Run ONNX backend node test cases (folders of model.onnx + test_data_set_0)
     /// through the reference evaluator and report passed/failed/unsupported.
@@ -218,6 +276,61 @@ fn real_main(cli: Cli) -> Result<()> {
                     &rep.unresolved
                 )
             );
+            Ok(())
+        }
+        Some(Cmd::Check {
+            model,
+            inputs,
+            target,
+            opt_level,
+            seed,
+            tolerance,
+            shapes,
+        }) => check(
+            &model, &inputs, &target, opt_level, seed, tolerance, &shapes,
+        ),
+        Some(Cmd::Bench {
+            model,
+            threads,
+            iters,
+            warmup,
+            target,
+            opt_level,
+            no_ort,
+            json,
+            keep,
+            shapes,
+        }) => {
+            let binds = shapes
+                .shapes
+                .iter()
+                .map(|s| parse_shape(s))
+                .collect::<Result<Vec<_>>>()?;
+            let opts = onnxc::bench::BenchOptions {
+                compile: driver::Options {
+                    target,
+                    shapes: binds,
+                    opt_level,
+                    ..driver::Options::default()
+                },
+                threads: threads.max(1),
+                iters: iters.max(1),
+                warmup,
+                with_ort: !no_ort,
+                peak: true,
+                dir: keep,
+            };
+            let r = onnxc::bench::bench(&model, &opts)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r).expect("json"));
+            } else {
+                print!("{}", r.text());
+            }
+            if let Some(e) = r.max_rel_err.iter().find(|e| **e > 1e-4) {
+                return Err(Error::Usage(format!(
+                    "compiled outputs differ from onnxruntime's: relative error {e:.2e} > 1e-4"
+                )));
+            }
             Ok(())
         }
         Some(Cmd::Run {
@@ -488,6 +601,85 @@ fn compile(args: CompileArgs) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `onnxc check`: compiled vs reference on the same inputs.
+#[allow(clippy::too_many_arguments)]
+fn check(
+    model: &Path,
+    inputs: &[String],
+    target: &str,
+    opt_level: u8,
+    seed: u64,
+    tolerance: f64,
+    shapes: &ShapeArgs,
+) -> Result<()> {
+    let m = onnx::load(model)?;
+    let binds = shapes
+        .shapes
+        .iter()
+        .map(|s| parse_shape(s))
+        .collect::<Result<Vec<_>>>()?;
+    let opts = driver::Options {
+        target: target.to_string(),
+        shapes: binds,
+        opt_level,
+        ..driver::Options::default()
+    };
+    // The static signature decides the random inputs.
+    let mut bound = m.graph.clone();
+    driver::prepare(&mut bound, &opts)?;
+    let mut vals = onnxc::check::random_inputs(&bound, seed)?;
+    for s in inputs {
+        let (name, file) = s
+            .split_once('=')
+            .ok_or_else(|| Error::Usage(format!("--input `{s}` should be NAME=FILE")))?;
+        let k = bound
+            .inputs
+            .iter()
+            .position(|&i| bound.value(i).name == name)
+            .ok_or_else(|| {
+                Error::Usage(format!("--input `{name}` is not an input of the model"))
+            })?;
+        vals[k] = io::read_value(Path::new(file), &bound.value(bound.inputs[k]).ty)?;
+    }
+    eval::check_inputs(&bound, &vals)?;
+    let want = eval::run(&m.graph, vals.clone())?;
+    let stem = model
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("model");
+    let c = driver::compile_graph(m.graph.clone(), &onnxc::emit::c_ident(stem), &opts)?;
+    let dir = std::env::temp_dir().join(format!("onnxc-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| Error::Io {
+        path: dir.clone(),
+        source: e,
+    })?;
+    let got = onnxc::runner::run_compiled(&c, &vals, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    let got = got?;
+    let mut worst: f64 = 0.0;
+    println!(
+        "{} compiled for {} (-O{opt_level}) vs the reference evaluator, seed {seed}:",
+        model.display(),
+        c.target.name
+    );
+    for ((g, w), &o) in got.iter().zip(&want).zip(&m.graph.outputs) {
+        let name = &m.graph.value(o).name;
+        let (Some(g), Some(w)) = (g.as_tensor(), w.as_tensor()) else {
+            return Err(Error::Usage(format!("output `{name}` is not a tensor")));
+        };
+        let e = onnxc::check::rel_err(g, w)
+            .map_err(|e| Error::Usage(format!("output `{name}`: {e}")))?;
+        worst = worst.max(e);
+        println!("  {name:24} {:?}  max relative error {e:.2e}", g.shape());
+    }
+    if worst > tolerance {
+        return Err(Error::Usage(format!(
+            "relative error {worst:.2e} exceeds the tolerance {tolerance:.0e}"
+        )));
+    }
+    Ok(())
 }
 
 fn write_text(path: Option<&Path>, text: &str) -> Result<()> {

@@ -1,0 +1,345 @@
+//! `onnxc bench`: in one run, times a compiled model and ONNX Runtime on the same inputs
+//! (after warm-up), checks that their outputs agree, and reports medians, p90s, the
+//! ratio, the model's FLOPs and the fraction of this core's measured FMA peak.
+//!
+//! The compiled model runs under `runner/bench.c` (linked with the system C compiler);
+//! ONNX Runtime runs under `runner/ort_bench.py` (the Python `onnxruntime` package,
+//! ORT_ENABLE_ALL, the same thread count); the peak comes from `runner/peak.c`.
+
+use crate::check::{random_inputs, rel_err};
+use crate::driver::{self, Options};
+use crate::error::{Error, Result};
+use crate::runner::{self, Toolchain};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub const BENCH_C: &str = include_str!("runner/bench.c");
+pub const PEAK_C: &str = include_str!("runner/peak.c");
+pub const ORT_BENCH_PY: &str = include_str!("runner/ort_bench.py");
+
+/// What to benchmark and how.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    pub compile: Options,
+    pub threads: usize,
+    pub iters: usize,
+    pub warmup: usize,
+    /// Also time ONNX Runtime (needs `python3` with `onnxruntime`).
+    pub with_ort: bool,
+    /// Measure the core's FMA peak for the target's widest vectors.
+    pub peak: bool,
+    /// Scratch folder (kept when given; a temporary one is removed otherwise).
+    pub dir: Option<PathBuf>,
+}
+
+/// Median and 90th percentile of a run, in milliseconds.
+#[derive(Clone, Debug, Serialize)]
+pub struct Timing {
+    pub median_ms: f64,
+    pub p90_ms: f64,
+    pub runs: usize,
+}
+
+impl Timing {
+    fn from_ns(mut ns: Vec<u64>) -> Option<Timing> {
+        if ns.is_empty() {
+            return None;
+        }
+        ns.sort_unstable();
+        let at = |q: f64| ns[((ns.len() - 1) as f64 * q).round() as usize] as f64 / 1e6;
+        Some(Timing {
+            median_ms: at(0.5),
+            p90_ms: at(0.9),
+            runs: ns.len(),
+        })
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchReport {
+    pub model: String,
+    pub target: String,
+    pub threads: usize,
+    /// Threads the compiled model used (1 until a `parallel_for` hook exists).
+    pub onnxc_threads: usize,
+    pub flops: Option<u64>,
+    pub onnxc: Timing,
+    pub ort: Option<Timing>,
+    pub ort_version: Option<String>,
+    /// onnxc median / ONNX Runtime median (below 1: onnxc is faster).
+    pub ratio: Option<f64>,
+    /// Largest relative error of each output against ONNX Runtime's.
+    pub max_rel_err: Vec<f64>,
+    /// The core's measured FP32 FMA peak for the target's vectors, GFLOP/s.
+    pub peak_gflops: Option<f64>,
+    pub kernels: usize,
+    pub arena_bytes: u64,
+}
+
+impl BenchReport {
+    /// Achieved GFLOP/s of a timing.
+    pub fn gflops(&self, t: &Timing) -> Option<f64> {
+        self.flops.map(|f| f as f64 / (t.median_ms * 1e-3) / 1e9)
+    }
+
+    /// A readable summary.
+    pub fn text(&self) -> String {
+        let mut s = format!(
+            "{} on {} ({} thread{}; onnxc used {}), {} kernels, arena {} bytes\n",
+            self.model,
+            self.target,
+            self.threads,
+            if self.threads == 1 { "" } else { "s" },
+            self.onnxc_threads,
+            self.kernels,
+            self.arena_bytes
+        );
+        let pct = |t: &Timing| match (self.gflops(t), self.peak_gflops) {
+            (Some(g), Some(p)) => format!("{g:8.1} GFLOP/s {:5.1}% of peak", 100.0 * g / p),
+            (Some(g), None) => format!("{g:8.1} GFLOP/s"),
+            _ => String::new(),
+        };
+        let row = |name: &str, t: &Timing| {
+            format!(
+                "  {name:12} median {:9.3} ms  p90 {:9.3} ms  {}\n",
+                t.median_ms,
+                t.p90_ms,
+                pct(t)
+            )
+        };
+        s.push_str(&row("onnxc", &self.onnxc));
+        if let Some(o) = &self.ort {
+            s.push_str(&row("onnxruntime", o));
+        }
+        if let Some(r) = self.ratio {
+            s.push_str(&format!(
+                "  ratio onnxc/onnxruntime {r:.3} ({})\n",
+                if r <= 1.0 {
+                    "onnxc faster"
+                } else {
+                    "onnxruntime faster"
+                }
+            ));
+        }
+        if let Some(f) = self.flops {
+            s.push_str(&format!("  FLOPs {:.3} G", f as f64 / 1e9));
+            if let Some(p) = self.peak_gflops {
+                s.push_str(&format!(", measured core peak {p:.1} GFLOP/s"));
+            }
+            s.push('\n');
+        }
+        if !self.max_rel_err.is_empty() {
+            let e: Vec<String> = self
+                .max_rel_err
+                .iter()
+                .map(|e| format!("{e:.2e}"))
+                .collect();
+            s.push_str(&format!(
+                "  outputs vs onnxruntime: max relative error {}\n",
+                e.join(", ")
+            ));
+        }
+        s
+    }
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |e| Error::Io {
+        path: path.to_path_buf(),
+        source: e,
+    }
+}
+
+fn run_checked(cmd: &mut Command, what: &str) -> Result<String> {
+    let out = cmd
+        .output()
+        .map_err(|e| Error::Usage(format!("{what}: cannot start {:?}: {e}", cmd.get_program())))?;
+    if !out.status.success() {
+        return Err(Error::Usage(format!(
+            "{what} failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn read_times(path: &Path) -> Result<Vec<u64>> {
+    let text = std::fs::read_to_string(path).map_err(io(path))?;
+    Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+}
+
+/// The peak ISA name `peak.c` understands for a target.
+fn peak_isa(t: &crate::targets::Target) -> Option<&'static str> {
+    if !t.triple.starts_with(std::env::consts::ARCH) || !t.triple.starts_with("x86_64") {
+        return None;
+    }
+    Some(if t.has("avx512f") {
+        "avx512"
+    } else if t.has("avx2") && t.has("fma") {
+        "avx2"
+    } else {
+        "sse"
+    })
+}
+
+/// Measures the core's FP32 FMA peak (GFLOP/s) for `isa` (avx512, avx2 or sse).
+pub fn measure_peak(dir: &Path, isa: &str) -> Result<f64> {
+    let src = dir.join("peak.c");
+    std::fs::write(&src, PEAK_C).map_err(io(&src))?;
+    let exe = dir.join("peak");
+    run_checked(
+        Command::new("cc").arg("-O2").arg(&src).arg("-o").arg(&exe),
+        "compiling the peak benchmark",
+    )?;
+    let out = run_checked(Command::new(&exe).arg(isa), "measuring the FMA peak")?;
+    out.trim()
+        .parse()
+        .map_err(|_| Error::Usage(format!("peak benchmark printed `{}`", out.trim())))
+}
+
+/// Benchmarks one model.
+pub fn bench(model: &Path, opts: &BenchOptions) -> Result<BenchReport> {
+    let c = driver::compile_file(model, &opts.compile)?;
+    let tc = Toolchain::for_triple(&c.target.triple);
+    if !tc.exec.is_empty() {
+        return Err(Error::Usage(format!(
+            "target `{}` does not run natively here; benchmarks need the host's ISA",
+            c.target.name
+        )));
+    }
+    let tmp;
+    let dir = match &opts.dir {
+        Some(d) => d.clone(),
+        None => {
+            tmp = std::env::temp_dir().join(format!("onnxc-bench-{}", std::process::id()));
+            tmp.clone()
+        }
+    };
+    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    let result = bench_in(model, opts, &c, &tc, &dir);
+    if opts.dir.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+fn bench_in(
+    model: &Path,
+    opts: &BenchOptions,
+    c: &driver::Compiled,
+    tc: &Toolchain,
+    dir: &Path,
+) -> Result<BenchReport> {
+    let g = &c.graph;
+    let inputs = random_inputs(g, 42)?;
+    for (k, v) in inputs.iter().enumerate() {
+        let t = v.as_tensor().expect("random inputs are tensors");
+        let bytes = crate::ops::lowering::tensor_bytes(t).map_err(|e| Error::Usage(e.0))?;
+        let p = dir.join(format!("in_{k}.bin"));
+        std::fs::write(&p, bytes).map_err(io(&p))?;
+        crate::io::write_npy(&dir.join(format!("in_{k}.npy")), v)?;
+    }
+    // The compiled model.
+    let obj = dir.join("model.o");
+    std::fs::write(&obj, &c.artifacts.object).map_err(io(&obj))?;
+    std::fs::write(dir.join("onnxc_runtime.h"), runner::RUNTIME_H).map_err(io(dir))?;
+    let src = dir.join("bench.c");
+    std::fs::write(&src, BENCH_C).map_err(io(&src))?;
+    let exe = dir.join("bench");
+    run_checked(
+        Command::new(&tc.cc)
+            .arg("-O2")
+            .arg(format!("-DONNXC_MODEL={}_model", c.prefix))
+            .arg("-I")
+            .arg(dir)
+            .arg(&src)
+            .arg(&obj)
+            .arg("-lm")
+            .arg("-o")
+            .arg(&exe),
+        "linking the benchmark",
+    )?;
+    run_checked(
+        Command::new(&exe)
+            .arg(dir)
+            .arg(opts.iters.to_string())
+            .arg(opts.warmup.to_string()),
+        "running the compiled model",
+    )?;
+    let onnxc = Timing::from_ns(read_times(&dir.join("times_ns.txt"))?)
+        .ok_or_else(|| Error::Usage("the benchmark wrote no times".into()))?;
+    let mut outs = Vec::new();
+    for (k, &o) in g.outputs.iter().enumerate() {
+        let ty = &g.value(o).ty;
+        let (Some(dt), Some(shape)) = (ty.dtype(), ty.static_shape()) else {
+            return Err(Error::Shape(format!("output {k} has no static type")));
+        };
+        let p = dir.join(format!("out_{k}.bin"));
+        let bytes = std::fs::read(&p).map_err(io(&p))?;
+        let n = shape.iter().product();
+        outs.push(crate::onnx::tensor::from_raw(
+            dt,
+            &shape,
+            n,
+            &bytes,
+            &format!("output {k}"),
+        )?);
+    }
+    // ONNX Runtime on the same inputs.
+    let (mut ort, mut ort_version, mut errs) = (None, None, Vec::new());
+    if opts.with_ort {
+        let py = dir.join("ort_bench.py");
+        std::fs::write(&py, ORT_BENCH_PY).map_err(io(&py))?;
+        let abs = std::fs::canonicalize(model).map_err(io(model))?;
+        let v = run_checked(
+            Command::new("python3")
+                .arg(&py)
+                .arg(&abs)
+                .arg(dir)
+                .arg(opts.threads.to_string())
+                .arg(opts.iters.to_string())
+                .arg(opts.warmup.to_string()),
+            "running ONNX Runtime (python3 with onnxruntime)",
+        )?;
+        ort_version = Some(v.trim().to_string());
+        ort = Timing::from_ns(read_times(&dir.join("ort_times_ns.txt"))?);
+        for (k, (got, &o)) in outs.iter().zip(&g.outputs).enumerate() {
+            let p = dir.join(format!("ort_out_{k}.npy"));
+            let want = crate::io::read_value(&p, &g.value(o).ty)?;
+            let want = want.as_tensor().expect("npy holds a tensor");
+            errs.push(rel_err(got, want).map_err(|e| {
+                Error::Usage(format!(
+                    "output {k} (`{}`) disagrees with onnxruntime: {e}",
+                    g.value(o).name
+                ))
+            })?);
+        }
+    }
+    let peak_gflops = match (opts.peak, peak_isa(&c.target)) {
+        (true, Some(isa)) => Some(measure_peak(dir, isa)?),
+        _ => None,
+    };
+    // FLOPs of the model as written (fused nodes do not count theirs).
+    let mut orig = crate::onnx::load(model)?;
+    driver::prepare(&mut orig.graph, &opts.compile)?;
+    let flops = crate::inspect::summarize(&orig.graph).flops;
+    let ratio = ort.as_ref().map(|o| onnxc.median_ms / o.median_ms);
+    Ok(BenchReport {
+        model: model.display().to_string(),
+        target: c.target.name.clone(),
+        threads: opts.threads,
+        onnxc_threads: 1,
+        flops,
+        onnxc,
+        ort,
+        ort_version,
+        ratio,
+        max_rel_err: errs,
+        peak_gflops,
+        kernels: c.lowered.program.kernels.len(),
+        arena_bytes: c.lowered.plan.arena_bytes,
+    })
+}

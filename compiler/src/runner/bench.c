@@ -1,0 +1,77 @@
+/* Benchmark harness for any model compiled by onnxc, driven by its descriptor.
+ *   bench DIR ITERS WARMUP
+ * reads DIR/in_K.bin, runs the model WARMUP times untimed and ITERS times timed
+ * (CLOCK_MONOTONIC around each call), writes one time in nanoseconds per line to
+ * DIR/times_ns.txt and the last run's outputs to DIR/out_K.bin.
+ * Built with -DONNXC_MODEL=<prefix>_model. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "onnxc_runtime.h"
+
+extern const onnxc_model_t ONNXC_MODEL;
+
+static void *alloc64(uint64_t n) {
+    void *p = NULL;
+    size_t sz = (size_t)((n + 63) / 64 * 64);
+    if (sz == 0) sz = 64;
+    if (posix_memalign(&p, 64, sz) != 0) return NULL;
+    memset(p, 0, sz);
+    return p;
+}
+
+static uint64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+int main(int argc, char **argv) {
+    const onnxc_model_t *m = &ONNXC_MODEL;
+    char path[4096];
+    if (argc != 4) { fprintf(stderr, "usage: bench DIR ITERS WARMUP\n"); return 2; }
+    long iters = atol(argv[2]), warmup = atol(argv[3]);
+    if (iters < 1) iters = 1;
+    if (!m->cpu_supported()) { fprintf(stderr, "this CPU lacks features the model was compiled for\n"); return 3; }
+    const void **ins = calloc(m->n_inputs + 1, sizeof(void *));
+    void **outs = calloc(m->n_outputs + 1, sizeof(void *));
+    for (uint32_t i = 0; i < m->n_inputs; i++) {
+        uint64_t n = m->inputs[i].bytes;
+        void *buf = alloc64(n);
+        snprintf(path, sizeof path, "%s/in_%u.bin", argv[1], i);
+        FILE *f = fopen(path, "rb");
+        if (!f || !buf) { fprintf(stderr, "cannot read %s\n", path); return 2; }
+        if (n && fread(buf, 1, (size_t)n, f) != n) { fprintf(stderr, "%s: short\n", path); return 2; }
+        fclose(f);
+        ins[i] = buf;
+    }
+    for (uint32_t i = 0; i < m->n_outputs; i++) outs[i] = alloc64(m->outputs[i].bytes);
+    void *arena = alloc64(m->arena_bytes);
+    for (long r = 0; r < warmup; r++) {
+        int32_t rc = m->run(ins, outs, arena);
+        if (rc != ONNXC_OK) { fprintf(stderr, "run failed: %s\n", onnxc_status_str(rc)); return 4; }
+    }
+    uint64_t *t = calloc((size_t)iters, sizeof(uint64_t));
+    for (long r = 0; r < iters; r++) {
+        uint64_t t0 = now_ns();
+        int32_t rc = m->run(ins, outs, arena);
+        t[r] = now_ns() - t0;
+        if (rc != ONNXC_OK) { fprintf(stderr, "run failed: %s\n", onnxc_status_str(rc)); return 4; }
+    }
+    snprintf(path, sizeof path, "%s/times_ns.txt", argv[1]);
+    FILE *f = fopen(path, "w");
+    if (!f) { fprintf(stderr, "cannot write %s\n", path); return 2; }
+    for (long r = 0; r < iters; r++) fprintf(f, "%llu\n", (unsigned long long)t[r]);
+    fclose(f);
+    for (uint32_t i = 0; i < m->n_outputs; i++) {
+        snprintf(path, sizeof path, "%s/out_%u.bin", argv[1], i);
+        FILE *o = fopen(path, "wb");
+        if (!o) { fprintf(stderr, "cannot write %s\n", path); return 2; }
+        fwrite(outs[i], 1, (size_t)m->outputs[i].bytes, o);
+        fclose(o);
+    }
+    return 0;
+}

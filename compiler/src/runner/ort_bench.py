@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""Times a model with ONNX Runtime for `onnxc bench`.
+
+    ort_bench.py MODEL DIR THREADS ITERS WARMUP
+
+Reads DIR/in_K.npy (graph input order), builds a session with ORT_ENABLE_ALL and THREADS
+intra-op threads (inter-op 1, sequential execution), runs WARMUP untimed and ITERS timed
+runs, writes one time in nanoseconds per line to DIR/ort_times_ns.txt and the outputs of
+the last run to DIR/ort_out_K.npy. Prints the onnxruntime version.
+"""
+import os
+import sys
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+
+def main():
+    model, d, threads, iters, warmup = sys.argv[1:6]
+    threads, iters, warmup = int(threads), int(iters), int(warmup)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if threads == 1:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    feeds = {}
+    for k, i in enumerate(sess.get_inputs()):
+        feeds[i.name] = np.load(os.path.join(d, f"in_{k}.npy"))
+    for _ in range(warmup):
+        sess.run(None, feeds)
+    times = []
+    outs = None
+    for _ in range(iters):
+        t0 = time.perf_counter_ns()
+        outs = sess.run(None, feeds)
+        times.append(time.perf_counter_ns() - t0)
+    with open(os.path.join(d, "ort_times_ns.txt"), "w") as f:
+        f.write("\n".join(str(t) for t in times) + "\n")
+    for k, v in enumerate(outs):
+        np.save(os.path.join(d, f"ort_out_{k}.npy"), np.ascontiguousarray(v))
+    print(ort.__version__)
+
+
+if __name__ == "__main__":
+    main()
