@@ -29,14 +29,14 @@ pub fn interface(g: &Graph) -> (Vec<TensorDesc>, Vec<TensorDesc>) {
                     .collect();
                 let dt = info.ty.dtype().expect("lowered values are tensors");
                 let elems: u64 = shape.iter().product();
-                let size = crate::ops::lowering::kir_ty(dt)
-                    .map(|t| t.bytes())
-                    .unwrap_or(1);
+                let bits = crate::ops::lowering::kir_ty(dt)
+                    .map(|t| t.bits())
+                    .unwrap_or(8);
                 TensorDesc {
                     name: info.name.clone(),
                     dtype: dt.onnx_code(),
                     shape,
-                    bytes: elems * size,
+                    bytes: (elems * bits).div_ceil(8),
                 }
             })
             .collect()

@@ -28,30 +28,73 @@ pub enum Ty {
     F16,
     /// Storage only: loads widen to F32, stores round to nearest even.
     BF16,
+    /// 8-bit floats (storage only, like F16): loads widen to F32, stores round to
+    /// nearest even; out-of-range stores give the type's NaN (Inf for E5M2).
+    F8E4M3FN,
+    F8E4M3FNUZ,
+    F8E5M2,
+    F8E5M2FNUZ,
+    /// Power-of-two scale (storage only): stores round up.
+    F8E8M0,
+    /// Packed two per byte (low nibble first), storage only, computes as F32.
+    F4E2M1,
+    /// Packed sub-byte integers (low bits first); compute as I8 / U8.
+    I4,
+    U4,
+    I2,
+    U2,
 }
 
 impl Ty {
+    /// Bytes one element occupies; 1 for the packed sub-byte types (see [`Ty::bits`]).
     pub fn bytes(self) -> u64 {
+        self.bits().div_ceil(8)
+    }
+
+    /// Bits one element occupies (4 and 2 for the packed types).
+    pub fn bits(self) -> u64 {
         match self {
-            Ty::F64 | Ty::I64 | Ty::U64 => 8,
-            Ty::F32 | Ty::I32 | Ty::U32 => 4,
-            Ty::I16 | Ty::U16 | Ty::F16 | Ty::BF16 => 2,
-            Ty::I8 | Ty::U8 => 1,
+            Ty::F64 | Ty::I64 | Ty::U64 => 64,
+            Ty::F32 | Ty::I32 | Ty::U32 => 32,
+            Ty::I16 | Ty::U16 | Ty::F16 | Ty::BF16 => 16,
+            Ty::I8
+            | Ty::U8
+            | Ty::F8E4M3FN
+            | Ty::F8E4M3FNUZ
+            | Ty::F8E5M2
+            | Ty::F8E5M2FNUZ
+            | Ty::F8E8M0 => 8,
+            Ty::F4E2M1 | Ty::I4 | Ty::U4 => 4,
+            Ty::I2 | Ty::U2 => 2,
         }
     }
 
     pub fn is_float(self) -> bool {
-        matches!(self, Ty::F32 | Ty::F64 | Ty::F16 | Ty::BF16)
+        self.compute() == Ty::F32 || self == Ty::F64
     }
 
     pub fn is_signed(self) -> bool {
-        matches!(self, Ty::I8 | Ty::I16 | Ty::I32 | Ty::I64)
+        matches!(self, Ty::I8 | Ty::I16 | Ty::I32 | Ty::I64 | Ty::I4 | Ty::I2)
+    }
+
+    /// Whether the type exists only in memory (loads widen, stores narrow).
+    pub fn is_storage_only(self) -> bool {
+        self.compute() != self
     }
 
     /// The type a load of this storage type produces.
     pub fn compute(self) -> Ty {
         match self {
-            Ty::F16 | Ty::BF16 => Ty::F32,
+            Ty::F16
+            | Ty::BF16
+            | Ty::F8E4M3FN
+            | Ty::F8E4M3FNUZ
+            | Ty::F8E5M2
+            | Ty::F8E5M2FNUZ
+            | Ty::F8E8M0
+            | Ty::F4E2M1 => Ty::F32,
+            Ty::I4 | Ty::I2 => Ty::I8,
+            Ty::U4 | Ty::U2 => Ty::U8,
             t => t,
         }
     }
@@ -70,6 +113,16 @@ impl Ty {
             Ty::U64 => "u64",
             Ty::F16 => "f16",
             Ty::BF16 => "bf16",
+            Ty::F8E4M3FN => "f8e4m3fn",
+            Ty::F8E4M3FNUZ => "f8e4m3fnuz",
+            Ty::F8E5M2 => "f8e5m2",
+            Ty::F8E5M2FNUZ => "f8e5m2fnuz",
+            Ty::F8E8M0 => "f8e8m0",
+            Ty::F4E2M1 => "f4e2m1",
+            Ty::I4 => "i4",
+            Ty::U4 => "u4",
+            Ty::I2 => "i2",
+            Ty::U2 => "u2",
         }
     }
 }
@@ -107,7 +160,7 @@ pub struct Buffer {
 
 impl Buffer {
     pub fn bytes(&self) -> u64 {
-        self.len * self.elem.bytes()
+        (self.len * self.elem.bits()).div_ceil(8)
     }
 }
 

@@ -72,7 +72,7 @@ pub fn type_of(e: &Expr, k: &Kernel, p: &Program) -> Result<Ty, String> {
         }
         Expr::Cast(t, a) => {
             type_of(a, k, p)?;
-            if matches!(t, Ty::F16 | Ty::BF16) {
+            if t.is_storage_only() {
                 return Err("cast to a storage-only type".into());
             }
             *t

@@ -270,8 +270,40 @@ mod lower {
         if lw.inputs.len() > 1 {
             lw.inputs.truncate(1);
         }
+        // Saturating casts to the 8/4-bit floats clamp to the largest finite value first
+        // (the store then rounds to nearest even).
+        let sat_max = match out.ty() {
+            Ty::F8E4M3FN => Some(448.0),
+            Ty::F8E4M3FNUZ => Some(240.0),
+            Ty::F8E5M2 | Ty::F8E5M2FNUZ => Some(57344.0),
+            Ty::F8E8M0 => Some(2f64.powi(127)),
+            _ => None,
+        }
+        .filter(|_| lw.op.attrs.int("saturate", 1).unwrap_or(1) != 0);
+        let sat_max = match out.ty() {
+            Ty::F4E2M1 => Some(6.0), // no Inf or NaN: always saturates
+            _ => sat_max,
+        };
+        if out.ty() == Ty::F8E8M0 {
+            let mode = lw
+                .op
+                .attrs
+                .string("round_mode", "up".to_string())
+                .unwrap_or_default();
+            crate::ensure!(
+                mode == "up",
+                "Cast to float8e8m0 with round_mode `{mode}`: only `up` is compiled"
+            );
+        }
         elementwise(lw, 0, |_, a| {
             let x = a[0].clone();
+            let x = match sat_max {
+                Some(m) if from.is_float() => {
+                    let c = |v: f64| Expr::f(v, from);
+                    Expr::bin(BinOp::Min, Expr::bin(BinOp::Max, x, c(-m)), c(m))
+                }
+                _ => x,
+            };
             Ok(if to_bool {
                 Expr::cmp(CmpOp::Ne, x, lit(0.0, from))
             } else if from.is_float() && !to.is_float() && to != Ty::I64 && to.bytes() < 8 {

@@ -45,6 +45,16 @@ pub fn kir_ty(dt: DType) -> Option<Ty> {
         DType::U16 => Ty::U16,
         DType::U32 => Ty::U32,
         DType::U64 => Ty::U64,
+        DType::F8E4M3FN => Ty::F8E4M3FN,
+        DType::F8E4M3FNUZ => Ty::F8E4M3FNUZ,
+        DType::F8E5M2 => Ty::F8E5M2,
+        DType::F8E5M2FNUZ => Ty::F8E5M2FNUZ,
+        DType::F8E8M0 => Ty::F8E8M0,
+        DType::F4E2M1 => Ty::F4E2M1,
+        DType::I4 => Ty::I4,
+        DType::U4 => Ty::U4,
+        DType::I2 => Ty::I2,
+        DType::U2 => Ty::U2,
         _ => return None,
     })
 }

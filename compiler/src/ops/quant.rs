@@ -344,6 +344,15 @@ mod lower {
             DType::U16 => (0.0, 65535.0),
             DType::I16 => (-32768.0, 32767.0),
             DType::I32 => (i32::MIN as f64, i32::MAX as f64),
+            DType::U4 => (0.0, 15.0),
+            DType::I4 => (-8.0, 7.0),
+            DType::U2 => (0.0, 3.0),
+            DType::I2 => (-2.0, 1.0),
+            DType::F8E4M3FN
+            | DType::F8E4M3FNUZ
+            | DType::F8E5M2
+            | DType::F8E5M2FNUZ
+            | DType::F4E2M1 => return quantize_float(lw, x, sc, zp, out, axis, block),
             d => return Err(OpError::unsupported(format!("QuantizeLinear to {d}"))),
         };
         if let Some(z) = &zp {
@@ -355,7 +364,7 @@ mod lower {
         let ct = x.ty().compute();
         let xs = strides(&x.shape);
         let shape = x.shape.clone();
-        let ot = out.ty();
+        let ot = out.ty().compute();
         run(lw, &shape, |v| {
             let si = param_index(&sc, &shape, axis, block, v)?;
             let mut s = Expr::load(sc.buf, si);
@@ -381,6 +390,56 @@ mod lower {
         })
     }
 
+    /// QuantizeLinear to an 8- or 4-bit float: `x / scale` (plus the zero point for
+    /// float4), clamped to the largest finite value when saturating, rounded by the store.
+    fn quantize_float(
+        lw: &mut LowerCtx,
+        x: TensorRef,
+        sc: TensorRef,
+        zp: Option<TensorRef>,
+        out: TensorRef,
+        axis: i64,
+        block: i64,
+    ) -> OpResult<()> {
+        let saturate = lw.op.attrs.int("saturate", 1)? != 0 || out.dtype == DType::F4E2M1;
+        let max = match out.dtype {
+            DType::F8E4M3FN => 448.0,
+            DType::F8E4M3FNUZ => 240.0,
+            DType::F4E2M1 => 6.0,
+            _ => 57344.0,
+        };
+        let ct = x.ty().compute();
+        let xs = strides(&x.shape);
+        let shape = x.shape.clone();
+        run(lw, &shape, |v| {
+            let si = param_index(&sc, &shape, axis, block, v)?;
+            let mut s = Expr::load(sc.buf, si);
+            if sc.ty().compute() != ct {
+                s = Expr::cast(ct, s);
+            }
+            let mut y = Expr::bin(BinOp::Div, Expr::load(x.buf, index(v, &xs)), s);
+            if let (Some(z), DType::F4E2M1) = (&zp, out.dtype) {
+                let zi = param_index(z, &shape, axis, block, v)?;
+                y = Expr::add(y, Expr::cast(ct, Expr::load(z.buf, zi)));
+            }
+            if saturate {
+                y = Expr::bin(
+                    BinOp::Min,
+                    Expr::bin(BinOp::Max, y, Expr::f(-max, ct)),
+                    Expr::f(max, ct),
+                );
+            }
+            if ct != Ty::F32 {
+                y = Expr::cast(Ty::F32, y);
+            }
+            Ok(vec![Stmt::Store {
+                buf: out.buf,
+                index: index(v, &xs),
+                value: y,
+            }])
+        })
+    }
+
     fn dequantize(lw: &mut LowerCtx) -> OpResult<()> {
         let x = lw.input(0)?.clone();
         let sc = lw.input(1)?.clone();
@@ -388,12 +447,15 @@ mod lower {
         let out = lw.outputs[0].clone();
         let axis = lw.op.attrs.int("axis", 1)?;
         let block = lw.op.attrs.int("block_size", 0)?;
-        if !x.dtype.is_int() {
+        let float_in = x.ty().is_float();
+        if !x.dtype.is_int() && !float_in {
             return Err(OpError::unsupported(format!(
                 "DequantizeLinear of {}",
                 x.dtype
             )));
         }
+        // Float inputs ignore their zero point (it must be zero for float8).
+        let zp = if float_in { None } else { zp };
         if let Some(z) = &zp {
             ensure!(
                 z.dtype == x.dtype,

@@ -16,10 +16,63 @@ pub fn clty(t: Ty) -> Type {
         Ty::F32 => types::F32,
         Ty::F64 => types::F64,
         Ty::I8 | Ty::U8 => types::I8,
+        // Minifloats and packed types are loaded and stored as bytes.
+        Ty::F8E4M3FN
+        | Ty::F8E4M3FNUZ
+        | Ty::F8E5M2
+        | Ty::F8E5M2FNUZ
+        | Ty::F8E8M0
+        | Ty::F4E2M1
+        | Ty::I4
+        | Ty::U4
+        | Ty::I2
+        | Ty::U2 => types::I8,
         Ty::I16 | Ty::U16 | Ty::F16 | Ty::BF16 => types::I16,
         Ty::I32 | Ty::U32 => types::I32,
         Ty::I64 | Ty::U64 => types::I64,
     }
+}
+
+/// The layout of a minifloat storage type.
+#[derive(Clone, Copy)]
+struct Mini {
+    exp: u32,
+    man: u32,
+    bias: i64,
+    /// E5M2: all-ones exponent is Inf (mantissa 0) or NaN.
+    ieee: bool,
+    /// E4M3FN: all-ones exponent and mantissa is NaN.
+    fn_nan: bool,
+    /// FNUZ: the negative-zero code is NaN.
+    uz: bool,
+    /// Largest finite positive code.
+    max_code: u32,
+    /// Code of a positive overflow (non-saturating conversion).
+    overflow_code: u32,
+    /// Code of NaN; -1: F4E2M1 (no NaN).
+    nan_code: i32,
+}
+
+fn minifloat(t: Ty) -> Option<Mini> {
+    let m = |exp, man, bias, ieee, fn_nan, uz, max_code, overflow_code, nan_code| Mini {
+        exp,
+        man,
+        bias,
+        ieee,
+        fn_nan,
+        uz,
+        max_code,
+        overflow_code,
+        nan_code,
+    };
+    Some(match t {
+        Ty::F8E4M3FN => m(4, 3, 7, false, true, false, 0x7e, 0x7f, 0x7f),
+        Ty::F8E4M3FNUZ => m(4, 3, 8, false, false, true, 0x7f, 0x80, 0x80),
+        Ty::F8E5M2 => m(5, 2, 15, true, false, false, 0x7b, 0x7c, 0x7f),
+        Ty::F8E5M2FNUZ => m(5, 2, 16, false, false, true, 0x7f, 0x80, 0x80),
+        Ty::F4E2M1 => m(2, 1, 1, false, false, false, 0x7, 0x7, -1),
+        _ => return None,
+    })
 }
 
 struct Gen<'a, 'b> {
@@ -192,6 +245,12 @@ impl Gen<'_, '_> {
                 self.b.ins().jump(header, &[]);
                 self.b.switch_to_block(exit);
             }
+            Stmt::Store { buf, index, value } if self.p.buffers[*buf].elem.bits() < 8 => {
+                let elem = self.p.buffers[*buf].elem;
+                let v = self.expr(value)?;
+                let v = self.to_storage(v, elem);
+                self.store_packed(*buf, index, v, elem.bits())?;
+            }
             Stmt::Store { buf, index, value } => {
                 let elem = self.p.buffers[*buf].elem;
                 let addr = self.addr(*buf, index)?;
@@ -221,6 +280,61 @@ impl Gen<'_, '_> {
         Ok(())
     }
 
+    /// Byte address and bit shift (i32) of element `index` of a packed buffer.
+    fn packed_addr(
+        &mut self,
+        buf: BufId,
+        index: &Expr,
+        bits: u64,
+    ) -> Result<(Value, Value), String> {
+        let per = (8 / bits) as i64;
+        let i = self.expr(index)?;
+        let b = &mut self.b;
+        // Indices are never negative: a shift divides.
+        let byte = b.ins().ushr_imm_u(i, per.trailing_zeros() as i64);
+        let lane = b.ins().band_imm_s(i, per - 1);
+        let shift = b.ins().imul_imm_s(lane, bits as i64);
+        let shift = b.ins().ireduce(types::I32, shift);
+        let addr = b.ins().iadd(self.bases[&buf], byte);
+        Ok((addr, shift))
+    }
+
+    /// The element's bits, in the low bits of an i8 (upper bits zero).
+    fn load_packed(&mut self, buf: BufId, index: &Expr, bits: u64) -> Result<Value, String> {
+        let (addr, shift) = self.packed_addr(buf, index, bits)?;
+        let b = &mut self.b;
+        let byte = b.ins().load(types::I8, MemFlagsData::trusted(), addr, 0);
+        let w = b.ins().uextend(types::I32, byte);
+        let w = b.ins().ushr(w, shift);
+        let w = b.ins().band_imm_s(w, (1 << bits) - 1);
+        Ok(b.ins().ireduce(types::I8, w))
+    }
+
+    /// Replaces the element's bits with the low bits of `v` (an i8), keeping its neighbours.
+    fn store_packed(
+        &mut self,
+        buf: BufId,
+        index: &Expr,
+        v: Value,
+        bits: u64,
+    ) -> Result<(), String> {
+        let (addr, shift) = self.packed_addr(buf, index, bits)?;
+        let b = &mut self.b;
+        let old = b.ins().load(types::I8, MemFlagsData::trusted(), addr, 0);
+        let old = b.ins().uextend(types::I32, old);
+        let ones = b.ins().iconst(types::I32, (1 << bits) - 1);
+        let mask = b.ins().ishl(ones, shift);
+        let keep = b.ins().bnot(mask);
+        let old = b.ins().band(old, keep);
+        let nv = b.ins().uextend(types::I32, v);
+        let nv = b.ins().band_imm_s(nv, (1 << bits) - 1);
+        let nv = b.ins().ishl(nv, shift);
+        let r = b.ins().bor(old, nv);
+        let r = b.ins().ireduce(types::I8, r);
+        b.ins().store(MemFlagsData::trusted(), r, addr, 0);
+        Ok(())
+    }
+
     fn addr(&mut self, buf: BufId, index: &Expr) -> Result<Value, String> {
         let size = self.p.buffers[buf].elem.bytes() as i64;
         let i = self.expr(index)?;
@@ -234,6 +348,11 @@ impl Gen<'_, '_> {
             Expr::Int(i) => self.b.ins().iconst(types::I64, *i),
             Expr::Float(x, Ty::F32) => self.b.ins().f32const(*x as f32),
             Expr::Float(x, _) => self.b.ins().f64const(*x),
+            Expr::Load(buf, idx) if self.p.buffers[*buf].elem.bits() < 8 => {
+                let elem = self.p.buffers[*buf].elem;
+                let raw = self.load_packed(*buf, idx, elem.bits())?;
+                self.from_storage(raw, elem)
+            }
             Expr::Load(buf, idx) => {
                 let elem = self.p.buffers[*buf].elem;
                 let addr = self.addr(*buf, idx)?;
@@ -466,8 +585,166 @@ impl Gen<'_, '_> {
                 self.b.ins().bitcast(types::F32, MemFlagsData::new(), s)
             }
             Ty::F16 => self.f16_to_f32(raw),
-            _ => raw,
+            Ty::F8E8M0 => {
+                let b = &mut self.b;
+                let w = b.ins().uextend(types::I32, raw);
+                let bits = b.ins().ishl_imm_u(w, 23);
+                let is_zero = b.ins().icmp_imm_s(IntCC::Equal, w, 0);
+                let tiny = b.ins().iconst(types::I32, 0x0040_0000); // 2^-127
+                let bits = b.ins().select(is_zero, tiny, bits);
+                let is_nan = b.ins().icmp_imm_s(IntCC::Equal, w, 0xff);
+                let nan = b.ins().iconst(types::I32, 0x7fc0_0000);
+                let bits = b.ins().select(is_nan, nan, bits);
+                b.ins().bitcast(types::F32, MemFlagsData::new(), bits)
+            }
+            Ty::I4 | Ty::I2 => {
+                // Sign-extend the low `bits` bits.
+                let up = 8 - elem.bits() as i64;
+                let b = &mut self.b;
+                let x = b.ins().ishl_imm_u(raw, up);
+                b.ins().sshr_imm_u(x, up)
+            }
+            t => match minifloat(t) {
+                Some(f) => self.mini_to_f32(raw, f),
+                None => raw,
+            },
         }
+    }
+
+    /// Decodes a minifloat code (low bits of an i8) to f32.
+    fn mini_to_f32(&mut self, raw: Value, f: Mini) -> Value {
+        let b = &mut self.b;
+        let c = b.ins().uextend(types::I32, raw);
+        let mmask = (1i64 << f.man) - 1;
+        let emask = (1i64 << f.exp) - 1;
+        let e = b.ins().ushr_imm_u(c, f.man as i64);
+        let e = b.ins().band_imm_s(e, emask);
+        let m = b.ins().band_imm_s(c, mmask);
+        // value = mm * 2^(ee - bias - man), mm = m (+ implicit one), ee = max(e, 1).
+        let is_sub = b.ins().icmp_imm_s(IntCC::Equal, e, 0);
+        let one = b.ins().iconst(types::I32, 1);
+        let ee = b.ins().select(is_sub, one, e);
+        let mi = b.ins().bor_imm_s(m, 1 << f.man);
+        let mm = b.ins().select(is_sub, m, mi);
+        let p = b.ins().iadd_imm_s(ee, 127 - f.bias - f.man as i64);
+        let p = b.ins().ishl_imm_u(p, 23);
+        let scale = b.ins().bitcast(types::F32, MemFlagsData::new(), p);
+        let mf = b.ins().fcvt_from_uint(types::F32, mm);
+        let mut v = b.ins().fmul(mf, scale);
+        let nan = b.ins().f32const(f32::NAN);
+        if f.ieee {
+            let inf = b.ins().f32const(f32::INFINITY);
+            let is_m0 = b.ins().icmp_imm_s(IntCC::Equal, m, 0);
+            let special = b.ins().select(is_m0, inf, nan);
+            let is_max = b.ins().icmp_imm_s(IntCC::Equal, e, emask);
+            v = b.ins().select(is_max, special, v);
+        }
+        if f.fn_nan {
+            let low = b.ins().band_imm_s(c, (1 << (f.exp + f.man)) - 1);
+            let is_nan = b
+                .ins()
+                .icmp_imm_s(IntCC::Equal, low, (1 << (f.exp + f.man)) - 1);
+            v = b.ins().select(is_nan, nan, v);
+        }
+        let sign_bit = 1i64 << (f.exp + f.man);
+        let s = b.ins().band_imm_s(c, sign_bit);
+        let neg = b.ins().icmp_imm_s(IntCC::NotEqual, s, 0);
+        let nv = b.ins().fneg(v);
+        let v = b.ins().select(neg, nv, v);
+        if f.uz {
+            let is_nan = b.ins().icmp_imm_s(IntCC::Equal, c, sign_bit);
+            b.ins().select(is_nan, nan, v)
+        } else {
+            v
+        }
+    }
+
+    /// Encodes an f32 as a minifloat code (i8), rounding to nearest even. Out-of-range
+    /// values give the type's Inf (E5M2) or NaN, or saturate where the type has neither
+    /// (F4E2M1), like the reference's non-saturating conversion; saturating casts clamp
+    /// before the store.
+    fn f32_to_mini(&mut self, x: Value, f: Mini) -> Value {
+        let b = &mut self.b;
+        let emin = 1 - f.bias; // smallest normal exponent
+        let bits = b.ins().bitcast(types::I32, MemFlagsData::new(), x);
+        let abits = b.ins().band_imm_s(bits, 0x7fff_ffff);
+        let a = b.ins().bitcast(types::F32, MemFlagsData::new(), abits);
+        let ea = b.ins().ushr_imm_u(abits, 23);
+        let ea = b.ins().iadd_imm_s(ea, -127);
+        let emin_v = b.ins().iconst(types::I32, emin);
+        let big = b.ins().icmp(IntCC::SignedGreaterThan, ea, emin_v);
+        let e = b.ins().select(big, ea, emin_v);
+        // Clamp the exponent so the scale stays a normal f32 (huge values overflow below).
+        let hundred = b.ins().iconst(types::I32, 100);
+        let e = b.ins().smin(e, hundred);
+        // r = nearest_even(a / 2^(e - man)); code = (e - emin) << man + r.
+        let p = b.ins().iadd_imm_s(e, 127 - f.man as i64);
+        let p = b.ins().ishl_imm_u(p, 23);
+        let q = b.ins().bitcast(types::F32, MemFlagsData::new(), p);
+        let r = b.ins().fdiv(a, q);
+        let r = b.ins().nearest(r);
+        let r = b.ins().fcvt_to_uint_sat(types::I32, r);
+        let de = b.ins().iadd_imm_s(e, -emin);
+        let de = b.ins().ishl_imm_u(de, f.man as i64);
+        let code = b.ins().iadd(de, r);
+        // Overflow and infinities.
+        let max_code = f.max_code as i64;
+        let over = b.ins().icmp_imm_s(IntCC::SignedGreaterThan, code, max_code);
+        let is_inf = b.ins().icmp_imm_s(IntCC::Equal, abits, 0x7f80_0000);
+        let over = b.ins().bor(over, is_inf);
+        let over_code = b.ins().iconst(types::I32, f.overflow_code as i64);
+        let code = b.ins().select(over, over_code, code);
+        // Sign (the FNUZ types have no negative zero, and their NaN is unsigned).
+        let sign_bit = 1i64 << (f.exp + f.man);
+        let neg = b.ins().icmp_imm_s(IntCC::SignedLessThan, bits, 0);
+        let signed = b.ins().bor_imm_s(code, sign_bit);
+        let neg_ok = if f.uz {
+            let nonzero = b.ins().icmp_imm_s(IntCC::NotEqual, code, 0);
+            b.ins().band(neg, nonzero)
+        } else {
+            neg
+        };
+        let code = b.ins().select(neg_ok, signed, code);
+        // NaN.
+        let is_nan = b.ins().fcmp(FloatCC::Unordered, x, x);
+        let nan_code = if f.nan_code < 0 {
+            // F4E2M1 has no NaN: the reference maps NaN to 0x8 (or 0 when negative).
+            let eight = b.ins().iconst(types::I32, 8);
+            let zero = b.ins().iconst(types::I32, 0);
+            b.ins().select(neg, zero, eight)
+        } else {
+            b.ins().iconst(types::I32, f.nan_code as i64)
+        };
+        let code = b.ins().select(is_nan, nan_code, code);
+        b.ins().ireduce(types::I8, code)
+    }
+
+    /// f32 -> E8M0 (a power of two, rounding up), like Cast's default round_mode.
+    fn f32_to_e8m0(&mut self, x: Value) -> Value {
+        let b = &mut self.b;
+        let bits = b.ins().bitcast(types::I32, MemFlagsData::new(), x);
+        let e = b.ins().ushr_imm_u(bits, 23);
+        let e = b.ins().band_imm_s(e, 0xff);
+        let m = b.ins().band_imm_s(bits, 0x7f_ffff);
+        let has_m = b.ins().icmp_imm_s(IntCC::NotEqual, m, 0);
+        let up = b.ins().uextend(types::I32, has_m);
+        let code = b.ins().iadd(e, up);
+        // Subnormal inputs: 2^-127 (code 0) when m <= 2^22, else 2^-126 (code 1).
+        let is_sub = b.ins().icmp_imm_s(IntCC::Equal, e, 0);
+        let big_m = b.ins().icmp_imm_s(IntCC::UnsignedGreaterThan, m, 0x40_0000);
+        let sub_code = b.ins().uextend(types::I32, big_m);
+        let code = b.ins().select(is_sub, sub_code, code);
+        let ff = b.ins().iconst(types::I32, 0xff);
+        let code = b.ins().umin(code, ff);
+        // Zero -> 0; negative, NaN, Inf and overflow -> 0xff.
+        let is_zero = b.ins().icmp_imm_s(IntCC::Equal, bits, 0);
+        let zero = b.ins().iconst(types::I32, 0);
+        let code = b.ins().select(is_zero, zero, code);
+        let neg = b.ins().icmp_imm_s(IntCC::SignedLessThan, bits, 0);
+        let is_nan = b.ins().fcmp(FloatCC::Unordered, x, x);
+        let bad = b.ins().bor(neg, is_nan);
+        let code = b.ins().select(bad, ff, code);
+        b.ins().ireduce(types::I8, code)
     }
 
     /// Narrows a compute value to storage (f32 -> f16/bf16, round to nearest even).
@@ -487,7 +764,11 @@ impl Gen<'_, '_> {
                 b.ins().ireduce(types::I16, r)
             }
             Ty::F16 => self.f32_to_f16(v),
-            _ => v,
+            Ty::F8E8M0 => self.f32_to_e8m0(v),
+            t => match minifloat(t) {
+                Some(f) => self.f32_to_mini(v, f),
+                None => v,
+            },
         }
     }
 
