@@ -180,16 +180,39 @@ fn run_case_compiled_inner(case: &Path, env: &CompiledEnv, worker: usize) -> Sta
             Err(e) => return Status::Failed(e.to_string()),
         }
     }
-    // Inputs that feed a shape-deciding slot become constants.
-    let mut shape_inputs = std::collections::HashSet::new();
+    // Inputs whose values reach a shape-deciding slot (directly or through other nodes;
+    // not through Shape/Size, which read only the shape) become constants.
+    let mut producer = std::collections::HashMap::new();
+    for n in g.nodes.node_indices() {
+        for &o in &g.nodes[n].outputs {
+            producer.insert(o, n);
+        }
+    }
+    let mut stack: Vec<crate::ir::ValueId> = Vec::new();
     for n in g.nodes.node_indices() {
         let node = &g.nodes[n];
         for &i in node.op.shape_inputs() {
             if let Some(Some(v)) = node.inputs.get(i) {
-                if g.inputs.contains(v) {
-                    shape_inputs.insert(g.value(*v).name.clone());
-                }
+                stack.push(*v);
             }
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut shape_inputs = std::collections::HashSet::new();
+    while let Some(v) = stack.pop() {
+        if !seen.insert(v) {
+            continue;
+        }
+        if g.inputs.contains(&v) {
+            shape_inputs.insert(g.value(v).name.clone());
+        }
+        if let Some(&n) = producer.get(&v) {
+            let node = &g.nodes[n];
+            if node.domain.is_empty() && matches!(node.op_type.as_str(), "Shape" | "Size") {
+                continue;
+            }
+            stack.extend(node.inputs.iter().flatten().copied());
+            stack.extend(node.implicit.iter().copied());
         }
     }
     let mut opts = crate::driver::Options {
