@@ -970,6 +970,72 @@ mod lower {
         25, 26, 27, 28, 29, 30, 31,
     ];
 
+    /// ReverseSequence: constant lengths move data through an index table; runtime
+    /// lengths read `len = sequence_lens[b]` and take `x[.., len - 1 - t, ..]` for
+    /// `t < len`, `x[.., t, ..]` after.
+    fn reverse_sequence(lw: &mut LowerCtx) -> OpResult<()> {
+        if lw.input(1)?.value.is_some() {
+            let op = lw.node_op;
+            return lower_by_index_map(lw, &|ins| op.eval(ins), &[0], &[], None);
+        }
+        let x = lw.input(0)?.clone();
+        let lens = lw.input(1)?.clone();
+        let out = lw.outputs[0].clone();
+        let ba = lw.op.attrs.int("batch_axis", 1)? as usize;
+        let ta = lw.op.attrs.int("time_axis", 0)? as usize;
+        ensure!(
+            x.shape.len() >= 2 && ba < x.shape.len() && ta < x.shape.len() && ba != ta,
+            "ReverseSequence: bad batch_axis/time_axis"
+        );
+        let xs = strides(&x.shape);
+        let mut k = lw.kernel("");
+        let len = k.var(Ty::I64);
+        let src = k.var(Ty::I64);
+        k.body = nest(&mut k, &x.shape, |_, v| {
+            let t = Expr::Var(v[ta]);
+            let mut idx = Expr::mul(Expr::Var(src), Expr::Int(xs[ta] as i64));
+            for (d, &var) in v.iter().enumerate() {
+                if d != ta && xs[d] != 0 {
+                    idx = Expr::add(idx, Expr::mul(Expr::Var(var), Expr::Int(xs[d] as i64)));
+                }
+            }
+            vec![
+                Stmt::Set {
+                    var: len,
+                    // Clamped to [0, T]: a bad length must not read out of bounds.
+                    value: Expr::bin(
+                        BinOp::Min,
+                        Expr::bin(
+                            BinOp::Max,
+                            Expr::cast(Ty::I64, Expr::load(lens.buf, Expr::Var(v[ba]))),
+                            Expr::Int(0),
+                        ),
+                        Expr::Int(x.shape[ta] as i64),
+                    ),
+                },
+                Stmt::Set {
+                    var: src,
+                    value: Expr::select(
+                        Expr::cmp(CmpOp::Lt, t.clone(), Expr::Var(len)),
+                        Expr::bin(
+                            BinOp::Sub,
+                            Expr::bin(BinOp::Sub, Expr::Var(len), Expr::Int(1)),
+                            t.clone(),
+                        ),
+                        t,
+                    ),
+                },
+                Stmt::Store {
+                    buf: out.buf,
+                    index: index(v, &xs),
+                    value: Expr::load(x.buf, idx),
+                },
+            ]
+        });
+        lw.push(k);
+        Ok(())
+    }
+
     fn pad(lw: &mut LowerCtx) -> OpResult<()> {
         let mode = lw.op.attrs.string("mode", "constant".into())?;
         let t = lw.outputs[0].ty();
@@ -1299,14 +1365,10 @@ mod lower {
         ] {
             r.lower(op, Lowering::Movement(&[0]));
         }
-        for op in [
-            "DepthToSpace",
-            "SpaceToDepth",
-            "CenterCropPad",
-            "ReverseSequence",
-        ] {
+        for op in ["DepthToSpace", "SpaceToDepth", "CenterCropPad"] {
             r.lower(op, Lowering::Movement(&[0]));
         }
+        r.lower("ReverseSequence", Lowering::Custom(reverse_sequence));
         r.lower("Concat", Lowering::Movement(ALL));
         r.lower("Pad", Lowering::Custom(pad));
         r.lower("Dropout", Lowering::Custom(dropout));
