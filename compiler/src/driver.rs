@@ -69,7 +69,11 @@ pub fn prepare(g: &mut Graph, opts: &Options) -> Result<HashMap<ValueId, crate::
     bind_constants(g, &opts.constants)?;
     passes::bind_input_shapes(g, &opts.shapes)?;
     passes::check_static_inputs(g)?;
-    let rep = passes::infer_shapes(g)?;
+    let mut rep = passes::infer_shapes(g)?;
+    // If nodes with a known condition become their taken branch; infer again.
+    while passes::inline_if::inline_constant_ifs(g, &rep.known) > 0 {
+        rep = passes::infer_shapes(g)?;
+    }
     if !rep.unresolved.is_empty() {
         return Err(Error::Shape(format!(
             "these values have no static shape, so the model cannot be compiled:\n  {}",

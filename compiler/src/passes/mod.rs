@@ -6,6 +6,7 @@
 //! node count before and after each pass and the time it took.
 
 pub mod infer_shapes;
+pub mod inline_if;
 
 pub use infer_shapes::{
     bind_input_shapes, check_static_inputs, free_input_dims, infer_shapes, InferReport,
