@@ -30,6 +30,8 @@ struct Gen<'a, 'b> {
     vars: Vec<Variable>,
     bases: HashMap<BufId, Value>,
     libm: &'a mut HashMap<&'static str, FuncId>,
+    /// Machine-code calls for the kernel's `Stmt::Gemm`s, in statement order.
+    gemms: std::vec::IntoIter<super::gemm::AsmCall>,
 }
 
 /// Emits kernel `k` into `func` (whose signature is `(inputs, outputs, arena)`).
@@ -41,6 +43,7 @@ pub fn kernel(
     p: &Program,
     consts: &HashMap<usize, DataId>,
     libm: &mut HashMap<&'static str, FuncId>,
+    gemms: Vec<super::gemm::AsmCall>,
 ) -> Result<(), String> {
     if let Err(e) = crate::kir::verify::verify_program(&Program {
         buffers: p.buffers.clone(),
@@ -96,6 +99,7 @@ pub fn kernel(
         vars,
         bases,
         libm,
+        gemms: gemms.into_iter(),
     };
     g.stmts(&k.body)?;
     g.b.ins().return_(&[]);
@@ -150,6 +154,14 @@ fn collect_bufs(body: &[Stmt], out: &mut Vec<BufId>) {
                 e(cond, out);
                 collect_bufs(then, out);
                 collect_bufs(els, out);
+            }
+            Stmt::Gemm(g) => {
+                for v in g.views() {
+                    if !out.contains(&v.buf) {
+                        out.push(v.buf);
+                    }
+                    e(&v.offset, out);
+                }
             }
         }
     }
@@ -216,6 +228,29 @@ impl Gen<'_, '_> {
                 self.stmts(els)?;
                 self.b.ins().jump(m, &[]);
                 self.b.switch_to_block(m);
+            }
+            Stmt::Gemm(g) => {
+                let call = self
+                    .gemms
+                    .next()
+                    .ok_or_else(|| format!("kernel `{}`: gemm without a plan", self.k.name))?;
+                let ptr = self.module.isa().pointer_type();
+                let mut args = Vec::new();
+                for (v, op) in [(&g.a, Some(call.a)), (&g.b, Some(call.b)), (&g.c, None)] {
+                    args.push(match op {
+                        Some(super::gemm::Operand::Packed(id)) => {
+                            let gv = self.module.declare_data_in_func(id, self.b.func);
+                            self.b.ins().symbol_value(ptr, gv)
+                        }
+                        _ => self.addr(v.buf, &v.offset)?,
+                    });
+                }
+                args.push(match &g.init {
+                    Some(v) => self.addr(v.buf, &v.offset)?,
+                    None => self.b.ins().iconst(ptr, 0),
+                });
+                let fr = self.module.declare_func_in_func(call.func, self.b.func);
+                self.b.ins().call(fr, &args);
             }
         }
         Ok(())
