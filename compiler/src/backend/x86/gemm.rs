@@ -424,9 +424,10 @@ impl Gen<'_> {
                     self.a.kmovw(k1, eax).map_err(e)?;
                 }
                 Isa::Avx2 => {
+                    // (A label operand cannot take an offset: it names the label.)
                     let off = ((lanes - tail) * 4) as i32;
-                    let m = AsmMemoryOperand::from(self.mask_table) + off;
-                    self.a.vmovups(ymm15, ymmword_ptr(m)).map_err(e)?;
+                    self.a.lea(rax, ptr(self.mask_table)).map_err(e)?;
+                    self.a.vmovups(ymm15, ymmword_ptr(rax + off)).map_err(e)?;
                 }
             }
         }
