@@ -421,3 +421,175 @@ fn gemm_x86_64_sse4() {
 fn gemm_aarch64_neon_qemu() {
     check_target("aarch64-neon");
 }
+
+/// `Stmt::Gemm` with every epilogue the call carries (bias views broadcast by rows, by
+/// columns or full; Relu, Clip, LeakyRelu; alpha; B constant or an input), compiled
+/// straight from kernel IR for `target` and checked against a scalar computation.
+fn check_calls(target: &str) {
+    use onnxc::backend::cranelift::{compile_object, ObjectSpec, TensorDesc};
+    use onnxc::kir::{BufKind, Expr, GemmAct, GemmCall, Kernel, MatView, Program, Stmt, Ty};
+    let scratch = tempfile::tempdir().unwrap();
+    let env = CompiledEnv::new(target, scratch.path()).unwrap();
+    let t = onnxc::targets::Target::load(target).unwrap();
+    let host = onnxc::targets::Target::host().unwrap();
+    if t.is_x86() && !t.features.iter().all(|f| host.has(f)) {
+        eprintln!("skip {target}: this CPU lacks its features");
+        return;
+    }
+    let acts = [
+        GemmAct::None,
+        GemmAct::Relu,
+        GemmAct::Clip(-0.3, 0.4),
+        GemmAct::Leaky(0.1),
+    ];
+    let mut failures = Vec::new();
+    let mut case = 0u64;
+    for (m, n, k) in [(13, 37, 19), (5, 8, 3), (17, 33, 65), (1, 70, 2)] {
+        for init_kind in 0..4 {
+            case += 1;
+            let act = acts[case as usize % 4];
+            let alpha = if case % 3 == 0 { 0.5 } else { 1.0 };
+            let b_const = case % 2 == 0;
+            let a = rand(m * k, case);
+            let b = rand(k * n, case + 50);
+            // init: none, per row (m), per column (n), full (m x n).
+            let (ilen, irs, ics) = match init_kind {
+                0 => (0, 0, 0),
+                1 => (m, 1, 0),
+                2 => (n, 0, 1),
+                _ => (m * n, n as i64, 1),
+            };
+            let init = rand(ilen, case + 99);
+            let mut p = Program::default();
+            let ab = p.add_buffer("a", BufKind::Input(0), Ty::F32, (m * k) as u64);
+            let bb = if b_const {
+                let data = b.iter().flat_map(|x| x.to_le_bytes()).collect();
+                p.add_buffer("b", BufKind::Const { data }, Ty::F32, (k * n) as u64)
+            } else {
+                p.add_buffer("b", BufKind::Input(1), Ty::F32, (k * n) as u64)
+            };
+            let mut ins = vec![(vec![m, k], a.clone())];
+            if !b_const {
+                ins.push((vec![k, n], b.clone()));
+            }
+            let ib = (ilen > 0).then(|| {
+                let id = p.add_buffer("init", BufKind::Input(ins.len()), Ty::F32, ilen as u64);
+                ins.push((vec![ilen], init.clone()));
+                id
+            });
+            let cb = p.add_buffer("c", BufKind::Output(0), Ty::F32, (m * n) as u64);
+            p.inputs = (0..ins.len()).collect();
+            p.outputs = vec![cb];
+            let view = |buf, rs, cs| MatView {
+                buf,
+                offset: Expr::Int(0),
+                rs,
+                cs,
+            };
+            let mut kern = Kernel::new("g");
+            kern.body = vec![Stmt::Gemm(Box::new(GemmCall {
+                m: m as u64,
+                n: n as u64,
+                k: k as u64,
+                a: view(ab, k as i64, 1),
+                b: view(bb, n as i64, 1),
+                c: view(cb, n as i64, 1),
+                alpha,
+                init: ib.map(|i| view(i, irs, ics)),
+                act,
+            }))];
+            p.kernels = vec![kern];
+            let desc = |name: &str, shape: Vec<usize>| TensorDesc {
+                name: name.into(),
+                dtype: 1,
+                bytes: 4 * shape.iter().product::<usize>() as u64,
+                shape: shape.iter().map(|&d| d as u64).collect(),
+            };
+            let in_desc: Vec<TensorDesc> = ins
+                .iter()
+                .enumerate()
+                .map(|(i, (s, _))| desc(&format!("in{i}"), s.clone()))
+                .collect();
+            let out_desc = vec![desc("c", vec![m, n])];
+            let obj = compile_object(&ObjectSpec {
+                prefix: "model",
+                program: &p,
+                inputs: &in_desc,
+                outputs: &out_desc,
+                triple: &t.triple,
+                features: &t.features,
+            })
+            .unwrap();
+            let dir = scratch.path().join(format!("k{case}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            let (o, exe) = (dir.join("model.o"), dir.join("model.exe"));
+            std::fs::write(&o, obj).unwrap();
+            onnxc::runner::link(&env.toolchain, &env.harness, &o, &exe).unwrap();
+            let tensors: Vec<Tensor> = ins
+                .iter()
+                .map(|(s, v)| Tensor::from_vec(s, v.clone()))
+                .collect();
+            let got = onnxc::runner::execute(
+                &env.toolchain,
+                &exe,
+                &dir,
+                &tensors,
+                &[(DType::F32, vec![m, n])],
+            )
+            .unwrap();
+            let mut want = vec![0f32; m * n];
+            for i in 0..m {
+                for j in 0..n {
+                    let s: f32 = (0..k).map(|q| a[i * k + q] * b[q * n + j]).sum();
+                    let mut x = alpha * s;
+                    if ilen > 0 {
+                        x += init[(i as i64 * irs + j as i64 * ics) as usize];
+                    }
+                    want[i * n + j] = match act {
+                        GemmAct::None => x,
+                        GemmAct::Relu => x.max(0.0),
+                        GemmAct::Clip(lo, hi) => x.max(lo).min(hi),
+                        GemmAct::Leaky(al) => {
+                            if x < 0.0 {
+                                al * x
+                            } else {
+                                x
+                            }
+                        }
+                    };
+                }
+            }
+            let err = rel_err(&got[0], &Tensor::from_vec(&[m, n], want));
+            if err.is_nan() || err > 1e-4 {
+                failures.push(format!(
+                    "{m}x{n}x{k} init {init_kind} {act:?} alpha {alpha} b_const {b_const}: {err:e}"
+                ));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{target}: wrong gemm calls:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn gemm_calls_x86_64_avx512() {
+    check_calls("x86_64-avx512");
+}
+
+#[test]
+fn gemm_calls_x86_64_avx2() {
+    check_calls("x86_64-avx2");
+}
+
+#[test]
+fn gemm_calls_x86_64_sse4() {
+    check_calls("x86_64-sse4");
+}
+
+#[test]
+fn gemm_calls_aarch64_neon_qemu() {
+    check_calls("aarch64-neon");
+}

@@ -1,6 +1,6 @@
 /* Times a compiled model `mm` (one f32 input, one f32 output): warm-up, then the
  * median and the best of RUNS calls. Usage: bench FLOPS RUNS. Prints "median best" in
- * GFLOP/s. */
+ * GFLOP/s, then the median in ms. */
 #include "mm.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +33,6 @@ int main(int argc, char **argv) {
         t[r] = now() - t0;
     }
     qsort(t, runs, sizeof(double), cmp);
-    printf("%.1f %.1f\n", flops / t[runs / 2] / 1e9, flops / t[0] / 1e9);
+    printf("%.1f %.1f %.4f\n", flops / t[runs / 2] / 1e9, flops / t[0] / 1e9, t[runs / 2] * 1e3);
     return 0;
 }

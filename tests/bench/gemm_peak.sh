@@ -26,7 +26,7 @@ printf "%-14s %12s %12s %10s %12s\n" target "GFLOP/s med" "GFLOP/s best" "peak" 
 for t in x86_64-avx512 x86_64-avx2; do
     "$onnxc" "$work/mm.onnx" --target "$t" --name mm -o "$work/mm.o" > /dev/null 2>&1
     cc -O2 -I"$work" -o "$work/bench" "$here/bench_model.c" "$work/mm.o" -lm
-    read -r med best < <("$work/bench" "$flops" "${RUNS:-300}")
+    read -r med best _ < <("$work/bench" "$flops" "${RUNS:-300}")
     isa=avx2; [ "$t" = x86_64-avx512 ] && isa=avx512
     peak=$("$work/peak" "$isa")
     pct=$(python3 -c "print(f'{100*$med/$peak:.1f}')")

@@ -20,18 +20,29 @@ pub enum Operand {
     Packed(DataId),
 }
 
-/// One `Stmt::Gemm` that calls a machine-code function.
+/// How one kept `Stmt::Gemm` runs.
 #[derive(Clone, Debug)]
-pub struct AsmCall {
-    pub func: FuncId,
-    pub a: Operand,
-    pub b: Operand,
+pub enum Plan {
+    /// A call to a machine-code function.
+    Asm {
+        func: FuncId,
+        a: Operand,
+        b: Operand,
+    },
+    /// f32x4 register tiles in Cranelift IR (NEON); n is a multiple of [`VEC_NR`].
+    Vec4,
 }
+
+/// Columns of a Cranelift f32x4 tile (two vectors) and its rows.
+pub const VEC_NR: u64 = 8;
+pub const VEC_MR: u64 = 4;
 
 /// Per-object state: the microkernel ISA and blocking, and the functions and packed
 /// constants made so far (shared by calls of one shape or one weight).
 pub struct GemmCtx {
     isa: Option<Isa>,
+    /// aarch64: f32x4 tiles from Cranelift.
+    vec4: bool,
     l1_kib: u32,
     l2_kib: u32,
     prefix: String,
@@ -51,6 +62,7 @@ impl GemmCtx {
         };
         GemmCtx {
             isa,
+            vec4: triple.starts_with("aarch64"),
             l1_kib,
             l2_kib,
             prefix: prefix.to_string(),
@@ -66,7 +78,7 @@ impl GemmCtx {
         module: &mut ObjectModule,
         k: &Kernel,
         p: &Program,
-    ) -> R<(Kernel, Vec<AsmCall>)> {
+    ) -> R<(Kernel, Vec<Plan>)> {
         let mut out = k.clone();
         let mut calls = Vec::new();
         let body = std::mem::take(&mut out.body);
@@ -80,7 +92,7 @@ impl GemmCtx {
         body: Vec<Stmt>,
         vars: &mut Vec<Ty>,
         p: &Program,
-        calls: &mut Vec<AsmCall>,
+        calls: &mut Vec<Plan>,
     ) -> R<Vec<Stmt>> {
         let mut out = Vec::with_capacity(body.len());
         for s in body {
@@ -100,7 +112,16 @@ impl GemmCtx {
                         calls.push(c);
                         out.push(Stmt::Gemm(g));
                     }
-                    None => out.extend(expand(&g, vars)),
+                    None => match self.vec4_split(&g) {
+                        Some((main, rest)) => {
+                            calls.push(Plan::Vec4);
+                            out.push(Stmt::Gemm(Box::new(main)));
+                            if let Some(r) = rest {
+                                out.extend(expand(&r, vars));
+                            }
+                        }
+                        None => out.extend(expand(&g, vars)),
+                    },
                 },
                 s => out.push(s),
             }
@@ -108,8 +129,32 @@ impl GemmCtx {
         Ok(out)
     }
 
+    /// For f32x4 tiles: the columns that fill whole tiles, and the rest (as loops).
+    fn vec4_split(&self, g: &GemmCall) -> Option<(GemmCall, Option<GemmCall>)> {
+        let init_ok = g.init.as_ref().is_none_or(|v| v.cs == 0 || v.cs == 1);
+        if !self.vec4 || g.b.cs != 1 || g.c.cs != 1 || !init_ok || g.n < VEC_NR {
+            return None;
+        }
+        let n8 = g.n / VEC_NR * VEC_NR;
+        let mut main = g.clone();
+        main.n = n8;
+        if n8 == g.n {
+            return Some((main, None));
+        }
+        let shift = |v: &MatView| MatView {
+            offset: Expr::add(v.offset.clone(), Expr::Int(n8 as i64 * v.cs)),
+            ..v.clone()
+        };
+        let mut rest = g.clone();
+        rest.n = g.n - n8;
+        rest.b = shift(&g.b);
+        rest.c = shift(&g.c);
+        rest.init = g.init.as_ref().map(shift);
+        Some((main, Some(rest)))
+    }
+
     /// The microkernel plan for `g`, or None when it must run as loops.
-    fn plan(&mut self, module: &mut ObjectModule, g: &GemmCall, p: &Program) -> R<Option<AsmCall>> {
+    fn plan(&mut self, module: &mut ObjectModule, g: &GemmCall, p: &Program) -> R<Option<Plan>> {
         let Some(isa) = self.isa else {
             return Ok(None);
         };
@@ -199,7 +244,7 @@ impl GemmCtx {
                 id
             }
         };
-        Ok(Some(AsmCall {
+        Ok(Some(Plan::Asm {
             func,
             a: a_op,
             b: b_op,
