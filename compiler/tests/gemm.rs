@@ -249,13 +249,7 @@ fn cases() -> Vec<Case> {
         ));
     }
     // Conv: 1x1 (direct), KxK through im2col (pads, strides, dilations), 1-D; with bias.
-    let convs: [(
-        &str,
-        Vec<usize>,
-        Vec<usize>,
-        Vec<AttributeProto>,
-        Vec<usize>,
-    ); 5] = [
+    let convs: [ConvCase; 5] = [
         (
             "conv1x1",
             vec![2, 17, 9, 11],
@@ -315,6 +309,15 @@ fn cases() -> Vec<Case> {
     }
     v
 }
+
+/// Name, X shape, W shape, attributes, Y shape.
+type ConvCase = (
+    &'static str,
+    Vec<usize>,
+    Vec<usize>,
+    Vec<AttributeProto>,
+    Vec<usize>,
+);
 
 /// max|got - want| / max|want|.
 fn rel_err(got: &Tensor, want: &Tensor) -> f64 {
@@ -448,8 +451,8 @@ fn check_calls(target: &str) {
         for init_kind in 0..4 {
             case += 1;
             let act = acts[case as usize % 4];
-            let alpha = if case % 3 == 0 { 0.5 } else { 1.0 };
-            let b_const = case % 2 == 0;
+            let alpha = if case.is_multiple_of(3) { 0.5 } else { 1.0 };
+            let b_const = case.is_multiple_of(2);
             let a = rand(m * k, case);
             let b = rand(k * n, case + 50);
             // init: none, per row (m), per column (n), full (m x n).

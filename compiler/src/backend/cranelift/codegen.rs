@@ -35,6 +35,7 @@ struct Gen<'a, 'b> {
 }
 
 /// Emits kernel `k` into `func` (whose signature is `(inputs, outputs, arena)`).
+#[allow(clippy::too_many_arguments)]
 pub fn kernel(
     module: &mut ObjectModule,
     func: &mut Function,

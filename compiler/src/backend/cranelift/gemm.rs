@@ -47,10 +47,13 @@ pub struct GemmCtx {
     l2_kib: u32,
     prefix: String,
     funcs: HashMap<Spec, FuncId>,
-    packs: HashMap<(usize, i64, i64, i64, usize, usize, u32, bool), DataId>,
+    packs: HashMap<PackKey, DataId>,
 }
 
 type R<T> = Result<T, String>;
+
+/// A packed constant: buffer, offset, strides, the two sizes, alpha's bits, B or A.
+type PackKey = (usize, i64, i64, i64, usize, usize, u32, bool);
 
 impl GemmCtx {
     pub fn new(prefix: &str, triple: &str, features: &[String], l1_kib: u32, l2_kib: u32) -> Self {
@@ -254,7 +257,7 @@ impl GemmCtx {
     fn pack(
         &mut self,
         module: &mut ObjectModule,
-        key: (usize, i64, i64, i64, usize, usize, u32, bool),
+        key: PackKey,
         f: impl FnOnce() -> Vec<f32>,
     ) -> R<DataId> {
         if let Some(id) = self.packs.get(&key) {

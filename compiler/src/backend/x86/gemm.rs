@@ -121,6 +121,7 @@ pub fn blocking(isa: Isa, k: usize, n: usize, l1_kib: u32, l2_kib: u32) -> (usiz
 
 /// Packs B (`k x n`, element `(p, j)` at `off + p * rs + j * col_s` of `data`) scaled by
 /// `alpha` into `[ceil(n / NR)][k][NR]` panels, zero-padded.
+#[allow(clippy::too_many_arguments)]
 pub fn pack_b(
     isa: Isa,
     data: &[f32],
@@ -149,6 +150,7 @@ pub fn pack_b(
 }
 
 /// Packs A (`m x k`) scaled by `alpha` into `[ceil(m / MR)][k][MR]`, zero-padded.
+#[allow(clippy::too_many_arguments)]
 pub fn pack_a(
     isa: Isa,
     data: &[f32],
@@ -217,7 +219,13 @@ const FRAME: i32 = 32;
 
 /// Assembles the function for `s`.
 pub fn generate(s: &Spec) -> R<Vec<u8>> {
-    if s.m == 0 || s.n == 0 || s.k == 0 || s.kc == 0 || s.nc == 0 || s.nc % s.isa.nr() != 0 {
+    if s.m == 0
+        || s.n == 0
+        || s.k == 0
+        || s.kc == 0
+        || s.nc == 0
+        || !s.nc.is_multiple_of(s.isa.nr())
+    {
         return Err("x86 gemm: empty or badly blocked shape".into());
     }
     if let Some((_, ics)) = s.init {
