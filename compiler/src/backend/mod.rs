@@ -1,3 +1,4 @@
 //! Back ends: kernel IR to machine code.
 
 pub mod cranelift;
+pub mod x86;

@@ -344,6 +344,56 @@ pub enum Stmt {
         then: Vec<Stmt>,
         els: Vec<Stmt>,
     },
+    /// A matrix product `C = act(init + alpha * A B)` over f32 buffer views: the back end
+    /// picks a microkernel for the target or expands it to loops.
+    Gemm(Box<GemmCall>),
+}
+
+/// A strided 2-D view of a buffer: element `(i, j)` is at `offset + i * rs + j * cs`
+/// (elements, not bytes; `offset` is an i64 expression that may use loop variables).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MatView {
+    pub buf: BufId,
+    pub offset: Expr,
+    pub rs: i64,
+    pub cs: i64,
+}
+
+/// An activation a [`GemmCall`] applies to each result before storing it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum GemmAct {
+    None,
+    Relu,
+    /// `min(max(x, lo), hi)`.
+    Clip(f32, f32),
+    /// `x < 0 ? alpha * x : x`.
+    Leaky(f32),
+}
+
+/// `C[i, j] = act(init[i, j] + alpha * sum_p A[i, p] * B[p, j])` for `i < m, j < n,
+/// p < k`, all views f32. `init` absent means 0; `init` equal to `c` accumulates into C.
+/// C must not overlap A or B. A constant-buffer operand (weights) with a literal offset
+/// may be repacked by the back end at compile time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GemmCall {
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+    pub a: MatView,
+    pub b: MatView,
+    pub c: MatView,
+    pub alpha: f32,
+    pub init: Option<MatView>,
+    pub act: GemmAct,
+}
+
+impl GemmCall {
+    /// The views the call reads and writes: A, B, C, then init.
+    pub fn views(&self) -> Vec<&MatView> {
+        let mut v = vec![&self.a, &self.b, &self.c];
+        v.extend(self.init.as_ref());
+        v
+    }
 }
 
 /// One kernel: a function over the program's buffers.

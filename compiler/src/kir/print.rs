@@ -47,8 +47,35 @@ fn stmts(body: &[Stmt], depth: usize, s: &mut String) {
                 }
                 let _ = writeln!(s, "{pad}}}");
             }
+            Stmt::Gemm(g) => {
+                let mut rhs = format!("{} x {}", view(&g.a), view(&g.b));
+                if g.alpha != 1.0 {
+                    rhs = format!("{:?} * {rhs}", g.alpha);
+                }
+                if let Some(i) = &g.init {
+                    rhs = format!("{} + {rhs}", view(i));
+                }
+                match g.act {
+                    super::GemmAct::None => {}
+                    super::GemmAct::Relu => rhs = format!("relu({rhs})"),
+                    super::GemmAct::Clip(lo, hi) => rhs = format!("clip({rhs}, {lo:?}, {hi:?})"),
+                    super::GemmAct::Leaky(a) => rhs = format!("leaky({rhs}, {a:?})"),
+                }
+                let _ = writeln!(
+                    s,
+                    "{pad}gemm {}x{}x{} {} = {rhs}",
+                    g.m,
+                    g.n,
+                    g.k,
+                    view(&g.c)
+                );
+            }
         }
     }
+}
+
+fn view(v: &super::MatView) -> String {
+    format!("b{}[{}; {}, {}]", v.buf, expr(&v.offset), v.rs, v.cs)
 }
 
 pub fn expr(e: &Expr) -> String {

@@ -164,6 +164,7 @@ fn verify_stmts(body: &[Stmt], k: &Kernel, p: &Program, errs: &mut Vec<String>) 
                     verify_stmts(then, k, p, errs);
                     verify_stmts(els, k, p, errs);
                 }
+                Stmt::Gemm(g) => verify_gemm(g, k, p)?,
             }
             Ok(())
         })();
@@ -171,4 +172,51 @@ fn verify_stmts(body: &[Stmt], k: &Kernel, p: &Program, errs: &mut Vec<String>) 
             errs.push(format!("kernel `{}`: {e}", k.name));
         }
     }
+}
+
+/// A GEMM call: f32 views with i64 offsets, a writable C, and (where the offsets are
+/// literals) every element inside its buffer.
+fn verify_gemm(g: &super::GemmCall, k: &Kernel, p: &Program) -> Result<(), String> {
+    if g.m == 0 || g.n == 0 || g.k == 0 {
+        return Err(format!("gemm of empty size {}x{}x{}", g.m, g.n, g.k));
+    }
+    for (what, v) in ["A", "B", "C", "init"].iter().zip(g.views()) {
+        let b = p
+            .buffers
+            .get(v.buf)
+            .ok_or_else(|| format!("gemm {what} names missing buffer b{}", v.buf))?;
+        if b.elem != Ty::F32 {
+            return Err(format!("gemm {what} `{}` is {}, not f32", b.name, b.elem));
+        }
+        if type_of(&v.offset, k, p)? != Ty::I64 {
+            return Err(format!("gemm {what} offset into `{}` is not i64", b.name));
+        }
+        let (rows, cols) = match *what {
+            "A" => (g.m, g.k),
+            "B" => (g.k, g.n),
+            _ => (g.m, g.n),
+        };
+        if let super::Expr::Int(off) = v.offset {
+            let corners = [0, (rows as i64 - 1) * v.rs, (cols as i64 - 1) * v.cs];
+            let lo = off + corners[1].min(0) + corners[2].min(0);
+            let hi = off + corners[1].max(0) + corners[2].max(0);
+            if lo < 0 || hi >= b.len as i64 {
+                return Err(format!(
+                    "gemm {what} view [{lo}, {hi}] is outside `{}` of {} elements",
+                    b.name, b.len
+                ));
+            }
+        }
+    }
+    let c = &p.buffers[g.c.buf];
+    if matches!(
+        c.kind,
+        super::BufKind::Const { .. } | super::BufKind::Input(_)
+    ) {
+        return Err(format!("gemm stores to read-only buffer `{}`", c.name));
+    }
+    if g.c.buf == g.a.buf || g.c.buf == g.b.buf {
+        return Err("gemm C shares a buffer with A or B".into());
+    }
+    Ok(())
 }

@@ -2,6 +2,7 @@
 //! lowering; values get buffers (model inputs and outputs, constants, arena slices), and
 //! the memory plan fixes the arena offsets.
 
+pub mod gemm;
 pub mod plan;
 
 use crate::error::{Error, Result};
@@ -328,5 +329,6 @@ fn writes(body: &[Stmt], buf: BufId) -> bool {
         Stmt::For { body, .. } => writes(body, buf),
         Stmt::If { then, els, .. } => writes(then, buf) || writes(els, buf),
         Stmt::Set { .. } => false,
+        Stmt::Gemm(g) => g.c.buf == buf,
     })
 }

@@ -53,6 +53,10 @@ fn touched(body: &[Stmt], out: &mut Vec<BufId>) {
                 touched(then, out);
                 touched(els, out);
             }
+            Stmt::Gemm(g) => g.views().into_iter().for_each(|v| {
+                out.push(v.buf);
+                e(&v.offset, out);
+            }),
         }
     }
 }

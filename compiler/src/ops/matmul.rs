@@ -843,6 +843,9 @@ mod lower {
     }
 
     fn matmul(lw: &mut LowerCtx) -> OpResult<()> {
+        if crate::lower::gemm::matmul(lw)? {
+            return Ok(());
+        }
         let a = lw.input(0)?.clone();
         let b = lw.input(1)?.clone();
         ensure!(a.dtype == b.dtype, "MatMul inputs must share a dtype");
@@ -917,6 +920,9 @@ mod lower {
     }
 
     fn gemm(lw: &mut LowerCtx) -> OpResult<()> {
+        if crate::lower::gemm::gemm(lw)? {
+            return Ok(());
+        }
         let a = lw.input(0)?.clone();
         let b = lw.input(1)?.clone();
         let c = lw.opt_input(2).cloned();

@@ -963,6 +963,21 @@ mod lower {
         let group = group_attr(lw.op)?;
         let (n, m, cg, k) = conv_shapes(lw.op, &x.shape, &w.shape, group)?;
         let win = window(lw.op, &x.shape[2..], &k, false)?;
+        if mode == Mode::Float {
+            let (k, s, d, pb, in_sp, out_sp) = (&k, &win.s, &win.d, &win.pb, &win.in_sp, &win.out);
+            let g = crate::lower::gemm::ConvGeom {
+                group,
+                k,
+                s,
+                d,
+                pb,
+                in_sp,
+                out_sp,
+            };
+            if crate::lower::gemm::conv(lw, &g)? {
+                return Ok(());
+            }
+        }
         let c = x.shape[1];
         let mg = m / group;
         let kl = win.kernel_len();

@@ -83,9 +83,12 @@ struct Gen<'a, 'b> {
     vars: Vec<Variable>,
     bases: HashMap<BufId, Value>,
     libm: &'a mut HashMap<&'static str, FuncId>,
+    /// Machine-code calls for the kernel's `Stmt::Gemm`s, in statement order.
+    gemms: std::vec::IntoIter<super::gemm::Plan>,
 }
 
 /// Emits kernel `k` into `func` (whose signature is `(inputs, outputs, arena)`).
+#[allow(clippy::too_many_arguments)]
 pub fn kernel(
     module: &mut ObjectModule,
     func: &mut Function,
@@ -94,6 +97,7 @@ pub fn kernel(
     p: &Program,
     consts: &HashMap<usize, DataId>,
     libm: &mut HashMap<&'static str, FuncId>,
+    gemms: Vec<super::gemm::Plan>,
 ) -> Result<(), String> {
     if let Err(e) = crate::kir::verify::verify_program(&Program {
         buffers: p.buffers.clone(),
@@ -149,6 +153,7 @@ pub fn kernel(
         vars,
         bases,
         libm,
+        gemms: gemms.into_iter(),
     };
     g.stmts(&k.body)?;
     g.b.ins().return_(&[]);
@@ -203,6 +208,14 @@ fn collect_bufs(body: &[Stmt], out: &mut Vec<BufId>) {
                 e(cond, out);
                 collect_bufs(then, out);
                 collect_bufs(els, out);
+            }
+            Stmt::Gemm(g) => {
+                for v in g.views() {
+                    if !out.contains(&v.buf) {
+                        out.push(v.buf);
+                    }
+                    e(&v.offset, out);
+                }
             }
         }
     }
@@ -275,6 +288,213 @@ impl Gen<'_, '_> {
                 self.stmts(els)?;
                 self.b.ins().jump(m, &[]);
                 self.b.switch_to_block(m);
+            }
+            Stmt::Gemm(g) => {
+                let plan = self
+                    .gemms
+                    .next()
+                    .ok_or_else(|| format!("kernel `{}`: gemm without a plan", self.k.name))?;
+                let (func, pa, pb) = match plan {
+                    super::gemm::Plan::Vec4 => return self.gemm_vec4(g),
+                    super::gemm::Plan::Asm { func, a, b } => (func, a, b),
+                };
+                let ptr = self.module.isa().pointer_type();
+                let mut args = Vec::new();
+                for (v, op) in [(&g.a, Some(pa)), (&g.b, Some(pb)), (&g.c, None)] {
+                    args.push(match op {
+                        Some(super::gemm::Operand::Packed(id)) => {
+                            let gv = self.module.declare_data_in_func(id, self.b.func);
+                            self.b.ins().symbol_value(ptr, gv)
+                        }
+                        _ => self.addr(v.buf, &v.offset)?,
+                    });
+                }
+                args.push(match &g.init {
+                    Some(v) => self.addr(v.buf, &v.offset)?,
+                    None => self.b.ins().iconst(ptr, 0),
+                });
+                let fr = self.module.declare_func_in_func(func, self.b.func);
+                self.b.ins().call(fr, &args);
+            }
+        }
+        Ok(())
+    }
+
+    /// `for i in 0..n { body(i) }` with an i64 counter.
+    fn counted(
+        &mut self,
+        n: i64,
+        body: &mut dyn FnMut(&mut Self, Value) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let v = self.b.declare_var(types::I64);
+        let zero = self.b.ins().iconst(types::I64, 0);
+        self.b.def_var(v, zero);
+        let header = self.b.create_block();
+        let body_blk = self.b.create_block();
+        let exit = self.b.create_block();
+        self.b.ins().jump(header, &[]);
+        self.b.switch_to_block(header);
+        let i = self.b.use_var(v);
+        let c = self.b.ins().icmp_imm_s(IntCC::SignedLessThan, i, n);
+        self.b.ins().brif(c, body_blk, &[], exit, &[]);
+        self.b.switch_to_block(body_blk);
+        let i = self.b.use_var(v);
+        body(self, i)?;
+        let i = self.b.use_var(v);
+        let n1 = self.b.ins().iadd_imm_s(i, 1);
+        self.b.def_var(v, n1);
+        self.b.ins().jump(header, &[]);
+        self.b.switch_to_block(exit);
+        Ok(())
+    }
+
+    /// A GEMM as f32x4 register tiles (`VEC_MR x VEC_NR`, fewer rows at the edge); n is a
+    /// multiple of `VEC_NR`, B's and C's columns are contiguous.
+    fn gemm_vec4(&mut self, g: &crate::kir::GemmCall) -> Result<(), String> {
+        use super::gemm::{VEC_MR, VEC_NR};
+        let pa = self.addr(g.a.buf, &g.a.offset)?;
+        let pb = self.addr(g.b.buf, &g.b.offset)?;
+        let pc = self.addr(g.c.buf, &g.c.offset)?;
+        let pi = match &g.init {
+            Some(v) => Some(self.addr(v.buf, &v.offset)?),
+            None => None,
+        };
+        let full = (g.m / VEC_MR) as i64;
+        let rem = (g.m % VEC_MR) as usize;
+        let ntiles = (g.n / VEC_NR) as i64;
+        let tiles = |me: &mut Self, rows: usize, i0: Value| {
+            me.counted(ntiles, &mut |me, jt| {
+                let j0 = me.b.ins().imul_imm_s(jt, VEC_NR as i64);
+                me.vec4_tile(g, rows, i0, j0, pa, pb, pc, pi)
+            })
+        };
+        if full > 0 {
+            self.counted(full, &mut |me, it| {
+                let i0 = me.b.ins().imul_imm_s(it, VEC_MR as i64);
+                tiles(me, VEC_MR as usize, i0)
+            })?;
+        }
+        if rem > 0 {
+            let i0 = self.b.ins().iconst(types::I64, full * VEC_MR as i64);
+            tiles(self, rem, i0)?;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn vec4_tile(
+        &mut self,
+        g: &crate::kir::GemmCall,
+        rows: usize,
+        i0: Value,
+        j0: Value,
+        pa: Value,
+        pb: Value,
+        pc: Value,
+        pi: Option<Value>,
+    ) -> Result<(), String> {
+        use crate::kir::GemmAct;
+        let v4 = types::F32X4;
+        let fl = MemFlagsData::trusted();
+        // Byte address `base + (i0 + r) * rs * 4 + (j0 * cs + c) * 4`.
+        let at = |me: &mut Self, base: Value, i: Value, rs: i64, j: Value, cs: i64| {
+            let a = me.b.ins().imul_imm_s(i, rs * 4);
+            let bj = me.b.ins().imul_imm_s(j, cs * 4);
+            let s = me.b.ins().iadd(a, bj);
+            me.b.ins().iadd(base, s)
+        };
+        let nv = 2usize;
+        let zero_s = self.b.ins().f32const(0.0);
+        let zero = self.b.ins().splat(v4, zero_s);
+        let accs: Vec<Variable> = (0..rows * nv).map(|_| self.b.declare_var(v4)).collect();
+        for &a in &accs {
+            self.b.def_var(a, zero);
+        }
+        let zi = self.b.ins().iconst(types::I64, 0);
+        let arow = at(self, pa, i0, g.a.rs, zi, 0);
+        let bcol = at(self, pb, zi, 0, j0, 1);
+        let (pav, pbv) = (
+            self.b.declare_var(types::I64),
+            self.b.declare_var(types::I64),
+        );
+        self.b.def_var(pav, arow);
+        self.b.def_var(pbv, bcol);
+        let (ars, acs, brs) = (g.a.rs * 4, g.a.cs * 4, g.b.rs * 4);
+        self.counted(g.k as i64, &mut |me, _| {
+            let a = me.b.use_var(pav);
+            let b = me.b.use_var(pbv);
+            let bv: Vec<Value> = (0..nv)
+                .map(|v| me.b.ins().load(v4, fl, b, (16 * v) as i32))
+                .collect();
+            for r in 0..rows {
+                let ar = me.b.ins().iadd_imm_s(a, r as i64 * ars);
+                let x = me.b.ins().load(types::F32, fl, ar, 0);
+                let xs = me.b.ins().splat(v4, x);
+                for (v, bvv) in bv.iter().enumerate() {
+                    let acc = me.b.use_var(accs[r * nv + v]);
+                    let n = me.b.ins().fma(xs, *bvv, acc);
+                    me.b.def_var(accs[r * nv + v], n);
+                }
+            }
+            let a2 = me.b.ins().iadd_imm_s(a, acs);
+            let b2 = me.b.ins().iadd_imm_s(b, brs);
+            me.b.def_var(pav, a2);
+            me.b.def_var(pbv, b2);
+            Ok(())
+        })?;
+        let crow = at(self, pc, i0, g.c.rs, j0, 1);
+        let irow = match (&g.init, pi) {
+            (Some(v), Some(p)) => Some((at(self, p, i0, v.rs, j0, v.cs), v.rs * 4, v.cs)),
+            _ => None,
+        };
+        let alpha = if g.alpha != 1.0 {
+            let a = self.b.ins().f32const(g.alpha);
+            Some(self.b.ins().splat(v4, a))
+        } else {
+            None
+        };
+        let splat_c = |me: &mut Self, x: f32| {
+            let s = me.b.ins().f32const(x);
+            me.b.ins().splat(v4, s)
+        };
+        for r in 0..rows {
+            for v in 0..nv {
+                let mut x = self.b.use_var(accs[r * nv + v]);
+                if let Some(al) = alpha {
+                    x = self.b.ins().fmul(x, al);
+                }
+                if let Some((ib, irs, ics)) = irow {
+                    let off = r as i64 * irs + (16 * v) as i64 * ics;
+                    let addr = self.b.ins().iadd_imm_s(ib, off);
+                    let y = if ics == 0 {
+                        let s = self.b.ins().load(types::F32, fl, addr, 0);
+                        self.b.ins().splat(v4, s)
+                    } else {
+                        self.b.ins().load(v4, fl, addr, 0)
+                    };
+                    x = self.b.ins().fadd(y, x);
+                }
+                x = match g.act {
+                    GemmAct::None => x,
+                    GemmAct::Relu => self.b.ins().fmax(x, zero),
+                    GemmAct::Clip(lo, hi) => {
+                        let (l, h) = (splat_c(self, lo), splat_c(self, hi));
+                        let y = self.b.ins().fmax(x, l);
+                        self.b.ins().fmin(y, h)
+                    }
+                    GemmAct::Leaky(al) => {
+                        let a = splat_c(self, al);
+                        let neg = self.b.ins().fcmp(FloatCC::LessThan, x, zero);
+                        let neg = self.b.ins().bitcast(v4, MemFlagsData::new(), neg);
+                        let y = self.b.ins().fmul(x, a);
+                        self.b.ins().bitselect(neg, y, x)
+                    }
+                };
+                let addr = self
+                    .b
+                    .ins()
+                    .iadd_imm_s(crow, r as i64 * g.c.rs * 4 + (16 * v) as i64);
+                self.b.ins().store(fl, x, addr, 0);
             }
         }
         Ok(())

@@ -3,6 +3,7 @@
 //! the exported entry points check their pointers and call the kernels in order.
 
 mod codegen;
+pub mod gemm;
 
 use crate::kir::{BufKind, Program};
 use cranelift_codegen::ir::{types, AbiParam, InstBuilder, MemFlagsData, Signature};
@@ -140,7 +141,11 @@ pub fn compile_object(spec: &ObjectSpec) -> R<Vec<u8>> {
     let mut fbc = FunctionBuilderContext::new();
     let mut kernel_ids: Vec<FuncId> = Vec::new();
     let mut libm: HashMap<&'static str, FuncId> = HashMap::new();
+    // Cache sizes for GEMM blocking (KiB): a current x86 core's L1d and per-core L2.
+    let mut gemms = gemm::GemmCtx::new(spec.prefix, spec.triple, spec.features, 48, 1024);
     for (ki, k) in p.kernels.iter().enumerate() {
+        let (k, calls) = gemms.prepare(&mut module, k, p)?;
+        let k = &k;
         let fid = module
             .declare_function(
                 &format!("{}__k{ki}_{}", spec.prefix, sanitize(&k.name)),
@@ -157,6 +162,7 @@ pub fn compile_object(spec: &ObjectSpec) -> R<Vec<u8>> {
             p,
             &consts,
             &mut libm,
+            calls,
         )?;
         module
             .define_function(fid, &mut ctx)

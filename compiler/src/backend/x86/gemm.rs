@@ -1,0 +1,638 @@
+//! Shape-specialised f32 GEMM for x86_64, AVX-512 (zmm, k-masks) or AVX2+FMA (ymm,
+//! `vmaskmovps`), as one machine-code function per distinct call shape:
+//!
+//! ```c
+//! void gemm(const float *a, const float *b, float *c, const float *init);
+//! ```
+//!
+//! Every size and stride is a constant of the code. A register tile of `MR x NR`
+//! accumulators (AVX-512: 12 x 32, 24 zmm; AVX2: 6 x 16, 12 ymm) runs a looped k-loop of
+//! broadcast-A times vector-B FMAs. Blocking, outermost first: columns by `nc` (the B
+//! block stays in L2), k by `kc`, row tiles, column panels (the A tile stays in L1).
+//! Column edges are masked, row edges get a tile with fewer rows, so any m, n, k works.
+//!
+//! A is read by scalar broadcasts, so it may have any strides (or be prepacked as
+//! `[m/MR][k][MR]`); B is read by vectors, so its columns must be contiguous (or it is
+//! prepacked as `[n/NR][k][NR]`, zero-padded, see [`pack_b`]).
+
+use crate::kir::GemmAct;
+use iced_x86::code_asm::*;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    Avx512,
+    Avx2,
+}
+
+impl Isa {
+    /// Rows of the register tile.
+    pub fn mr(self) -> usize {
+        match self {
+            Isa::Avx512 => 12,
+            Isa::Avx2 => 6,
+        }
+    }
+    /// Columns of the register tile (two vectors).
+    pub fn nr(self) -> usize {
+        2 * self.lanes()
+    }
+    pub fn lanes(self) -> usize {
+        match self {
+            Isa::Avx512 => 16,
+            Isa::Avx2 => 8,
+        }
+    }
+    /// From the target's features: AVX-512F, else AVX2 with FMA, else none.
+    pub fn from_features(features: &[String]) -> Option<Isa> {
+        let has = |f: &str| features.iter().any(|x| x == f);
+        if has("avx512f") {
+            Some(Isa::Avx512)
+        } else if has("avx2") && has("fma") {
+            Some(Isa::Avx2)
+        } else {
+            None
+        }
+    }
+}
+
+/// One GEMM's shape and byte strides. Element addresses (bytes from the base pointer):
+/// `A(i, p) = (i / MR) * a_tile + (i % MR) * a_row + p * a_k`,
+/// `B(p, j) = (j / NR) * b_panel + p * b_k + (j % NR) * 4`,
+/// `C(i, j) = i * c_rs + j * 4`, `init(i, j) = i * init.0 + j * init.1` (init.1 is 0 or 4).
+#[derive(Clone, Debug, PartialEq, Hash, Eq)]
+pub struct Spec {
+    pub isa: Isa,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a_tile: i64,
+    pub a_row: i64,
+    pub a_k: i64,
+    pub b_panel: i64,
+    pub b_k: i64,
+    /// B is packed with zero padding: edge panels may be loaded whole.
+    pub b_padded: bool,
+    pub c_rs: i64,
+    pub init: Option<(i64, i64)>,
+    /// The init view is C itself (accumulate).
+    pub init_is_c: bool,
+    pub act: ActBits,
+    /// k block and column block.
+    pub kc: usize,
+    pub nc: usize,
+}
+
+/// [`GemmAct`] with its floats as bits (hashable).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ActBits {
+    None,
+    Relu,
+    Clip(u32, u32),
+    Leaky(u32),
+}
+
+impl From<GemmAct> for ActBits {
+    fn from(a: GemmAct) -> ActBits {
+        match a {
+            GemmAct::None => ActBits::None,
+            GemmAct::Relu => ActBits::Relu,
+            GemmAct::Clip(lo, hi) => ActBits::Clip(lo.to_bits(), hi.to_bits()),
+            GemmAct::Leaky(a) => ActBits::Leaky(a.to_bits()),
+        }
+    }
+}
+
+/// Cache blocking from the target's cache sizes (KiB; 0 = unknown): the k block keeps the
+/// A tile (`MR x kc`) within half of L1, the column block keeps the B block (`kc x nc`)
+/// within half of L2.
+pub fn blocking(isa: Isa, k: usize, n: usize, l1_kib: u32, l2_kib: u32) -> (usize, usize) {
+    let l1 = if l1_kib == 0 { 32 } else { l1_kib as usize } * 1024;
+    let l2 = if l2_kib == 0 { 512 } else { l2_kib as usize } * 1024;
+    let nr = isa.nr();
+    let kc_max = (l1 / 2 / (isa.mr() * 4)).clamp(64, 512);
+    // Even k blocks: 520 = 2 x 260, not 512 + 8.
+    let nblk = k.div_ceil(kc_max);
+    let kc = k.div_ceil(nblk);
+    let nc_max = ((l2 / 2 / (kc * 4)) / nr * nr).max(nr);
+    let ncb = n.div_ceil(nc_max);
+    let nc = n.div_ceil(ncb).div_ceil(nr) * nr;
+    (kc, nc)
+}
+
+/// Packs B (`k x n`, element `(p, j)` at `off + p * rs + j * col_s` of `data`) scaled by
+/// `alpha` into `[ceil(n / NR)][k][NR]` panels, zero-padded.
+#[allow(clippy::too_many_arguments)]
+pub fn pack_b(
+    isa: Isa,
+    data: &[f32],
+    off: i64,
+    rs: i64,
+    col_s: i64,
+    k: usize,
+    n: usize,
+    alpha: f32,
+) -> Vec<f32> {
+    let nr = isa.nr();
+    let panels = n.div_ceil(nr);
+    let mut out = vec![0f32; panels * k * nr];
+    for jp in 0..panels {
+        for p in 0..k {
+            for jj in 0..nr {
+                let j = jp * nr + jj;
+                if j < n {
+                    let idx = off + p as i64 * rs + j as i64 * col_s;
+                    out[(jp * k + p) * nr + jj] = data[idx as usize] * alpha;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Packs A (`m x k`) scaled by `alpha` into `[ceil(m / MR)][k][MR]`, zero-padded.
+#[allow(clippy::too_many_arguments)]
+pub fn pack_a(
+    isa: Isa,
+    data: &[f32],
+    off: i64,
+    rs: i64,
+    col_s: i64,
+    m: usize,
+    k: usize,
+    alpha: f32,
+) -> Vec<f32> {
+    let mr = isa.mr();
+    let tiles = m.div_ceil(mr);
+    let mut out = vec![0f32; tiles * k * mr];
+    for it in 0..tiles {
+        for p in 0..k {
+            for ii in 0..mr {
+                let i = it * mr + ii;
+                if i < m {
+                    let idx = off + i as i64 * rs + p as i64 * col_s;
+                    out[(it * k + p) * mr + ii] = data[idx as usize] * alpha;
+                }
+            }
+        }
+    }
+    out
+}
+
+const ZMM: [AsmRegisterZmm; 32] = [
+    zmm0, zmm1, zmm2, zmm3, zmm4, zmm5, zmm6, zmm7, zmm8, zmm9, zmm10, zmm11, zmm12, zmm13, zmm14,
+    zmm15, zmm16, zmm17, zmm18, zmm19, zmm20, zmm21, zmm22, zmm23, zmm24, zmm25, zmm26, zmm27,
+    zmm28, zmm29, zmm30, zmm31,
+];
+const YMM: [AsmRegisterYmm; 16] = [
+    ymm0, ymm1, ymm2, ymm3, ymm4, ymm5, ymm6, ymm7, ymm8, ymm9, ymm10, ymm11, ymm12, ymm13, ymm14,
+    ymm15,
+];
+const XMM: [AsmRegisterXmm; 32] = [
+    xmm0, xmm1, xmm2, xmm3, xmm4, xmm5, xmm6, xmm7, xmm8, xmm9, xmm10, xmm11, xmm12, xmm13, xmm14,
+    xmm15, xmm16, xmm17, xmm18, xmm19, xmm20, xmm21, xmm22, xmm23, xmm24, xmm25, xmm26, xmm27,
+    xmm28, xmm29, xmm30, xmm31,
+];
+
+type R<T> = Result<T, String>;
+
+fn e(x: IcedError) -> String {
+    format!("x86 gemm assembly: {x}")
+}
+
+/// A displacement that must fit the instruction's 32 bits.
+fn d32(x: i64) -> R<i32> {
+    i32::try_from(x).map_err(|_| format!("x86 gemm: displacement {x} does not fit 32 bits"))
+}
+
+struct Gen<'s> {
+    a: CodeAssembler,
+    s: &'s Spec,
+    mask_table: CodeLabel,
+}
+
+// Registers: rdi/rsi/rdx/rcx = a/b/c/init on entry (saved to the stack); r8 = A at the k
+// block; r9 = B at the k block and column block; r12 = A row tile; r13 = C row tile;
+// rsi = init row tile; rbx = B panel; rbp = C tile; rdi = init tile; rax / r11 = A / B in
+// the k-loop; rcx = k counter; r10 / r14 / r15 = column / row / k-block loop counters.
+const SAVED: [AsmRegister64; 6] = [rbx, rbp, r12, r13, r14, r15];
+const FRAME: i32 = 32;
+
+/// Assembles the function for `s`.
+pub fn generate(s: &Spec) -> R<Vec<u8>> {
+    if s.m == 0
+        || s.n == 0
+        || s.k == 0
+        || s.kc == 0
+        || s.nc == 0
+        || !s.nc.is_multiple_of(s.isa.nr())
+    {
+        return Err("x86 gemm: empty or badly blocked shape".into());
+    }
+    if let Some((_, ics)) = s.init {
+        if ics != 0 && ics != 4 {
+            return Err("x86 gemm: init columns must be contiguous or broadcast".into());
+        }
+    }
+    // Every displacement the code uses must fit 32 bits.
+    let mr = s.isa.mr() as i64;
+    let nr = s.isa.nr() as i64;
+    for x in [
+        s.a_tile,
+        (mr - 1) * s.a_row,
+        s.a_k * s.kc as i64,
+        s.b_panel,
+        s.b_k * s.kc as i64,
+        mr * s.c_rs,
+        nr * 4,
+        s.init.map_or(0, |(r, _)| r * mr),
+    ] {
+        d32(x)?;
+    }
+    let mut g = Gen {
+        a: CodeAssembler::new(64).map_err(e)?,
+        s,
+        mask_table: CodeLabel::default(),
+    };
+    g.mask_table = g.a.create_label();
+    g.body()?;
+    g.a.assemble(0).map_err(e)
+}
+
+impl Gen<'_> {
+    fn body(&mut self) -> R<()> {
+        let s = self.s;
+        for r in SAVED {
+            self.a.push(r).map_err(e)?;
+        }
+        self.a.sub(rsp, FRAME).map_err(e)?;
+        self.a.mov(qword_ptr(rsp), rdi).map_err(e)?;
+        self.a.mov(qword_ptr(rsp + 8), rsi).map_err(e)?;
+        self.a.mov(qword_ptr(rsp + 16), rdx).map_err(e)?;
+        self.a.mov(qword_ptr(rsp + 24), rcx).map_err(e)?;
+        // k blocks: (start, length); consecutive blocks of one length form a loop.
+        let mut blocks = Vec::new();
+        let mut p = 0;
+        while p < s.k {
+            let kc = s.kc.min(s.k - p);
+            blocks.push((p, kc));
+            p += kc;
+        }
+        let nb = blocks.len();
+        let mut jc = 0;
+        while jc < s.n {
+            let ncb = s.nc.min(s.n - jc);
+            // Groups: first block, the middle ones (looped), the last block.
+            let mut groups: Vec<(usize, usize, usize, bool, bool)> = Vec::new();
+            for (bi, &(p0, kc)) in blocks.iter().enumerate() {
+                let first = bi == 0;
+                let last = bi + 1 == nb;
+                match groups.last_mut() {
+                    Some(gr) if !first && !last && !gr.3 && !gr.4 && gr.1 == kc => gr.2 += 1,
+                    _ => groups.push((p0, kc, 1, first, last)),
+                }
+            }
+            for (p0, kc, count, first, last) in groups {
+                self.group(jc, ncb, p0, kc, count, first, last)?;
+            }
+            jc += ncb;
+        }
+        if s.isa == Isa::Avx2 || s.isa == Isa::Avx512 {
+            self.a.vzeroupper().map_err(e)?;
+        }
+        self.a.add(rsp, FRAME).map_err(e)?;
+        for r in SAVED.iter().rev() {
+            self.a.pop(*r).map_err(e)?;
+        }
+        self.a.ret().map_err(e)?;
+        // AVX2 column-edge masks: 8 x -1 then 8 x 0; a mask of L lanes starts at 8 - L.
+        self.a.set_label(&mut self.mask_table).map_err(e)?;
+        let mut t = [0u32; 16];
+        t[..8].fill(u32::MAX);
+        self.a.dd(&t).map_err(e)?;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn group(
+        &mut self,
+        jc: usize,
+        ncb: usize,
+        p0: usize,
+        kc: usize,
+        count: usize,
+        first: bool,
+        last: bool,
+    ) -> R<()> {
+        let s = self.s;
+        let nr = s.isa.nr();
+        // r8 = a + p0 * a_k; r9 = b + p0 * b_k + (jc / NR) * b_panel.
+        self.a.mov(r8, qword_ptr(rsp)).map_err(e)?;
+        self.add_imm(r8, p0 as i64 * s.a_k)?;
+        self.a.mov(r9, qword_ptr(rsp + 8)).map_err(e)?;
+        self.add_imm(r9, p0 as i64 * s.b_k + (jc / nr) as i64 * s.b_panel)?;
+        let mut top = self.a.create_label();
+        if count > 1 {
+            self.a.mov(r15, count as u64).map_err(e)?;
+            self.a.set_label(&mut top).map_err(e)?;
+        }
+        self.rows(jc, ncb, kc, first, last)?;
+        if count > 1 {
+            self.add_imm(r8, kc as i64 * s.a_k)?;
+            self.add_imm(r9, kc as i64 * s.b_k)?;
+            self.a.dec(r15).map_err(e)?;
+            self.a.jne(top).map_err(e)?;
+        }
+        Ok(())
+    }
+
+    fn add_imm(&mut self, r: AsmRegister64, x: i64) -> R<()> {
+        if x == 0 {
+            return Ok(());
+        }
+        if let Ok(v) = i32::try_from(x) {
+            self.a.add(r, v).map_err(e)?;
+        } else {
+            self.a.mov(rax, x).map_err(e)?;
+            self.a.add(r, rax).map_err(e)?;
+        }
+        Ok(())
+    }
+
+    fn rows(&mut self, jc: usize, ncb: usize, kc: usize, first: bool, last: bool) -> R<()> {
+        let s = self.s;
+        let mr = s.isa.mr();
+        self.a.mov(r12, r8).map_err(e)?;
+        self.a.mov(r13, qword_ptr(rsp + 16)).map_err(e)?;
+        self.add_imm(r13, jc as i64 * 4)?;
+        if let Some((_, ics)) = s.init {
+            self.a.mov(rsi, qword_ptr(rsp + 24)).map_err(e)?;
+            self.add_imm(rsi, jc as i64 * ics)?;
+        }
+        let full = s.m / mr;
+        let rem = s.m % mr;
+        if full > 0 {
+            let mut top = self.a.create_label();
+            self.a.mov(r14, full as u64).map_err(e)?;
+            self.a.set_label(&mut top).map_err(e)?;
+            self.cols(mr, ncb, kc, first, last)?;
+            self.add_imm(r12, s.a_tile)?;
+            self.add_imm(r13, mr as i64 * s.c_rs)?;
+            if let Some((irs, _)) = s.init {
+                self.add_imm(rsi, mr as i64 * irs)?;
+            }
+            self.a.dec(r14).map_err(e)?;
+            self.a.jne(top).map_err(e)?;
+        }
+        if rem > 0 {
+            self.cols(rem, ncb, kc, first, last)?;
+        }
+        Ok(())
+    }
+
+    fn cols(&mut self, rows: usize, ncb: usize, kc: usize, first: bool, last: bool) -> R<()> {
+        let s = self.s;
+        let nr = s.isa.nr();
+        self.a.mov(rbx, r9).map_err(e)?;
+        self.a.mov(rbp, r13).map_err(e)?;
+        if s.init.is_some() {
+            self.a.mov(rdi, rsi).map_err(e)?;
+        }
+        let full = ncb / nr;
+        let rem = ncb % nr;
+        if full > 0 {
+            let mut top = self.a.create_label();
+            self.a.mov(r10, full as u64).map_err(e)?;
+            self.a.set_label(&mut top).map_err(e)?;
+            self.tile(rows, nr, kc, first, last)?;
+            self.add_imm(rbx, s.b_panel)?;
+            self.add_imm(rbp, nr as i64 * 4)?;
+            if let Some((_, ics)) = s.init {
+                self.add_imm(rdi, nr as i64 * ics)?;
+            }
+            self.a.dec(r10).map_err(e)?;
+            self.a.jne(top).map_err(e)?;
+        }
+        if rem > 0 {
+            self.tile(rows, rem, kc, first, last)?;
+        }
+        Ok(())
+    }
+
+    /// One register tile of `rows x cols` at rbp (C), rdi (init), r12 (A), rbx (B).
+    fn tile(&mut self, rows: usize, cols: usize, kc: usize, first: bool, last: bool) -> R<()> {
+        let s = self.s;
+        let lanes = s.isa.lanes();
+        let nv = cols.div_ceil(lanes);
+        let tail = cols - (nv - 1) * lanes;
+        let masked = tail < lanes;
+        if masked {
+            match s.isa {
+                Isa::Avx512 => {
+                    self.a.mov(eax, (1u32 << tail) - 1).map_err(e)?;
+                    self.a.kmovw(k1, eax).map_err(e)?;
+                }
+                Isa::Avx2 => {
+                    // (A label operand cannot take an offset: it names the label.)
+                    let off = ((lanes - tail) * 4) as i32;
+                    self.a.lea(rax, ptr(self.mask_table)).map_err(e)?;
+                    self.a.vmovups(ymm15, ymmword_ptr(rax + off)).map_err(e)?;
+                }
+            }
+        }
+        let msk = |v: usize| masked && v + 1 == nv;
+        // Accumulators: C, the init view, or zero.
+        let load_c = !first || s.init_is_c;
+        let load_init = first && !s.init_is_c && s.init.is_some();
+        for i in 0..rows {
+            for v in 0..nv {
+                let acc = 2 * i + v;
+                if load_c {
+                    let at = rbp + d32(i as i64 * s.c_rs + (v * lanes * 4) as i64)?;
+                    self.load(acc, at, msk(v))?;
+                } else if load_init {
+                    let (irs, ics) = s.init.unwrap_or((0, 0));
+                    let off = d32(i as i64 * irs + (v * lanes) as i64 * ics)?;
+                    if ics == 0 {
+                        match s.isa {
+                            Isa::Avx512 => self
+                                .a
+                                .vbroadcastss(ZMM[acc], dword_ptr(rdi + off))
+                                .map_err(e)?,
+                            Isa::Avx2 => self
+                                .a
+                                .vbroadcastss(YMM[acc], dword_ptr(rdi + off))
+                                .map_err(e)?,
+                        }
+                    } else {
+                        self.load(acc, rdi + off, msk(v))?;
+                    }
+                } else {
+                    self.zero(acc)?;
+                }
+            }
+        }
+        // The k-loop.
+        self.a.mov(rax, r12).map_err(e)?;
+        self.a.mov(r11, rbx).map_err(e)?;
+        self.a.mov(ecx, kc as u32).map_err(e)?;
+        let mut top = self.a.create_label();
+        self.a.set_label(&mut top).map_err(e)?;
+        let bpad = s.b_padded;
+        match s.isa {
+            Isa::Avx512 => {
+                for v in 0..nv {
+                    let at = zmmword_ptr(r11 + (v * 64) as i32);
+                    if msk(v) && !bpad {
+                        self.a.vmovups(ZMM[24 + v].k1().z(), at).map_err(e)?;
+                    } else {
+                        self.a.vmovups(ZMM[24 + v], at).map_err(e)?;
+                    }
+                }
+                for i in 0..rows {
+                    let at = dword_bcst(rax + d32(i as i64 * s.a_row)?);
+                    for v in 0..nv {
+                        self.a
+                            .vfmadd231ps(ZMM[2 * i + v], ZMM[24 + v], at)
+                            .map_err(e)?;
+                    }
+                }
+            }
+            Isa::Avx2 => {
+                for v in 0..nv {
+                    let at = ymmword_ptr(r11 + (v * 32) as i32);
+                    if msk(v) && !bpad {
+                        self.a.vmaskmovps(YMM[12 + v], ymm15, at).map_err(e)?;
+                    } else {
+                        self.a.vmovups(YMM[12 + v], at).map_err(e)?;
+                    }
+                }
+                for i in 0..rows {
+                    let at = dword_ptr(rax + d32(i as i64 * s.a_row)?);
+                    self.a.vbroadcastss(ymm14, at).map_err(e)?;
+                    for v in 0..nv {
+                        self.a
+                            .vfmadd231ps(YMM[2 * i + v], YMM[12 + v], ymm14)
+                            .map_err(e)?;
+                    }
+                }
+            }
+        }
+        self.add_imm(rax, s.a_k)?;
+        self.add_imm(r11, s.b_k)?;
+        self.a.dec(ecx).map_err(e)?;
+        self.a.jne(top).map_err(e)?;
+        if last {
+            self.act(rows, nv)?;
+        }
+        for i in 0..rows {
+            for v in 0..nv {
+                let at = rbp + d32(i as i64 * s.c_rs + (v * lanes * 4) as i64)?;
+                self.store(2 * i + v, at, msk(v))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn load(&mut self, acc: usize, at: AsmMemoryOperand, masked: bool) -> R<()> {
+        match (self.s.isa, masked) {
+            (Isa::Avx512, false) => self.a.vmovups(ZMM[acc], zmmword_ptr(at)),
+            (Isa::Avx512, true) => self.a.vmovups(ZMM[acc].k1().z(), zmmword_ptr(at)),
+            (Isa::Avx2, false) => self.a.vmovups(YMM[acc], ymmword_ptr(at)),
+            (Isa::Avx2, true) => self.a.vmaskmovps(YMM[acc], ymm15, ymmword_ptr(at)),
+        }
+        .map_err(e)
+    }
+
+    fn store(&mut self, acc: usize, at: AsmMemoryOperand, masked: bool) -> R<()> {
+        match (self.s.isa, masked) {
+            (Isa::Avx512, false) => self.a.vmovups(zmmword_ptr(at), ZMM[acc]),
+            (Isa::Avx512, true) => self.a.vmovups(zmmword_ptr(at).k1(), ZMM[acc]),
+            (Isa::Avx2, false) => self.a.vmovups(ymmword_ptr(at), YMM[acc]),
+            (Isa::Avx2, true) => self.a.vmaskmovps(ymmword_ptr(at), ymm15, YMM[acc]),
+        }
+        .map_err(e)
+    }
+
+    fn zero(&mut self, r: usize) -> R<()> {
+        match self.s.isa {
+            Isa::Avx512 => self.a.vxorps(ZMM[r], ZMM[r], ZMM[r]),
+            Isa::Avx2 => self.a.vxorps(YMM[r], YMM[r], YMM[r]),
+        }
+        .map_err(e)
+    }
+
+    /// Broadcasts the f32 `bits` into vector register `r` (through eax).
+    fn splat(&mut self, r: usize, bits: u32) -> R<()> {
+        self.a.mov(eax, bits).map_err(e)?;
+        self.a.vmovd(XMM[r], eax).map_err(e)?;
+        match self.s.isa {
+            Isa::Avx512 => self.a.vbroadcastss(ZMM[r], XMM[r]),
+            Isa::Avx2 => self.a.vbroadcastss(YMM[r], XMM[r]),
+        }
+        .map_err(e)
+    }
+
+    /// The activation on the accumulators (constants in registers the k-loop is done with:
+    /// zmm26..28 or ymm12..14).
+    fn act(&mut self, rows: usize, nv: usize) -> R<()> {
+        let (c0, c1) = match self.s.isa {
+            Isa::Avx512 => (26, 27),
+            Isa::Avx2 => (12, 13),
+        };
+        let regs: Vec<usize> = (0..rows)
+            .flat_map(|i| (0..nv).map(move |v| 2 * i + v))
+            .collect();
+        match self.s.act {
+            ActBits::None => {}
+            ActBits::Relu => {
+                self.zero(c0)?;
+                for &r in &regs {
+                    self.vmax(r, r, c0)?;
+                }
+            }
+            ActBits::Clip(lo, hi) => {
+                self.splat(c0, lo)?;
+                self.splat(c1, hi)?;
+                for &r in &regs {
+                    self.vmax(r, r, c0)?;
+                    match self.s.isa {
+                        Isa::Avx512 => self.a.vminps(ZMM[r], ZMM[r], ZMM[c1]),
+                        Isa::Avx2 => self.a.vminps(YMM[r], YMM[r], YMM[c1]),
+                    }
+                    .map_err(e)?;
+                }
+            }
+            ActBits::Leaky(alpha) => {
+                self.splat(c0, alpha)?;
+                match self.s.isa {
+                    Isa::Avx512 => {
+                        self.zero(c1)?;
+                        for &r in &regs {
+                            // k2 = x < 0 (LT_OS); x{k2} = x * alpha.
+                            self.a.vcmpps(k2, ZMM[r], ZMM[c1], 1).map_err(e)?;
+                            self.a.vmulps(ZMM[r].k2(), ZMM[r], ZMM[c0]).map_err(e)?;
+                        }
+                    }
+                    Isa::Avx2 => {
+                        for &r in &regs {
+                            // Blend in x * alpha where the sign bit of x is set.
+                            self.a.vmulps(YMM[c1], YMM[r], YMM[c0]).map_err(e)?;
+                            self.a
+                                .vblendvps(YMM[r], YMM[r], YMM[c1], YMM[r])
+                                .map_err(e)?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn vmax(&mut self, d: usize, x: usize, y: usize) -> R<()> {
+        match self.s.isa {
+            Isa::Avx512 => self.a.vmaxps(ZMM[d], ZMM[x], ZMM[y]),
+            Isa::Avx2 => self.a.vmaxps(YMM[d], YMM[x], YMM[y]),
+        }
+        .map_err(e)
+    }
+}

@@ -1,0 +1,598 @@
+//! f32 MatMul, Gemm and Conv through `Stmt::Gemm`, compiled for each native target
+//! (AVX-512 and AVX2 microkernels, the SSE4 and aarch64 loop expansions; aarch64 under
+//! qemu), at awkward sizes, against the reference evaluator: max|out - ref| / max|ref|
+//! within 1e-4.
+
+mod common;
+
+use common::{f32_tensor, int_attr, model, node, value_info};
+use onnxc::conformance::CompiledEnv;
+use onnxc::ir::{DType, Tensor, Value};
+use onnxc::onnx::proto::{tensor_proto::DataType, AttributeProto, GraphProto, ModelProto};
+use onnxc::{eval, onnx};
+
+/// Deterministic values in [-1, 1).
+fn rand(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn float_attr(name: &str, v: f32) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(1),
+        f: Some(v),
+        ..Default::default()
+    }
+}
+
+fn ints_attr(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(7),
+        ints: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+/// One test model: its graph inputs (name, shape) and constant weights.
+struct Case {
+    name: String,
+    model: ModelProto,
+    inputs: Vec<Vec<usize>>,
+}
+
+fn dims(s: &[usize]) -> Vec<i64> {
+    s.iter().map(|&d| d as i64).collect()
+}
+
+/// `y = op(inputs...)`: `ins` are (name, shape, constant?) in the node's input order.
+fn one_node(
+    name: &str,
+    op: &str,
+    ins: &[(&str, &[usize], bool)],
+    out: &[usize],
+    attrs: Vec<AttributeProto>,
+    post: &[&str],
+) -> Case {
+    let mut n = node(op, &ins.iter().map(|x| x.0).collect::<Vec<_>>(), &["y0"]);
+    n.attribute = attrs;
+    let mut nodes = vec![n];
+    let mut inits = Vec::new();
+    let mut inputs = Vec::new();
+    let mut graph_ins = Vec::new();
+    for (i, (nm, sh, konst)) in ins.iter().enumerate() {
+        if *konst {
+            let len = sh.iter().product();
+            inits.push(f32_tensor(nm, &dims(sh), &rand(len, 100 + i as u64)));
+        } else {
+            graph_ins.push(value_info(nm, DataType::Float, &dims(sh)));
+            inputs.push(sh.to_vec());
+        }
+    }
+    // Elementwise steps after the anchor (fusable into its epilogue).
+    let mut last = "y0".to_string();
+    for (i, p) in post.iter().enumerate() {
+        let o = format!("y{}", i + 1);
+        let mut nd = match *p {
+            "bias_row" | "bias_col" => {
+                let (bn, bs) = if *p == "bias_row" {
+                    ("br", vec![out[out.len() - 1]])
+                } else {
+                    ("bc", vec![out[out.len() - 2], 1])
+                };
+                inits.push(f32_tensor(bn, &dims(&bs), &rand(bs.iter().product(), 7)));
+                node("Add", &[&last, bn], &[&o])
+            }
+            op => node(op, &[&last], &[&o]),
+        };
+        if *p == "LeakyRelu" {
+            nd.attribute = vec![float_attr("alpha", 0.1)];
+        }
+        nodes.push(nd);
+        last = o;
+    }
+    let g = GraphProto {
+        name: Some(name.into()),
+        node: nodes,
+        input: graph_ins,
+        output: vec![value_info(&last, DataType::Float, &dims(out))],
+        initializer: inits,
+        ..Default::default()
+    };
+    Case {
+        name: name.into(),
+        model: model(g),
+        inputs,
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    // MatMul, B constant (prepacked) and B an input, at awkward sizes.
+    let sizes = [
+        (1, 1, 1),
+        (3, 1, 17),
+        (17, 31, 33),
+        (31, 65, 100),
+        (33, 129, 65),
+        (100, 17, 129),
+        (65, 3, 1),
+        (129, 100, 31),
+        (13, 600, 40),
+    ];
+    for &(m, k, n) in &sizes {
+        for konst in [true, false] {
+            v.push(one_node(
+                &format!(
+                    "matmul_{m}x{k}x{n}_{}",
+                    if konst { "const" } else { "input" }
+                ),
+                "MatMul",
+                &[("a", &[m, k], false), ("b", &[k, n], konst)],
+                &[m, n],
+                vec![],
+                &[],
+            ));
+        }
+    }
+    // A constant, B an input.
+    v.push(one_node(
+        "matmul_const_a",
+        "MatMul",
+        &[("a", &[33, 17], true), ("b", &[17, 31], false)],
+        &[33, 31],
+        vec![],
+        &[],
+    ));
+    // Batched and broadcast batch dims, 1-D operands.
+    v.push(one_node(
+        "matmul_batched_fold",
+        "MatMul",
+        &[("a", &[2, 3, 17, 31], false), ("b", &[31, 33], true)],
+        &[2, 3, 17, 33],
+        vec![],
+        &[],
+    ));
+    v.push(one_node(
+        "matmul_batched_both",
+        "MatMul",
+        &[("a", &[2, 17, 31], false), ("b", &[2, 31, 33], false)],
+        &[2, 17, 33],
+        vec![],
+        &[],
+    ));
+    v.push(one_node(
+        "matmul_broadcast_a",
+        "MatMul",
+        &[("a", &[17, 31], false), ("b", &[3, 31, 33], false)],
+        &[3, 17, 33],
+        vec![],
+        &[],
+    ));
+    v.push(one_node(
+        "matmul_broadcast_b_const",
+        "MatMul",
+        &[("a", &[3, 1, 5, 9], false), ("b", &[2, 9, 20], true)],
+        &[3, 2, 5, 20],
+        vec![],
+        &[],
+    ));
+    v.push(one_node(
+        "matmul_vec_a",
+        "MatMul",
+        &[("a", &[31], false), ("b", &[31, 33], true)],
+        &[33],
+        vec![],
+        &[],
+    ));
+    v.push(one_node(
+        "matmul_vec_b",
+        "MatMul",
+        &[("a", &[5, 31], false), ("b", &[31], false)],
+        &[5],
+        vec![],
+        &[],
+    ));
+    // Epilogues (fused by the passes where they can be).
+    for post in [
+        &["bias_row", "Relu"][..],
+        &["bias_col", "LeakyRelu"],
+        &["Relu", "bias_row"],
+        &["Sigmoid"],
+    ] {
+        v.push(one_node(
+            &format!("matmul_ep_{}", post.join("_")),
+            "MatMul",
+            &[("a", &[2, 17, 65], false), ("b", &[65, 33], true)],
+            &[2, 17, 33],
+            vec![],
+            post,
+        ));
+    }
+    // Gemm: transA / transB, alpha, bias C of each broadcast shape.
+    for (ta, tb, alpha, cshape, konst) in [
+        (0, 0, 1.0, vec![33], true),
+        (1, 0, 1.0, vec![17, 1], true),
+        (0, 1, 0.5, vec![17, 33], true),
+        (1, 1, 2.0, vec![], false),
+        (0, 1, 1.0, vec![1], false),
+        (0, 0, 0.25, vec![33], false),
+    ] {
+        let (m, k, n) = (17, 65, 33);
+        let ash = if ta == 1 { [k, m] } else { [m, k] };
+        let bsh = if tb == 1 { [n, k] } else { [k, n] };
+        let mut ins: Vec<(&str, &[usize], bool)> = vec![("a", &ash, false), ("b", &bsh, konst)];
+        if !cshape.is_empty() {
+            ins.push(("c", &cshape, true));
+        }
+        v.push(one_node(
+            &format!("gemm_t{ta}{tb}_a{alpha}_c{cshape:?}_{konst}"),
+            "Gemm",
+            &ins,
+            &[m, n],
+            vec![
+                int_attr("transA", ta),
+                int_attr("transB", tb),
+                float_attr("alpha", alpha),
+            ],
+            &["Relu"],
+        ));
+    }
+    // Conv: 1x1 (direct), KxK through im2col (pads, strides, dilations), 1-D; with bias.
+    let convs: [ConvCase; 5] = [
+        (
+            "conv1x1",
+            vec![2, 17, 9, 11],
+            vec![33, 17, 1, 1],
+            vec![],
+            vec![2, 33, 9, 11],
+        ),
+        (
+            "conv3x3_pad",
+            vec![1, 5, 13, 7],
+            vec![20, 5, 3, 3],
+            vec![ints_attr("pads", &[1, 1, 1, 1])],
+            vec![1, 20, 13, 7],
+        ),
+        (
+            "conv3x3_stride2_dil",
+            vec![2, 3, 17, 16],
+            vec![7, 3, 3, 3],
+            vec![
+                ints_attr("pads", &[2, 1, 0, 2]),
+                ints_attr("strides", &[2, 2]),
+                ints_attr("dilations", &[2, 1]),
+            ],
+            vec![2, 7, 9, 9],
+        ),
+        (
+            "conv5x5",
+            vec![1, 4, 12, 12],
+            vec![35, 4, 5, 5],
+            vec![],
+            vec![1, 35, 8, 8],
+        ),
+        (
+            "conv1d",
+            vec![3, 6, 40],
+            vec![9, 6, 3],
+            vec![],
+            vec![3, 9, 38],
+        ),
+    ];
+    for (name, xs, ws, attrs, ys) in convs {
+        for bias in [true, false] {
+            let bs = [ws[0]];
+            let mut ins: Vec<(&str, &[usize], bool)> = vec![("x", &xs, false), ("w", &ws, true)];
+            if bias {
+                ins.push(("bias", &bs, true));
+            }
+            v.push(one_node(
+                &format!("{name}_{}", if bias { "bias" } else { "nobias" }),
+                "Conv",
+                &ins,
+                &ys,
+                attrs.clone(),
+                if bias { &["Relu"] } else { &[] },
+            ));
+        }
+    }
+    v
+}
+
+/// Name, X shape, W shape, attributes, Y shape.
+type ConvCase = (
+    &'static str,
+    Vec<usize>,
+    Vec<usize>,
+    Vec<AttributeProto>,
+    Vec<usize>,
+);
+
+/// max|got - want| / max|want|.
+fn rel_err(got: &Tensor, want: &Tensor) -> f64 {
+    let (g, w) = (got.to_f64().unwrap(), want.to_f64().unwrap());
+    assert_eq!(g.shape(), w.shape());
+    let scale = w.iter().fold(0f64, |m, x| m.max(x.abs())).max(1e-30);
+    g.iter()
+        .zip(w.iter())
+        .fold(0f64, |m, (a, b)| m.max((a - b).abs()))
+        / scale
+}
+
+fn check_target(target: &str) {
+    let scratch = tempfile::tempdir().unwrap();
+    let env = match CompiledEnv::new(target, scratch.path()) {
+        Ok(e) => e,
+        Err(e) => panic!("{e}; tests/run.sh installs the cross toolchain and qemu"),
+    };
+    let t = onnxc::targets::Target::load(target).unwrap();
+    let host = onnxc::targets::Target::host().unwrap();
+    if t.is_x86() && !t.features.iter().all(|f| host.has(f)) {
+        eprintln!("skip {target}: this CPU lacks its features");
+        return;
+    }
+    let mut failures = Vec::new();
+    for (ci, case) in cases().into_iter().enumerate() {
+        let path = common::write_model(scratch.path(), &format!("{}.onnx", case.name), &case.model);
+        let m = onnx::load(&path).unwrap();
+        let inputs: Vec<Tensor> = case
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let n = s.iter().product();
+                Tensor::from_vec(s, rand(n, 1000 + 17 * ci as u64 + i as u64))
+            })
+            .collect();
+        let want = eval::run(
+            &m.graph,
+            inputs.iter().cloned().map(Value::Tensor).collect(),
+        )
+        .unwrap();
+        let mut opts = onnxc::driver::Options {
+            target: target.to_string(),
+            ..Default::default()
+        };
+        for (&id, t) in m.graph.inputs.iter().zip(&inputs) {
+            opts.shapes
+                .push((m.graph.value(id).name.clone(), t.shape().to_vec()));
+        }
+        let c = onnxc::driver::compile_graph(m.graph.clone(), "model", &opts)
+            .unwrap_or_else(|e| panic!("{}: compile: {e}", case.name));
+        let dir = scratch.path().join(format!("c{ci}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let obj = dir.join("model.o");
+        let exe = dir.join("model.exe");
+        std::fs::write(&obj, &c.artifacts.object).unwrap();
+        onnxc::runner::link(&env.toolchain, &env.harness, &obj, &exe).unwrap();
+        let outs: Vec<(DType, Vec<usize>)> = c
+            .graph
+            .outputs
+            .iter()
+            .map(|&o| {
+                let ty = &c.graph.value(o).ty;
+                (ty.dtype().unwrap(), ty.static_shape().unwrap())
+            })
+            .collect();
+        let got = onnxc::runner::execute(&env.toolchain, &exe, &dir, &inputs, &outs)
+            .unwrap_or_else(|e| panic!("{}: run: {e}", case.name));
+        let want = want[0].clone().into_tensor().unwrap();
+        let err = rel_err(&got[0], &want);
+        if err.is_nan() || err > 1e-4 {
+            failures.push(format!("{}: relative error {err:e}", case.name));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{target}: wrong results:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn gemm_host() {
+    check_target("host");
+}
+
+#[test]
+fn gemm_x86_64_avx512() {
+    check_target("x86_64-avx512");
+}
+
+#[test]
+fn gemm_x86_64_avx2() {
+    check_target("x86_64-avx2");
+}
+
+#[test]
+fn gemm_x86_64_sse4() {
+    check_target("x86_64-sse4");
+}
+
+#[test]
+fn gemm_aarch64_neon_qemu() {
+    check_target("aarch64-neon");
+}
+
+/// `Stmt::Gemm` with every epilogue the call carries (bias views broadcast by rows, by
+/// columns or full; Relu, Clip, LeakyRelu; alpha; B constant or an input), compiled
+/// straight from kernel IR for `target` and checked against a scalar computation.
+fn check_calls(target: &str) {
+    use onnxc::backend::cranelift::{compile_object, ObjectSpec, TensorDesc};
+    use onnxc::kir::{BufKind, Expr, GemmAct, GemmCall, Kernel, MatView, Program, Stmt, Ty};
+    let scratch = tempfile::tempdir().unwrap();
+    let env = CompiledEnv::new(target, scratch.path()).unwrap();
+    let t = onnxc::targets::Target::load(target).unwrap();
+    let host = onnxc::targets::Target::host().unwrap();
+    if t.is_x86() && !t.features.iter().all(|f| host.has(f)) {
+        eprintln!("skip {target}: this CPU lacks its features");
+        return;
+    }
+    let acts = [
+        GemmAct::None,
+        GemmAct::Relu,
+        GemmAct::Clip(-0.3, 0.4),
+        GemmAct::Leaky(0.1),
+    ];
+    let mut failures = Vec::new();
+    let mut case = 0u64;
+    for (m, n, k) in [(13, 37, 19), (5, 8, 3), (17, 33, 65), (1, 70, 2)] {
+        for init_kind in 0..4 {
+            case += 1;
+            let act = acts[case as usize % 4];
+            let alpha = if case.is_multiple_of(3) { 0.5 } else { 1.0 };
+            let b_const = case.is_multiple_of(2);
+            let a = rand(m * k, case);
+            let b = rand(k * n, case + 50);
+            // init: none, per row (m), per column (n), full (m x n).
+            let (ilen, irs, ics) = match init_kind {
+                0 => (0, 0, 0),
+                1 => (m, 1, 0),
+                2 => (n, 0, 1),
+                _ => (m * n, n as i64, 1),
+            };
+            let init = rand(ilen, case + 99);
+            let mut p = Program::default();
+            let ab = p.add_buffer("a", BufKind::Input(0), Ty::F32, (m * k) as u64);
+            let bb = if b_const {
+                let data = b.iter().flat_map(|x| x.to_le_bytes()).collect();
+                p.add_buffer("b", BufKind::Const { data }, Ty::F32, (k * n) as u64)
+            } else {
+                p.add_buffer("b", BufKind::Input(1), Ty::F32, (k * n) as u64)
+            };
+            let mut ins = vec![(vec![m, k], a.clone())];
+            if !b_const {
+                ins.push((vec![k, n], b.clone()));
+            }
+            let ib = (ilen > 0).then(|| {
+                let id = p.add_buffer("init", BufKind::Input(ins.len()), Ty::F32, ilen as u64);
+                ins.push((vec![ilen], init.clone()));
+                id
+            });
+            let cb = p.add_buffer("c", BufKind::Output(0), Ty::F32, (m * n) as u64);
+            p.inputs = (0..ins.len()).collect();
+            p.outputs = vec![cb];
+            let view = |buf, rs, cs| MatView {
+                buf,
+                offset: Expr::Int(0),
+                rs,
+                cs,
+            };
+            let mut kern = Kernel::new("g");
+            kern.body = vec![Stmt::Gemm(Box::new(GemmCall {
+                m: m as u64,
+                n: n as u64,
+                k: k as u64,
+                a: view(ab, k as i64, 1),
+                b: view(bb, n as i64, 1),
+                c: view(cb, n as i64, 1),
+                alpha,
+                init: ib.map(|i| view(i, irs, ics)),
+                act,
+            }))];
+            p.kernels = vec![kern];
+            let desc = |name: &str, shape: Vec<usize>| TensorDesc {
+                name: name.into(),
+                dtype: 1,
+                bytes: 4 * shape.iter().product::<usize>() as u64,
+                shape: shape.iter().map(|&d| d as u64).collect(),
+            };
+            let in_desc: Vec<TensorDesc> = ins
+                .iter()
+                .enumerate()
+                .map(|(i, (s, _))| desc(&format!("in{i}"), s.clone()))
+                .collect();
+            let out_desc = vec![desc("c", vec![m, n])];
+            let obj = compile_object(&ObjectSpec {
+                prefix: "model",
+                program: &p,
+                inputs: &in_desc,
+                outputs: &out_desc,
+                triple: &t.triple,
+                features: &t.features,
+            })
+            .unwrap();
+            let dir = scratch.path().join(format!("k{case}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            let (o, exe) = (dir.join("model.o"), dir.join("model.exe"));
+            std::fs::write(&o, obj).unwrap();
+            onnxc::runner::link(&env.toolchain, &env.harness, &o, &exe).unwrap();
+            let tensors: Vec<Tensor> = ins
+                .iter()
+                .map(|(s, v)| Tensor::from_vec(s, v.clone()))
+                .collect();
+            let got = onnxc::runner::execute(
+                &env.toolchain,
+                &exe,
+                &dir,
+                &tensors,
+                &[(DType::F32, vec![m, n])],
+            )
+            .unwrap();
+            let mut want = vec![0f32; m * n];
+            for i in 0..m {
+                for j in 0..n {
+                    let s: f32 = (0..k).map(|q| a[i * k + q] * b[q * n + j]).sum();
+                    let mut x = alpha * s;
+                    if ilen > 0 {
+                        x += init[(i as i64 * irs + j as i64 * ics) as usize];
+                    }
+                    want[i * n + j] = match act {
+                        GemmAct::None => x,
+                        GemmAct::Relu => x.max(0.0),
+                        GemmAct::Clip(lo, hi) => x.max(lo).min(hi),
+                        GemmAct::Leaky(al) => {
+                            if x < 0.0 {
+                                al * x
+                            } else {
+                                x
+                            }
+                        }
+                    };
+                }
+            }
+            let err = rel_err(&got[0], &Tensor::from_vec(&[m, n], want));
+            if err.is_nan() || err > 1e-4 {
+                failures.push(format!(
+                    "{m}x{n}x{k} init {init_kind} {act:?} alpha {alpha} b_const {b_const}: {err:e}"
+                ));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{target}: wrong gemm calls:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn gemm_calls_x86_64_avx512() {
+    check_calls("x86_64-avx512");
+}
+
+#[test]
+fn gemm_calls_x86_64_avx2() {
+    check_calls("x86_64-avx2");
+}
+
+#[test]
+fn gemm_calls_x86_64_sse4() {
+    check_calls("x86_64-sse4");
+}
+
+#[test]
+fn gemm_calls_aarch64_neon_qemu() {
+    check_calls("aarch64-neon");
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# FP32 GEMM against the core's FMA peak: a 512x512x512 MatMul (B constant) compiled for
+# x86_64-avx512 and x86_64-avx2, timed by a C harness (warm-up, median of many runs),
+# and the single-core FMA peak of each ISA measured by an intrinsics loop.
+# Usage: tests/bench/gemm_peak.sh [M K N]   (env ONNXC: the onnxc binary)
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+onnxc="${ONNXC:-$root/target/release/onnxc}"
+M="${1:-512}" K="${2:-512}" N="${3:-512}"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+python3 - "$work/mm.onnx" "$M" "$K" "$N" <<'PY'
+import sys, numpy as np, onnx
+from onnx import helper, TensorProto, numpy_helper
+path, m, k, n = sys.argv[1], *map(int, sys.argv[2:5])
+b = numpy_helper.from_array(np.random.default_rng(0).standard_normal((k, n)).astype(np.float32), "b")
+g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "mm",
+    [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], [b])
+onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+PY
+cc -O2 -o "$work/peak" "$here/peak.c"
+flops=$((2 * M * K * N))
+printf "%-14s %12s %12s %10s %12s\n" target "GFLOP/s med" "GFLOP/s best" "peak" "% of peak"
+for t in x86_64-avx512 x86_64-avx2; do
+    "$onnxc" "$work/mm.onnx" --target "$t" --name mm -o "$work/mm.o" > /dev/null 2>&1
+    cc -O2 -I"$work" -o "$work/bench" "$here/bench_model.c" "$work/mm.o" -lm
+    read -r med best _ < <("$work/bench" "$flops" "${RUNS:-300}")
+    isa=avx2; [ "$t" = x86_64-avx512 ] && isa=avx512
+    peak=$("$work/peak" "$isa")
+    pct=$(python3 -c "print(f'{100*$med/$peak:.1f}')")
+    printf "%-14s %12s %12s %10s %11s%%\n" "$t" "$med" "$best" "$peak" "$pct"
+done
+echo "(${M}x${K}x${N} MatMul, B constant; single thread; peak = best of 300 short FMA loops)"
