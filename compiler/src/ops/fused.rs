@@ -12,7 +12,7 @@
 //! - otherwise (or when the above are refused): each body node lowered on its own, with
 //!   arena buffers for the values inside the body.
 
-use super::elementwise::lower::scalar_expr_fn;
+pub(crate) use super::elementwise::lower::scalar_expr_fn;
 use super::lowering::{
     broadcast_strides, index, kir_ty, lower_by_index_map, nest, strides, Act, EpStep, Epilogue,
     LowerCtx, TensorRef,
@@ -564,5 +564,103 @@ fn lower_nodes(
             }
         }
     }
+    Ok(())
+}
+
+/// Replaces `group` (nodes of `g`, each reading only values computed before it or inside
+/// the group) by one `onnxc.Fused` node whose body holds them. The body's inputs are the
+/// values the group reads from outside, its outputs the values of the group that are
+/// read outside it or are graph outputs. The fused node takes the place (and index) of
+/// the group's first node, so the schedule keeps its order.
+pub fn fuse_nodes(g: &mut Graph, group: &[crate::ir::NodeId], name: &str) -> OpResult<()> {
+    use crate::ir::{Attr, Attrs, Source};
+    ensure!(!group.is_empty(), "fuse_nodes: empty group");
+    let in_group = |n: crate::ir::NodeId| group.contains(&n);
+    let mut body = Graph::new(name);
+    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut ext_inputs: Vec<ValueId> = Vec::new();
+    let produced: Vec<ValueId> = group
+        .iter()
+        .flat_map(|&n| g.nodes[n].outputs.clone())
+        .collect();
+    for &n in group {
+        for v in g.nodes[n]
+            .inputs
+            .iter()
+            .flatten()
+            .chain(&g.nodes[n].implicit)
+        {
+            if !produced.contains(v) && !map.contains_key(v) {
+                let info = g.value(*v);
+                let b = body.add_input(info.name.clone(), info.ty.clone());
+                map.insert(*v, b);
+                ext_inputs.push(*v);
+            }
+        }
+    }
+    for &v in &produced {
+        let info = g.value(v);
+        let b = body.add_value(info.name.clone(), info.ty.clone(), Source::Undefined);
+        map.insert(v, b);
+    }
+    let mut outputs: Vec<ValueId> = Vec::new();
+    for &v in &produced {
+        let used_outside = g.outputs.contains(&v)
+            || g.nodes.node_indices().any(|m| {
+                !in_group(m)
+                    && (g.nodes[m].inputs.contains(&Some(v)) || g.nodes[m].implicit.contains(&v))
+            });
+        if used_outside {
+            outputs.push(v);
+        }
+    }
+    ensure!(
+        !outputs.is_empty(),
+        "fuse_nodes: the group computes nothing used"
+    );
+    for &n in group {
+        let mut node = g.nodes[n].clone();
+        node.inputs = node.inputs.iter().map(|i| i.map(|v| map[&v])).collect();
+        node.outputs = node.outputs.iter().map(|v| map[v]).collect();
+        node.implicit = node.implicit.iter().map(|v| map[v]).collect();
+        body.add_node(node);
+    }
+    body.outputs = outputs.iter().map(|v| map[v]).collect();
+    body.rewire();
+    let body = Arc::new(body);
+    let mut attrs = Attrs::default();
+    attrs.0.insert("body".into(), Attr::Graph(body.clone()));
+    let ctx = OpCtx {
+        op_type: FUSED.into(),
+        domain: DOMAIN.into(),
+        attrs: attrs.clone(),
+        opset: 1,
+        n_inputs: ext_inputs.len(),
+        n_outputs: outputs.len(),
+    };
+    let op: Arc<dyn Op> = Arc::new(Fused { body });
+    let node = Node {
+        name: name.to_string(),
+        op_type: ctx.op_type,
+        domain: ctx.domain,
+        opset: 1,
+        attrs,
+        op,
+        inputs: ext_inputs.into_iter().map(Some).collect(),
+        outputs: outputs.clone(),
+        implicit: Vec::new(),
+    };
+    let first = group[0];
+    for &n in &group[1..] {
+        g.nodes.remove_node(n);
+    }
+    for &v in &produced {
+        g.value_mut(v).source = Source::Undefined;
+    }
+    g.nodes[first] = node;
+    for &v in &outputs {
+        g.value_mut(v).source = Source::Node(first);
+    }
+    g.rewire();
     Ok(())
 }
