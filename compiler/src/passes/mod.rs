@@ -7,6 +7,7 @@
 
 pub mod fuse_elementwise;
 pub mod fuse_epilogue;
+pub mod fuse_patterns;
 mod fuse_util;
 pub mod infer_shapes;
 
@@ -32,6 +33,11 @@ pub struct Pass {
 
 /// The passes, in order. Level 0 runs none of them.
 pub const PIPELINE: &[Pass] = &[
+    Pass {
+        name: "fuse_patterns",
+        level: 2,
+        run: fuse_patterns::run,
+    },
     Pass {
         name: "fuse_epilogue",
         level: 2,
