@@ -400,3 +400,46 @@ fn exported_attention_fuses() {
     );
     assert!(err <= 1e-4, "compiled -O2: relative error {err:.3e}");
 }
+
+/// A fused node whose body is neither an anchor with an epilogue nor elementwise only
+/// (Softmax, Relu, Softmax) is lowered node by node, with arena buffers inside the body,
+/// and still computes the original graph.
+#[test]
+fn fused_body_of_other_ops_lowers_node_by_node() {
+    use common::{model, node, value_info};
+    use onnxc::onnx::proto::{tensor_proto::DataType, GraphProto};
+    let m = model(GraphProto {
+        name: Some("chain".into()),
+        node: vec![
+            node("Softmax", &["x"], &["a"]),
+            node("Relu", &["a"], &["b"]),
+            node("Softmax", &["b"], &["y"]),
+        ],
+        input: vec![value_info("x", DataType::Float, &[3, 5])],
+        output: vec![value_info("y", DataType::Float, &[3, 5])],
+        ..Default::default()
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::write_model(dir.path(), "chain.onnx", &m);
+    let model = onnx::load(&path).unwrap();
+    let inputs = random_like(
+        &[Value::Tensor(Tensor::zeros(onnxc::ir::DType::F32, &[3, 5]))],
+        11,
+    );
+    let expected = eval::run(&model.graph, inputs.clone()).unwrap();
+    let mut g = model.graph.clone();
+    prepare(&mut g, &Options::default()).unwrap();
+    let order = g.topo_order().unwrap();
+    onnxc::ops::fused::fuse_nodes(&mut g, &order, "chain").unwrap();
+    assert_eq!(g.node_count(), 1);
+    let got = eval::run(&g, inputs.clone()).unwrap();
+    assert!(rel_err(&got[0], &expected[0]) <= 1e-6);
+    let opts = Options {
+        opt_level: 0,
+        ..Options::default()
+    };
+    let c = compile_graph(g, "chain", &opts).unwrap();
+    let got = runner::run_compiled(&c, &inputs, dir.path()).unwrap();
+    let err = rel_err(&got[0], &expected[0]);
+    assert!(err <= 1e-5, "relative error {err:.3e}");
+}
