@@ -443,3 +443,69 @@ fn fused_body_of_other_ops_lowers_node_by_node() {
     let err = rel_err(&got[0], &expected[0]);
     assert!(err <= 1e-5, "relative error {err:.3e}");
 }
+
+/// GELU in its tanh form, written out as PyTorch exports it (`Pow 3`, `Mul 0.044715`,
+/// `Add`, `Mul sqrt(2/pi)`, `Tanh`, `Add 1`, `(x * 0.5) * ...`), after a MatMul: one fused
+/// node (the MatMul with a Gelu epilogue) that matches the original graph compiled.
+#[test]
+fn exported_tanh_gelu_joins_the_matmul() {
+    use common::{f32_tensor, model, node, value_info};
+    use onnxc::onnx::proto::{tensor_proto::DataType, GraphProto};
+    let scalar = |name: &str, v: f32| f32_tensor(name, &[], &[v]);
+    let w: Vec<f32> = (0..48)
+        .map(|i| ((i * 29 % 13) as f32 - 6.0) / 5.0)
+        .collect();
+    let m = model(GraphProto {
+        name: Some("gelu_tanh".into()),
+        node: vec![
+            node("MatMul", &["x", "w"], &["h"]),
+            node("Pow", &["h", "three"], &["p3"]),
+            node("Mul", &["c", "p3"], &["cp"]),
+            node("Add", &["h", "cp"], &["in"]),
+            node("Mul", &["in", "k"], &["ki"]),
+            node("Tanh", &["ki"], &["t"]),
+            node("Add", &["t", "one"], &["a"]),
+            node("Mul", &["h", "half"], &["hh"]),
+            node("Mul", &["hh", "a"], &["y"]),
+        ],
+        input: vec![value_info("x", DataType::Float, &[3, 8])],
+        output: vec![value_info("y", DataType::Float, &[3, 6])],
+        initializer: vec![
+            f32_tensor("w", &[8, 6], &w),
+            scalar("three", 3.0),
+            scalar("c", 0.044715),
+            scalar("k", (2.0 / std::f32::consts::PI).sqrt()),
+            scalar("one", 1.0),
+            scalar("half", 0.5),
+        ],
+        ..Default::default()
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::write_model(dir.path(), "gelu_tanh.onnx", &m);
+    let model = onnx::load(&path).unwrap();
+    let inputs = random_like(
+        &[Value::Tensor(Tensor::zeros(onnxc::ir::DType::F32, &[3, 8]))],
+        13,
+    );
+    let expected = eval::run(&model.graph, inputs.clone()).unwrap();
+    let mut g = model.graph.clone();
+    prepare(&mut g, &Options::default()).unwrap();
+    for p in passes::PIPELINE.iter().filter(|p| p.level <= 2) {
+        (p.run)(&mut g).unwrap();
+        passes::infer_shapes(&mut g).unwrap();
+        let got = eval::run(&g, inputs.clone()).unwrap();
+        let err = rel_err(&got[0], &expected[0]);
+        assert!(
+            err <= 1e-5,
+            "pass {} changed the output by {err:.3e}",
+            p.name
+        );
+    }
+    let ops: Vec<String> = g.nodes.node_weights().map(|n| n.op_type.clone()).collect();
+    assert_eq!(ops, ["Fused"], "nodes after -O2");
+    let c2 = compile_graph(model.graph, "gelu_tanh", &Options::default()).unwrap();
+    assert_eq!(c2.lowered.program.kernels.len(), 1, "one kernel");
+    let got = runner::run_compiled(&c2, &inputs, dir.path()).unwrap();
+    let err = rel_err(&got[0], &expected[0]);
+    assert!(err <= 1e-4, "compiled -O2: relative error {err:.3e}");
+}

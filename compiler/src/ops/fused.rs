@@ -213,7 +213,7 @@ fn lower(lw: &mut LowerCtx) -> OpResult<()> {
 }
 
 /// The constant value of a body value, when it has one.
-fn const_of<'a>(refs: &'a HashMap<ValueId, TensorRef>, v: Option<ValueId>) -> Option<&'a Tensor> {
+fn const_of(refs: &HashMap<ValueId, TensorRef>, v: Option<ValueId>) -> Option<&Tensor> {
     refs.get(&v?)?.value.as_ref()
 }
 

@@ -1,7 +1,9 @@
 //! Pattern fusion: subgraphs that exporters write out op by op become the one standard op
 //! they compute, which has a single kernel (or joins an epilogue):
 //! - GELU as `Div(x, sqrt 2) | Mul(x, 1/sqrt 2) -> Erf -> Add 1 -> Mul x -> Mul 0.5` (in
-//!   either association, as PyTorch exports it) -> `Gelu` (opset 20);
+//!   either association, as PyTorch exports it) -> `Gelu` (opset 20), and its tanh form
+//!   `Pow(x, 3) -> Mul 0.044715 -> Add x -> Mul sqrt(2/pi) -> Tanh -> Add 1 -> ...` ->
+//!   `Gelu(approximate = "tanh")`;
 //! - SiLU `Mul(x, Sigmoid(x))` -> `Swish` (alpha 1);
 //! - softmax `Exp -> ReduceSum(last axis, keepdims) -> Div`, optionally after
 //!   `Sub(x, ReduceMax(x))` -> `Softmax(axis = -1)`;
@@ -106,7 +108,7 @@ fn other(g: &Graph, n: NodeId, v: ValueId) -> Option<ValueId> {
 }
 
 fn near(x: Option<f64>, want: f64) -> bool {
-    x.is_some_and(|x| (x - want).abs() <= 1e-3 * want.abs().max(1.0))
+    x.is_some_and(|x| (x - want).abs() <= 1e-5 * want.abs().max(1.0))
 }
 
 fn is_float(g: &Graph, v: ValueId) -> bool {
@@ -115,7 +117,8 @@ fn is_float(g: &Graph, v: ValueId) -> bool {
 
 fn gelu(g: &Graph, known: &Known, e: NodeId) -> Option<Match> {
     use std::f64::consts::{FRAC_1_SQRT_2, SQRT_2};
-    if !is(g, e, "Erf") {
+    let tanh = is(g, e, "Tanh");
+    if !is(g, e, "Erf") && !tanh {
         return None;
     }
     let u = g.nodes[e].inputs.first().copied().flatten()?;
@@ -123,22 +126,66 @@ fn gelu(g: &Graph, known: &Known, e: NodeId) -> Option<Match> {
     if fusible_output(g, u) != Some(e) {
         return None;
     }
-    let x = if is(g, pu, "Div") {
+    // The operand of a binary node other than a constant near `c`.
+    let scaled = |n: NodeId, c: f64| -> Option<ValueId> {
+        let [Some(a), Some(b)] = g.nodes[n].inputs[..] else {
+            return None;
+        };
+        if near(const_scalar(known, b), c) {
+            Some(a)
+        } else if near(const_scalar(known, a), c) {
+            Some(b)
+        } else {
+            None
+        }
+    };
+    let mut nodes = vec![pu];
+    let x = if tanh {
+        // tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))
+        if !is(g, pu, "Mul") {
+            return None;
+        }
+        let w = scaled(pu, (2.0 / std::f64::consts::PI).sqrt())?;
+        let aw = producer(g, w).filter(|&n| is(g, n, "Add"))?;
+        if fusible_output(g, w) != Some(pu) {
+            return None;
+        }
+        let [Some(a), Some(b)] = g.nodes[aw].inputs[..] else {
+            return None;
+        };
+        let mut found = None;
+        for (x, c3) in [(a, b), (b, a)] {
+            let Some(mc) = producer(g, c3).filter(|&n| is(g, n, "Mul")) else {
+                continue;
+            };
+            let Some(p3) = scaled(mc, 0.044715) else {
+                continue;
+            };
+            let Some(pw) = producer(g, p3).filter(|&n| is(g, n, "Pow")) else {
+                continue;
+            };
+            if g.nodes[pw].inputs.first() == Some(&Some(x))
+                && near(
+                    const_scalar(known, g.nodes[pw].inputs.get(1).copied().flatten()?),
+                    3.0,
+                )
+                && fusible_output(g, c3) == Some(aw)
+                && fusible_output(g, p3) == Some(mc)
+            {
+                found = Some((x, [aw, mc, pw]));
+                break;
+            }
+        }
+        let (x, more) = found?;
+        nodes.extend(more);
+        x
+    } else if is(g, pu, "Div") {
         let [Some(x), Some(c)] = g.nodes[pu].inputs[..] else {
             return None;
         };
         near(const_scalar(known, c), SQRT_2).then_some(x)?
     } else if is(g, pu, "Mul") {
-        let [Some(a), Some(b)] = g.nodes[pu].inputs[..] else {
-            return None;
-        };
-        if near(const_scalar(known, b), FRAC_1_SQRT_2) {
-            a
-        } else if near(const_scalar(known, a), FRAC_1_SQRT_2) {
-            b
-        } else {
-            return None;
-        }
+        scaled(pu, FRAC_1_SQRT_2)?
     } else {
         return None;
     };
@@ -151,7 +198,7 @@ fn gelu(g: &Graph, known: &Known, e: NodeId) -> Option<Match> {
     }
     let m1 = next(g, a, "Mul")?;
     let o = other(g, m1, out(g, a))?;
-    let mut nodes = vec![pu, e, a, m1];
+    nodes.extend([e, a, m1]);
     let output = if o == x {
         // (x * (1 + erf)) * 0.5
         let m2 = next(g, m1, "Mul")?;
@@ -175,13 +222,19 @@ fn gelu(g: &Graph, known: &Known, e: NodeId) -> Option<Match> {
     if g.outputs.contains(&u) {
         return None;
     }
+    let mut attrs = Attrs::default();
+    if tanh {
+        attrs
+            .0
+            .insert("approximate".into(), Attr::String("tanh".into()));
+    }
     Some(Match {
         nodes,
         op_type: "Gelu",
         opset: 20,
         inputs: vec![Some(x)],
         output,
-        attrs: Attrs::default(),
+        attrs,
         ones: None,
         retranspose: None,
     })
