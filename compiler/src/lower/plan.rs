@@ -57,6 +57,9 @@ fn touched(body: &[Stmt], out: &mut Vec<BufId>) {
     }
 }
 
+/// A placed buffer: (buffer, start offset, end offset).
+type Placed = (BufId, u64, u64);
+
 /// Assigns arena offsets in place and returns the report.
 pub fn plan(p: &mut Program) -> PlanReport {
     let nb = p.buffers.len();
@@ -119,11 +122,11 @@ pub fn plan(p: &mut Program) -> PlanReport {
             .then(a.cmp(&b))
     });
     orders.push(o);
-    let mut best: Option<(u64, Vec<(BufId, u64, u64)>)> = None;
+    let mut best: Option<(u64, Vec<Placed>)> = None;
     // Each order with best fit (the smallest gap that holds the buffer) and with first
     // fit (the lowest such gap).
     for (order, first_fit) in orders.iter().flat_map(|o| [(o, false), (o, true)]) {
-        let mut placed: Vec<(BufId, u64, u64)> = Vec::new();
+        let mut placed: Vec<Placed> = Vec::new();
         let mut arena = 0u64;
         for &b in order {
             let sz = size(b);
@@ -158,10 +161,10 @@ pub fn plan(p: &mut Program) -> PlanReport {
         p.buffers[b].kind = BufKind::Arena { offset: off };
     }
     // Arena buffers no kernel touches (unused optional outputs) hold nothing.
-    for b in 0..nb {
-        if matches!(p.buffers[b].kind, BufKind::Arena { .. }) && first[b] == usize::MAX {
-            p.buffers[b].kind = BufKind::Arena { offset: 0 };
-            p.buffers[b].len = 0;
+    for (buf, &f) in p.buffers.iter_mut().zip(&first) {
+        if matches!(buf.kind, BufKind::Arena { .. }) && f == usize::MAX {
+            buf.kind = BufKind::Arena { offset: 0 };
+            buf.len = 0;
         }
     }
     let mut lower_bound = 0u64;
