@@ -85,6 +85,11 @@ pub fn lower(g: &Graph, known: &HashMap<ValueId, Value>) -> Result<Lowered> {
         if node.outputs.iter().all(|o| known.contains_key(o)) {
             continue; // folded at compile time
         }
+        if let Some(b) = view_of(g, node, &bufs, &p) {
+            // A reshape of an arena tensor: the output is the same memory, no kernel.
+            bufs.insert(node.outputs[0], b);
+            continue;
+        }
         let Some(lowering) = reg.lowering(&node.domain, &node.op_type) else {
             errors.push(format!(
                 "{label}: no compiled implementation of {} yet",
@@ -290,6 +295,37 @@ pub fn lower(g: &Graph, known: &HashMap<ValueId, Value>) -> Result<Lowered> {
         plan,
         kernel_nodes,
     })
+}
+
+/// The arena buffer a node's output can share with its input: the node only reshapes
+/// (Reshape, Flatten, Squeeze, Unsqueeze, Identity), its input lives in the arena (not a
+/// model input, output or constant) and its output is not a model output (those have
+/// buffers of their own). Values never change once computed, so the alias is safe; the
+/// memory plan sees the buffer live until the alias's last use.
+fn view_of(
+    g: &Graph,
+    node: &crate::ir::Node,
+    bufs: &HashMap<ValueId, BufId>,
+    p: &Program,
+) -> Option<BufId> {
+    if !node.domain.is_empty()
+        || !matches!(
+            node.op_type.as_str(),
+            "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Identity"
+        )
+        || node.outputs.len() != 1
+    {
+        return None;
+    }
+    let x = (*node.inputs.first()?)?;
+    let o = node.outputs[0];
+    let b = *bufs.get(&x)?;
+    if bufs.contains_key(&o) || !matches!(p.buffers[b].kind, BufKind::Arena { .. }) {
+        return None;
+    }
+    let (xd, xs) = static_ref(g, x).ok()?;
+    let (od, os) = static_ref(g, o).ok()?;
+    (xd == od && xs.iter().product::<usize>() == os.iter().product::<usize>()).then_some(b)
 }
 
 fn const_buffer(p: &mut Program, name: &str, t: &Tensor) -> std::result::Result<BufId, String> {

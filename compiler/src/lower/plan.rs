@@ -61,6 +61,9 @@ fn touched(body: &[Stmt], out: &mut Vec<BufId>) {
     }
 }
 
+/// A placed buffer: (buffer, start offset, end offset).
+type Placed = (BufId, u64, u64);
+
 /// Assigns arena offsets in place and returns the report.
 pub fn plan(p: &mut Program) -> PlanReport {
     let nb = p.buffers.len();
@@ -77,8 +80,9 @@ pub fn plan(p: &mut Program) -> PlanReport {
     let items: Vec<BufId> = (0..nb)
         .filter(|&b| matches!(p.buffers[b].kind, BufKind::Arena { .. }) && first[b] != usize::MAX)
         .collect();
-    // Greedy placement in a few orders (largest first, earliest first, longest-lived
-    // first); the smallest arena wins. Ties keep the first order, so plans are
+    // Greedy placement in a few orders (largest first, earliest first, largest
+    // size x lifetime first, longest-lived first), each with best and first fit; the
+    // smallest arena wins. Ties keep the first order, so plans are
     // deterministic.
     let sizes: Vec<u64> = p
         .buffers
@@ -112,9 +116,21 @@ pub fn plan(p: &mut Program) -> PlanReport {
         lb.cmp(&la).then(a.cmp(&b))
     });
     orders.push(o);
-    let mut best: Option<(u64, Vec<(BufId, u64, u64)>)> = None;
-    for order in &orders {
-        let mut placed: Vec<(BufId, u64, u64)> = Vec::new();
+    // Longest-lived first (small long-lived buffers, such as masks read by every layer,
+    // otherwise land above the peak).
+    let mut o = items.clone();
+    o.sort_by(|&a, &b| {
+        (last[b] - first[b])
+            .cmp(&(last[a] - first[a]))
+            .then(size(b).cmp(&size(a)))
+            .then(a.cmp(&b))
+    });
+    orders.push(o);
+    let mut best: Option<(u64, Vec<Placed>)> = None;
+    // Each order with best fit (the smallest gap that holds the buffer) and with first
+    // fit (the lowest such gap).
+    for (order, first_fit) in orders.iter().flat_map(|o| [(o, false), (o, true)]) {
+        let mut placed: Vec<Placed> = Vec::new();
         let mut arena = 0u64;
         for &b in order {
             let sz = size(b);
@@ -124,13 +140,13 @@ pub fn plan(p: &mut Program) -> PlanReport {
                 .map(|&(_, s, e)| (s, e))
                 .collect();
             conflicts.sort();
-            // Best fit: the smallest gap that holds the buffer, else the end.
+            // The chosen gap that holds the buffer, else the end.
             let mut cursor = 0u64;
             let mut best_gap: Option<(u64, u64)> = None; // (gap size, offset)
             for (s, e) in &conflicts {
                 if *s >= cursor + sz {
                     let gap = s - cursor;
-                    if best_gap.is_none_or(|(g, _)| gap < g) {
+                    if best_gap.is_none_or(|(g, _)| gap < g && !first_fit) {
                         best_gap = Some((gap, cursor));
                     }
                 }
@@ -149,10 +165,10 @@ pub fn plan(p: &mut Program) -> PlanReport {
         p.buffers[b].kind = BufKind::Arena { offset: off };
     }
     // Arena buffers no kernel touches (unused optional outputs) hold nothing.
-    for b in 0..nb {
-        if matches!(p.buffers[b].kind, BufKind::Arena { .. }) && first[b] == usize::MAX {
-            p.buffers[b].kind = BufKind::Arena { offset: 0 };
-            p.buffers[b].len = 0;
+    for (buf, &f) in p.buffers.iter_mut().zip(&first) {
+        if matches!(buf.kind, BufKind::Arena { .. }) && f == usize::MAX {
+            buf.kind = BufKind::Arena { offset: 0 };
+            buf.len = 0;
         }
     }
     let mut lower_bound = 0u64;

@@ -911,14 +911,15 @@ mod tests {
 // ---------------------------------------------------------------------------------------
 // Lowering to kernel IR.
 
-mod lower {
-    use crate::ir::OpResult;
+/// Lowerings; [`lower::scalar_expr_fn`] also serves the fused elementwise kernels.
+pub(crate) mod lower {
+    use crate::ir::{OpError, OpResult};
     use crate::kir::build::*;
     use crate::kir::{BinOp, CmpOp, Expr, MathFn, Stmt, Ty, UnOp};
     use crate::ops::lowering::{
         broadcast_strides, elementwise, index, lit, nest, strides, LowerCtx,
     };
-    use crate::ops::{Lowering, Registry};
+    use crate::ops::{Lowering, OpCtx, Registry};
     use crate::{bail, ensure};
 
     fn un(op: UnOp, a: Expr) -> Expr {
@@ -936,26 +937,76 @@ mod lower {
     }
 
     /// Float attribute `name` (default `d`).
-    fn fattr(lw: &LowerCtx, name: &str, d: f32) -> OpResult<f64> {
-        Ok(lw.op.attrs.float(name, d)? as f64)
+    fn fattr(c: &OpCtx, name: &str, d: f32) -> OpResult<f64> {
+        Ok(c.attrs.float(name, d)? as f64)
     }
 
-    fn unary(lw: &mut LowerCtx) -> OpResult<()> {
-        let t = lw.input(0)?.ty().compute();
+    /// The compute type of input `i`.
+    fn in_ty(tys: &[Option<Ty>], i: usize) -> OpResult<Ty> {
+        tys.get(i)
+            .copied()
+            .flatten()
+            .ok_or_else(|| OpError::new(format!("required input {i} is missing")))
+    }
+
+    /// Argument `i` of the present inputs.
+    fn arg(a: &[Expr], i: usize) -> OpResult<Expr> {
+        a.get(i)
+            .cloned()
+            .ok_or_else(|| OpError::new(format!("required input {i} is missing")))
+    }
+
+    /// A builder of an op's scalar expression: (node, compute type of each input slot
+    /// (None when omitted), the values of the present inputs) -> the output value.
+    pub type ExprFn = fn(&OpCtx, &[Option<Ty>], &[Expr]) -> OpResult<Expr>;
+
+    /// The scalar expression builder of an elementwise op of the default domain, if it
+    /// has one. Every op the elementwise lowerings compile as one expression per element
+    /// is here (Pow of integers, which needs a loop, is not).
+    pub fn scalar_expr_fn(op_type: &str, tys: &[Option<Ty>]) -> Option<ExprFn> {
+        Some(match op_type {
+            "Where" => where_expr,
+            "Clip" => clip_expr,
+            "IsInf" => isinf_expr,
+            "SwiGLU" => swiglu_expr,
+            "Max" | "Min" | "Sum" | "Mean" => variadic_expr,
+            "Pow" if tys.first().copied().flatten().is_some_and(|t| t.is_float()) => binary_expr,
+            op if UNARY.contains(&op) => unary_expr,
+            op if BINARY.contains(&op) => binary_expr,
+            _ => return None,
+        })
+    }
+
+    /// Lowers an elementwise op through its scalar expression builder.
+    fn scalar(lw: &mut LowerCtx) -> OpResult<()> {
+        let c = lw.op.clone();
+        let tys: Vec<Option<Ty>> = lw
+            .inputs
+            .iter()
+            .map(|i| i.as_ref().map(|t| t.ty().compute()))
+            .collect();
+        let Some(f) = scalar_expr_fn(&c.op_type, &tys) else {
+            bail!("no lowering for {}", c.op_type)
+        };
+        elementwise(lw, 0, |_, a| f(&c, &tys, &a))
+    }
+
+    fn unary_expr(c: &OpCtx, tys: &[Option<Ty>], a: &[Expr]) -> OpResult<Expr> {
+        let t = in_ty(tys, 0)?;
         let f = t.is_float();
-        let op = lw.op.op_type.clone();
-        let alpha = |lw: &LowerCtx, d| fattr(lw, "alpha", d);
+        let op = c.op_type.clone();
+        let alpha = |c: &OpCtx, d| fattr(c, "alpha", d);
         let (a1, a2, g1) = match op.as_str() {
-            "LeakyRelu" => (alpha(lw, 0.01)?, 0.0, 0.0),
-            "Elu" | "Celu" | "ThresholdedRelu" => (alpha(lw, 1.0)?, 0.0, 0.0),
-            "Selu" => (alpha(lw, 1.673_263_2)?, 0.0, fattr(lw, "gamma", 1.050_701)?),
-            "HardSigmoid" => (alpha(lw, 0.2)?, fattr(lw, "beta", 0.5)?, 0.0),
-            "Shrink" => (fattr(lw, "bias", 0.0)?, fattr(lw, "lambd", 0.5)?, 0.0),
-            "Swish" => (alpha(lw, 1.0)?, 0.0, 0.0),
+            "LeakyRelu" => (alpha(c, 0.01)?, 0.0, 0.0),
+            "Elu" | "Celu" | "ThresholdedRelu" => (alpha(c, 1.0)?, 0.0, 0.0),
+            "Selu" => (alpha(c, 1.673_263_2)?, 0.0, fattr(c, "gamma", 1.050_701)?),
+            "HardSigmoid" => (alpha(c, 0.2)?, fattr(c, "beta", 0.5)?, 0.0),
+            "Shrink" => (fattr(c, "bias", 0.0)?, fattr(c, "lambd", 0.5)?, 0.0),
+            "Swish" => (alpha(c, 1.0)?, 0.0, 0.0),
             _ => (0.0, 0.0, 0.0),
         };
         let approximate = if op == "Gelu" {
-            lw.op.attrs.string("approximate", "none".into())?
+            c.attrs.string("approximate", "none".into())?
         } else {
             String::new()
         };
@@ -964,8 +1015,8 @@ mod lower {
             "Abs" | "Neg" | "Sign" | "Not" | "BitwiseNot" | "Relu" | "Identity"
         );
         ensure!(f || !float_only, "{op} of {t} is not compiled");
-        elementwise(lw, 0, |_, a| {
-            let x = a[0].clone();
+        {
+            let x = arg(a, 0)?;
             let l = |v: f64| lit(v, t);
             Ok(match op.as_str() {
                 "Identity" => x,
@@ -1136,34 +1187,32 @@ mod lower {
                 "IsNaN" => is_nan(x),
                 _ => bail!("no lowering for {op}"),
             })
-        })
+        }
     }
 
-    fn binary(lw: &mut LowerCtx) -> OpResult<()> {
-        let t = lw.input(0)?.ty().compute();
+    fn binary_expr(c: &OpCtx, tys: &[Option<Ty>], a: &[Expr]) -> OpResult<Expr> {
+        let t = in_ty(tys, 0)?;
         let f = t.is_float();
-        let op = lw.op.op_type.clone();
+        let op = c.op_type.clone();
         let fmod = if op == "Mod" {
-            lw.op.attrs.int("fmod", 0)? != 0
+            c.attrs.int("fmod", 0)? != 0
         } else {
             false
         };
         let direction = if op == "BitShift" {
-            lw.op.attrs.string("direction", String::new())?
+            c.attrs.string("direction", String::new())?
         } else {
             String::new()
         };
-        for i in 1..lw.inputs.len() {
-            if let Some(x) = lw.opt_input(i) {
-                ensure!(
-                    x.ty().compute() == t || op == "Pow",
-                    "{op}: mixed input types are not compiled"
-                );
-            }
+        for x in tys.iter().skip(1).flatten() {
+            ensure!(
+                *x == t || op == "Pow",
+                "{op}: mixed input types are not compiled"
+            );
         }
-        let t1 = lw.opt_input(1).map(|x| x.ty().compute()).unwrap_or(t);
-        elementwise(lw, 0, |_, a| {
-            let (x, y) = (a[0].clone(), a.get(1).cloned().unwrap_or(Expr::Int(0)));
+        let t1 = tys.get(1).copied().flatten().unwrap_or(t);
+        {
+            let (x, y) = (arg(a, 0)?, a.get(1).cloned().unwrap_or(Expr::Int(0)));
             Ok(match op.as_str() {
                 "Add" => bin(BinOp::Add, x, y),
                 "Sub" => bin(BinOp::Sub, x, y),
@@ -1248,7 +1297,7 @@ mod lower {
                 ),
                 _ => bail!("no lowering for {op} on {t}"),
             })
-        })
+        }
     }
 
     /// Pow with an integer base: repeated squaring (integer exponent) or a float pow
@@ -1256,7 +1305,7 @@ mod lower {
     fn pow(lw: &mut LowerCtx) -> OpResult<()> {
         let t = lw.input(0)?.ty().compute();
         if t.is_float() {
-            return binary(lw);
+            return scalar(lw);
         }
         let t1 = lw.input(1)?.ty().compute();
         if t1.is_float() {
@@ -1347,194 +1396,181 @@ mod lower {
         Ok(())
     }
 
-    fn isinf(lw: &mut LowerCtx) -> OpResult<()> {
-        let t = lw.input(0)?.ty().compute();
+    fn isinf_expr(c: &OpCtx, tys: &[Option<Ty>], a: &[Expr]) -> OpResult<Expr> {
+        let t = in_ty(tys, 0)?;
         ensure!(t.is_float(), "IsInf of {t}");
-        let neg = lw.op.attrs.int("detect_negative", 1)? != 0;
-        let pos = lw.op.attrs.int("detect_positive", 1)? != 0;
-        elementwise(lw, 0, |_, a| {
-            let x = a[0].clone();
-            let p = if pos {
-                Expr::cmp(CmpOp::Eq, x.clone(), Expr::Float(f64::INFINITY, t))
-            } else {
-                lit(0.0, Ty::U8)
-            };
-            let n = if neg {
-                Expr::cmp(CmpOp::Eq, x, Expr::Float(f64::NEG_INFINITY, t))
-            } else {
-                lit(0.0, Ty::U8)
-            };
-            Ok(bin(BinOp::Or, p, n))
-        })
+        let neg = c.attrs.int("detect_negative", 1)? != 0;
+        let pos = c.attrs.int("detect_positive", 1)? != 0;
+        let x = arg(a, 0)?;
+        let p = if pos {
+            Expr::cmp(CmpOp::Eq, x.clone(), Expr::Float(f64::INFINITY, t))
+        } else {
+            lit(0.0, Ty::U8)
+        };
+        let n = if neg {
+            Expr::cmp(CmpOp::Eq, x, Expr::Float(f64::NEG_INFINITY, t))
+        } else {
+            lit(0.0, Ty::U8)
+        };
+        Ok(bin(BinOp::Or, p, n))
     }
 
-    fn swiglu(lw: &mut LowerCtx) -> OpResult<()> {
-        let t = lw.input(0)?.ty().compute();
+    fn swiglu_expr(c: &OpCtx, tys: &[Option<Ty>], a: &[Expr]) -> OpResult<Expr> {
+        let t = in_ty(tys, 0)?;
         ensure!(t.is_float(), "SwiGLU of {t}");
-        ensure!(lw.input(1)?.ty().compute() == t, "SwiGLU: mixed types");
-        let alpha = fattr(lw, "alpha", 1.0)?;
-        elementwise(lw, 0, |_, a| {
-            let x = a[0].clone();
-            let s = sigmoid(bin(BinOp::Mul, lit(alpha, t), x.clone()), t);
-            Ok(bin(BinOp::Mul, bin(BinOp::Mul, x, s), a[1].clone()))
-        })
+        ensure!(in_ty(tys, 1)? == t, "SwiGLU: mixed types");
+        let alpha = fattr(c, "alpha", 1.0)?;
+        let x = arg(a, 0)?;
+        let s = sigmoid(bin(BinOp::Mul, lit(alpha, t), x.clone()), t);
+        Ok(bin(BinOp::Mul, bin(BinOp::Mul, x, s), arg(a, 1)?))
     }
 
-    fn variadic(lw: &mut LowerCtx) -> OpResult<()> {
-        let t = lw.input(0)?.ty().compute();
-        let op = lw.op.op_type.clone();
-        let n = lw.inputs.iter().flatten().count();
-        elementwise(lw, 0, |_, a| {
-            let mut acc = a[0].clone();
-            for x in &a[1..] {
-                acc = match op.as_str() {
-                    "Max" if t.is_float() => {
-                        // NaN-propagating.
-                        Expr::select(
-                            is_nan(x.clone()),
-                            x.clone(),
-                            Expr::select(
-                                Expr::cmp(CmpOp::Lt, acc.clone(), x.clone()),
-                                x.clone(),
-                                acc,
-                            ),
-                        )
-                    }
-                    "Min" if t.is_float() => Expr::select(
+    fn variadic_expr(c: &OpCtx, tys: &[Option<Ty>], a: &[Expr]) -> OpResult<Expr> {
+        let t = in_ty(tys, 0)?;
+        let op = c.op_type.as_str();
+        let n = a.len();
+        let mut acc = arg(a, 0)?;
+        for x in &a[1..] {
+            acc = match op {
+                "Max" if t.is_float() => {
+                    // NaN-propagating.
+                    Expr::select(
                         is_nan(x.clone()),
                         x.clone(),
-                        Expr::select(Expr::cmp(CmpOp::Gt, acc.clone(), x.clone()), x.clone(), acc),
-                    ),
-                    "Max" => bin(BinOp::Max, acc, x.clone()),
-                    "Min" => bin(BinOp::Min, acc, x.clone()),
-                    _ => bin(BinOp::Add, acc, x.clone()),
-                };
-            }
-            if op == "Mean" {
-                acc = bin(BinOp::Div, acc, lit(n as f64, t));
-            }
-            Ok(acc)
-        })
+                        Expr::select(Expr::cmp(CmpOp::Lt, acc.clone(), x.clone()), x.clone(), acc),
+                    )
+                }
+                "Min" if t.is_float() => Expr::select(
+                    is_nan(x.clone()),
+                    x.clone(),
+                    Expr::select(Expr::cmp(CmpOp::Gt, acc.clone(), x.clone()), x.clone(), acc),
+                ),
+                "Max" => bin(BinOp::Max, acc, x.clone()),
+                "Min" => bin(BinOp::Min, acc, x.clone()),
+                _ => bin(BinOp::Add, acc, x.clone()),
+            };
+        }
+        if op == "Mean" {
+            acc = bin(BinOp::Div, acc, lit(n as f64, t));
+        }
+        Ok(acc)
     }
 
-    fn where_(lw: &mut LowerCtx) -> OpResult<()> {
-        elementwise(lw, 0, |_, a| {
-            Ok(Expr::select(a[0].clone(), a[1].clone(), a[2].clone()))
-        })
+    fn where_expr(_: &OpCtx, _: &[Option<Ty>], a: &[Expr]) -> OpResult<Expr> {
+        Ok(Expr::select(arg(a, 0)?, arg(a, 1)?, arg(a, 2)?))
     }
 
-    fn clip(lw: &mut LowerCtx) -> OpResult<()> {
-        let t = lw.input(0)?.ty().compute();
-        let (lo, hi) = if lw.op.opset < 11 {
+    fn clip_expr(c: &OpCtx, tys: &[Option<Ty>], a: &[Expr]) -> OpResult<Expr> {
+        let t = in_ty(tys, 0)?;
+        let (lo, hi) = if c.opset < 11 {
             (
-                Some(fattr(lw, "min", f32::MIN)?),
-                Some(fattr(lw, "max", f32::MAX)?),
+                Some(fattr(c, "min", f32::MIN)?),
+                Some(fattr(c, "max", f32::MAX)?),
             )
         } else {
             (None, None)
         };
-        let has_min = lw.opt_input(1).is_some();
-        let has_max = lw.opt_input(2).is_some();
-        elementwise(lw, 0, |_, a| {
-            let mut x = a[0].clone();
-            let mut k = 1;
-            let min = if has_min {
-                k += 1;
-                Some(a[1].clone())
-            } else {
-                lo.map(|v| lit(v, t))
-            };
-            let max = if has_max {
-                Some(a[k].clone())
-            } else {
-                hi.map(|v| lit(v, t))
-            };
-            if let Some(m) = min {
-                x = Expr::select(Expr::cmp(CmpOp::Lt, x.clone(), m.clone()), m, x);
-            }
-            if let Some(m) = max {
-                x = Expr::select(Expr::cmp(CmpOp::Gt, x.clone(), m.clone()), m, x);
-            }
-            Ok(x)
-        })
+        let has_min = tys.get(1).copied().flatten().is_some();
+        let has_max = tys.get(2).copied().flatten().is_some();
+        let mut x = arg(a, 0)?;
+        let mut k = 1;
+        let min = if has_min {
+            k += 1;
+            Some(arg(a, 1)?)
+        } else {
+            lo.map(|v| lit(v, t))
+        };
+        let max = if has_max {
+            Some(arg(a, k)?)
+        } else {
+            hi.map(|v| lit(v, t))
+        };
+        if let Some(m) = min {
+            x = Expr::select(Expr::cmp(CmpOp::Lt, x.clone(), m.clone()), m, x);
+        }
+        if let Some(m) = max {
+            x = Expr::select(Expr::cmp(CmpOp::Gt, x.clone(), m.clone()), m, x);
+        }
+        Ok(x)
     }
 
+    /// Unary elementwise ops with a scalar expression.
+    const UNARY: &[&str] = &[
+        "Identity",
+        "Abs",
+        "Neg",
+        "Sign",
+        "Not",
+        "BitwiseNot",
+        "Relu",
+        "Ceil",
+        "Floor",
+        "Round",
+        "Sqrt",
+        "Reciprocal",
+        "Exp",
+        "Log",
+        "Sin",
+        "Cos",
+        "Tan",
+        "Asin",
+        "Acos",
+        "Atan",
+        "Sinh",
+        "Cosh",
+        "Tanh",
+        "Asinh",
+        "Acosh",
+        "Atanh",
+        "Erf",
+        "Sigmoid",
+        "Swish",
+        "HardSigmoid",
+        "HardSwish",
+        "LeakyRelu",
+        "ThresholdedRelu",
+        "Elu",
+        "Celu",
+        "Selu",
+        "Softplus",
+        "Softsign",
+        "Mish",
+        "Shrink",
+        "Gelu",
+        "IsNaN",
+    ];
+
+    /// Binary elementwise ops with a scalar expression (broadcasting; Pow only of floats).
+    const BINARY: &[&str] = &[
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Mod",
+        "And",
+        "Or",
+        "Xor",
+        "BitwiseAnd",
+        "BitwiseOr",
+        "BitwiseXor",
+        "BitShift",
+        "Equal",
+        "Less",
+        "LessOrEqual",
+        "Greater",
+        "GreaterOrEqual",
+        "PRelu",
+    ];
+
     pub fn register(r: &mut Registry) {
-        for op in [
-            "Identity",
-            "Abs",
-            "Neg",
-            "Sign",
-            "Not",
-            "BitwiseNot",
-            "Relu",
-            "Ceil",
-            "Floor",
-            "Round",
-            "Sqrt",
-            "Reciprocal",
-            "Exp",
-            "Log",
-            "Sin",
-            "Cos",
-            "Tan",
-            "Asin",
-            "Acos",
-            "Atan",
-            "Sinh",
-            "Cosh",
-            "Tanh",
-            "Asinh",
-            "Acosh",
-            "Atanh",
-            "Erf",
-            "Sigmoid",
-            "Swish",
-            "HardSigmoid",
-            "HardSwish",
-            "LeakyRelu",
-            "ThresholdedRelu",
-            "Elu",
-            "Celu",
-            "Selu",
-            "Softplus",
-            "Softsign",
-            "Mish",
-            "Shrink",
-            "Gelu",
-            "IsNaN",
-        ] {
-            r.lower(op, Lowering::Custom(unary));
+        for op in UNARY.iter().chain(BINARY) {
+            r.lower(op, Lowering::Custom(scalar));
         }
         for op in [
-            "Add",
-            "Sub",
-            "Mul",
-            "Div",
-            "Mod",
-            "And",
-            "Or",
-            "Xor",
-            "BitwiseAnd",
-            "BitwiseOr",
-            "BitwiseXor",
-            "BitShift",
-            "Equal",
-            "Less",
-            "LessOrEqual",
-            "Greater",
-            "GreaterOrEqual",
-            "PRelu",
+            "Max", "Min", "Sum", "Mean", "Where", "Clip", "IsInf", "SwiGLU",
         ] {
-            r.lower(op, Lowering::Custom(binary));
+            r.lower(op, Lowering::Custom(scalar));
         }
-        for op in ["Max", "Min", "Sum", "Mean"] {
-            r.lower(op, Lowering::Custom(variadic));
-        }
-        r.lower("Where", Lowering::Custom(where_));
-        r.lower("Clip", Lowering::Custom(clip));
         r.lower("Pow", Lowering::Custom(pow));
-        r.lower("IsInf", Lowering::Custom(isinf));
-        r.lower("SwiGLU", Lowering::Custom(swiglu));
     }
 }

@@ -732,7 +732,9 @@ mod lower {
     use crate::ir::{broadcast_shapes, OpError, OpResult};
     use crate::kir::build::*;
     use crate::kir::{Expr, Stmt, Ty, VarId};
-    use crate::ops::lowering::{broadcast_strides, index, nest, strides, LowerCtx, TensorRef};
+    use crate::ops::lowering::{
+        broadcast_strides, index, nest, strides, Epilogue, LowerCtx, TensorRef,
+    };
     use crate::ops::{Lowering, Registry};
     use crate::{bail, ensure};
 
@@ -773,8 +775,10 @@ mod lower {
         at: Ty,
         term: &dyn Fn(Expr, Expr, VarId, VarId) -> Expr,
         fin: &dyn Fn(Expr, VarId, VarId) -> Expr,
+        epilogue: Option<&Epilogue>,
     ) -> OpResult<()> {
         let out = lw.outputs[0].clone();
+        let ot = out.ty().compute();
         ensure!(
             !a.shape.is_empty() && !b.shape.is_empty(),
             "MatMul operands must have rank >= 1"
@@ -833,7 +837,15 @@ mod lower {
                 Stmt::Store {
                     buf: out.buf,
                     index: index(vars, &ostr),
-                    value: fin(v(acc), i, j),
+                    value: match epilogue {
+                        Some(ep) if oshape == out.shape => {
+                            ep.apply(fin(v(acc), i, j), ot, vars, &out.shape)
+                        }
+                        Some(ep) => {
+                            ep.apply_flat(fin(v(acc), i, j), ot, index(vars, &ostr), &out.shape)
+                        }
+                        None => fin(v(acc), i, j),
+                    },
                 },
             ]
         });
@@ -851,6 +863,12 @@ mod lower {
         ensure!(a.dtype == b.dtype, "MatMul inputs must share a dtype");
         let t = a.ty().compute();
         let ot = lw.outputs[0].ty().compute();
+        // Fused elementwise work (float products only), applied before the store.
+        let epilogue = if ot.is_float() {
+            lw.epilogue.take()
+        } else {
+            None
+        };
         batched(
             lw,
             &a,
@@ -858,6 +876,7 @@ mod lower {
             t,
             &|x, y, _, _| Expr::mul(x, y),
             &|acc, _, _| if ot == t { acc } else { Expr::cast(ot, acc) },
+            epilogue.as_ref(),
         )
     }
 
@@ -916,6 +935,7 @@ mod lower {
                 Expr::mul(x, y)
             },
             &|acc, _, _| acc,
+            None,
         )
     }
 
@@ -971,6 +991,12 @@ mod lower {
             }
             _ => None,
         };
+        // Fused elementwise work (float outputs only), applied before the store.
+        let epilogue = if ot.is_float() {
+            lw.epilogue.take()
+        } else {
+            None
+        };
         let mut k = lw.kernel("");
         let acc = k.var(at);
         let p = k.var(Ty::I64);
@@ -998,7 +1024,13 @@ mod lower {
                 Stmt::Store {
                     buf: out.buf,
                     index: index(&[i, j], &[n, 1]),
-                    value: if ot == at { r } else { Expr::cast(ot, r) },
+                    value: {
+                        let r = if ot == at { r } else { Expr::cast(ot, r) };
+                        match &epilogue {
+                            Some(ep) => ep.apply(r, ot, &[i, j], &out.shape),
+                            None => r,
+                        }
+                    },
                 },
             ]
         });

@@ -6,6 +6,7 @@
 //! opset version it was imported under. Ops that need more (subgraphs, closed-form shape
 //! inference) implement [`Op`] themselves and register a builder.
 
+pub mod fused;
 pub mod lowering;
 pub mod util;
 
@@ -143,6 +144,7 @@ impl Registry {
             signal::register(&mut r);
             misc::register(&mut r);
             ml::register(&mut r);
+            fused::register(&mut r);
             r
         })
     }

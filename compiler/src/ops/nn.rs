@@ -1051,8 +1051,27 @@ mod lower {
             None => lit(0.0, acc_t),
         };
         let ot = out.ty().compute();
+        // Fused elementwise work (float convolutions only), applied before the store.
+        let epilogue = match mode {
+            Mode::Float => lw.epilogue.take(),
+            _ => None,
+        };
+        let mut oshape = vec![n, m];
+        oshape.extend_from_slice(&win.out);
+        // Output index with oc in place of the channel var.
+        let ost = strides(&oshape);
+        let oidx = add(
+            add(
+                mul(v(nv), int(ost[0] as i64)),
+                mul(oc.clone(), int(ost[1] as i64)),
+            ),
+            index(&ov, &ost[2..]),
+        );
         let value = match mode {
-            Mode::Float => Expr::cast(ot, v(acc)),
+            Mode::Float => match &epilogue {
+                Some(ep) => ep.apply_flat(Expr::cast(ot, v(acc)), ot, oidx.clone(), &out.shape),
+                None => Expr::cast(ot, v(acc)),
+            },
             Mode::Integer => Expr::cast(ot, v(acc)),
             Mode::QLinear => {
                 let xs = lw.input(1)?.clone();
@@ -1089,16 +1108,6 @@ mod lower {
                 Expr::cast(ot, Expr::cast(Ty::I64, Expr::un(UnOp::Nearest, q)))
             }
         };
-        let mut oshape = vec![n, m];
-        oshape.extend_from_slice(&win.out);
-        let mut ovars = vec![nv, mv];
-        ovars.extend_from_slice(&ov);
-        // Output index with oc in place of the channel var.
-        let ost = strides(&oshape);
-        let oidx = add(
-            add(mul(v(nv), int(ost[0] as i64)), mul(oc, int(ost[1] as i64))),
-            index(&ov, &ost[2..]),
-        );
         let mut body = vec![set(acc, init)];
         body.extend(loops(&window_loops, inner));
         body.push(Stmt::Store {

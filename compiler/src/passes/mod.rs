@@ -5,6 +5,10 @@
 //! verifier after each one when asked (always in tests and debug builds), and records the
 //! node count before and after each pass and the time it took.
 
+pub mod fuse_elementwise;
+pub mod fuse_epilogue;
+pub mod fuse_patterns;
+mod fuse_util;
 pub mod infer_shapes;
 pub mod inline_if;
 
@@ -29,7 +33,23 @@ pub struct Pass {
 }
 
 /// The passes, in order. Level 0 runs none of them.
-pub const PIPELINE: &[Pass] = &[];
+pub const PIPELINE: &[Pass] = &[
+    Pass {
+        name: "fuse_patterns",
+        level: 2,
+        run: fuse_patterns::run,
+    },
+    Pass {
+        name: "fuse_epilogue",
+        level: 2,
+        run: fuse_epilogue::run,
+    },
+    Pass {
+        name: "fuse_elementwise",
+        level: 2,
+        run: fuse_elementwise::run,
+    },
+];
 
 /// What one pass did (for the report).
 #[derive(Clone, Debug, Serialize)]

@@ -1,0 +1,104 @@
+//! Elementwise fusion: a tree (or small DAG) of elementwise ops that ends in one value
+//! becomes one `onnxc.Fused` node, lowered as one loop nest that computes the whole
+//! expression per element. A producer joins the group of its consumers when every node
+//! reading its output is in the group and its output is not a graph output; every value
+//! of the group must broadcast to the group's output shape.
+
+use super::fuse_epilogue::fused_name;
+use super::fuse_util::{known_values, users};
+use crate::error::{Error, Result};
+use crate::ir::{broadcast_shapes, Graph, NodeId, Source};
+use crate::kir::Ty;
+use crate::ops::fused::{fuse_nodes, scalar_expr_fn};
+use crate::ops::lowering::kir_ty;
+
+/// True when `n` is an elementwise op that the fused lowering computes as one scalar
+/// expression.
+fn elementwise(g: &Graph, n: NodeId) -> bool {
+    let node = &g.nodes[n];
+    if !node.domain.is_empty() || node.outputs.len() != 1 || !node.implicit.is_empty() {
+        return false;
+    }
+    let mut tys: Vec<Option<Ty>> = Vec::new();
+    for i in &node.inputs {
+        match i {
+            None => tys.push(None),
+            Some(v) => match g.value(*v).ty.dtype().and_then(kir_ty) {
+                Some(t) => tys.push(Some(t.compute())),
+                None => return false,
+            },
+        }
+    }
+    g.value(node.outputs[0])
+        .ty
+        .dtype()
+        .and_then(kir_ty)
+        .is_some()
+        && scalar_expr_fn(&node.op_type, &tys).is_some()
+}
+
+pub fn run(g: &mut Graph) -> Result<()> {
+    let known = known_values(g)?;
+    let order = g
+        .topo_order()
+        .map_err(|c| Error::model(format!("cycle through {}", c.join(", "))))?;
+    let mut taken: Vec<NodeId> = Vec::new();
+    let mut groups: Vec<Vec<NodeId>> = Vec::new();
+    for &root in order.iter().rev() {
+        if taken.contains(&root)
+            || !elementwise(g, root)
+            || known.contains_key(&g.nodes[root].outputs[0])
+        {
+            continue;
+        }
+        let Some(shape) = g.value(g.nodes[root].outputs[0]).ty.static_shape() else {
+            continue;
+        };
+        let mut group = vec![root];
+        let mut changed = true;
+        while changed {
+            changed = false;
+            let inputs: Vec<_> = group
+                .iter()
+                .flat_map(|&n| g.nodes[n].inputs.iter().flatten().copied())
+                .collect();
+            for v in inputs {
+                let Source::Node(p) = g.value(v).source else {
+                    continue;
+                };
+                if group.contains(&p)
+                    || taken.contains(&p)
+                    || known.contains_key(&v)
+                    || g.outputs.contains(&v)
+                    || !elementwise(g, p)
+                    || !users(g, v).iter().all(|u| group.contains(u))
+                {
+                    continue;
+                }
+                let fits = g.nodes[p].inputs.iter().flatten().chain([&v]).all(|x| {
+                    g.value(*x)
+                        .ty
+                        .static_shape()
+                        .and_then(|s| broadcast_shapes(&s, &shape))
+                        .as_deref()
+                        == Some(&shape[..])
+                });
+                if fits {
+                    group.push(p);
+                    changed = true;
+                }
+            }
+        }
+        taken.extend(&group);
+        if group.len() > 1 {
+            groups.push(group);
+        }
+    }
+    for mut group in groups {
+        // Schedule order inside the group.
+        group.sort_by_key(|n| order.iter().position(|m| m == n));
+        let name = fused_name(g, group[0]);
+        fuse_nodes(g, &group, &name).map_err(|e| Error::model(e.0))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,112 @@
+//! Epilogue fusion: a Conv, Gemm or MatMul followed by a chain of elementwise steps on
+//! its output (bias or residual Add, Mul by a broadcast tensor, division by a constant,
+//! Relu, Clip with constant bounds, Sigmoid, HardSigmoid, HardSwish, Swish/SiLU, Gelu,
+//! LeakyRelu, Tanh) becomes one `onnxc.Fused` node, lowered as one kernel that applies
+//! the steps before it stores each output element. A step joins only when the value it
+//! reads has no other consumer and is not a graph output.
+
+use super::fuse_util::{const_scalar, fusible_output, known_values};
+use crate::error::{Error, Result};
+use crate::ir::{broadcast_shapes, DType, Graph, NodeId, ValueId};
+use crate::ops::fused::fuse_nodes;
+use std::collections::HashMap;
+
+pub fn run(g: &mut Graph) -> Result<()> {
+    let known = known_values(g)?;
+    let order = g
+        .topo_order()
+        .map_err(|c| Error::model(format!("cycle through {}", c.join(", "))))?;
+    for n in order {
+        if !g.nodes.contains_node(n) {
+            continue;
+        }
+        let node = &g.nodes[n];
+        if !node.domain.is_empty()
+            || !matches!(node.op_type.as_str(), "Conv" | "Gemm" | "MatMul")
+            || node.outputs.len() != 1
+            || known.contains_key(&node.outputs[0])
+        {
+            continue;
+        }
+        let out = node.outputs[0];
+        let ty = &g.value(out).ty;
+        let (Some(dt), Some(shape)) = (ty.dtype(), ty.static_shape()) else {
+            continue;
+        };
+        if !matches!(dt, DType::F32 | DType::F64 | DType::F16) {
+            continue;
+        }
+        let mut group = vec![n];
+        let mut cur = out;
+        while let Some(c) = fusible_output(g, cur) {
+            if !is_step(g, &known, c, cur, dt, &shape) {
+                break;
+            }
+            group.push(c);
+            cur = g.nodes[c].outputs[0];
+        }
+        if group.len() > 1 {
+            let name = fused_name(g, n);
+            fuse_nodes(g, &group, &name).map_err(|e| Error::model(e.0))?;
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn fused_name(g: &Graph, n: NodeId) -> String {
+    let node = &g.nodes[n];
+    if node.name.is_empty() {
+        format!("fused_{}_{}", node.op_type, n.index())
+    } else {
+        format!("{}+fused", node.name)
+    }
+}
+
+/// True when node `c` is one epilogue step on `cur` (dtype `dt`, shape `shape`), with the
+/// result of the same type and shape.
+fn is_step(
+    g: &Graph,
+    known: &HashMap<ValueId, crate::ir::Value>,
+    c: NodeId,
+    cur: ValueId,
+    dt: DType,
+    shape: &[usize],
+) -> bool {
+    let node = &g.nodes[c];
+    if !node.domain.is_empty() || node.outputs.len() != 1 {
+        return false;
+    }
+    let oty = &g.value(node.outputs[0]).ty;
+    if oty.dtype() != Some(dt) || oty.static_shape().as_deref() != Some(shape) {
+        return false;
+    }
+    let pos: Vec<usize> = (0..node.inputs.len())
+        .filter(|&i| node.inputs[i] == Some(cur))
+        .collect();
+    let other_ok = |i: usize| {
+        node.inputs.get(i).copied().flatten().is_some_and(|v| {
+            let t = &g.value(v).ty;
+            t.dtype() == Some(dt)
+                && t.static_shape()
+                    .and_then(|s| broadcast_shapes(&s, shape))
+                    .as_deref()
+                    == Some(shape)
+        })
+    };
+    let attr_f = |name: &str, d: f32| node.attrs.float(name, d).unwrap_or(f32::NAN);
+    match (node.op_type.as_str(), pos.as_slice()) {
+        ("Add" | "Mul", [p]) if node.inputs.len() == 2 => other_ok(1 - p),
+        ("Div", [0]) => other_ok(1) && node.inputs[1].is_some_and(|v| known.contains_key(&v)),
+        ("Relu" | "Sigmoid" | "Tanh" | "HardSwish" | "HardSigmoid" | "LeakyRelu" | "Gelu", [0]) => {
+            true
+        }
+        ("Swish", [0]) => attr_f("alpha", 1.0) == 1.0,
+        ("Clip", [0]) => {
+            node.opset < 11
+                || node.inputs[1..]
+                    .iter()
+                    .all(|i| i.is_none_or(|v| const_scalar(known, v).is_some()))
+        }
+        _ => false,
+    }
+}
