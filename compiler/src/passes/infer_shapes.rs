@@ -220,7 +220,7 @@ fn is_random(op: &str) -> bool {
     )
 }
 
-fn fold_shape_op(
+pub(crate) fn fold_shape_op(
     op: &str,
     attrs: &crate::ir::Attrs,
     inputs: &[Option<InferInput>],

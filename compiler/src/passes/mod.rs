@@ -5,7 +5,13 @@
 //! verifier after each one when asked (always in tests and debug builds), and records the
 //! node count before and after each pass and the time it took.
 
+pub mod eliminate_dead_code;
+pub mod fold_constants;
+pub mod fold_shape_ops;
 pub mod infer_shapes;
+#[cfg(test)]
+mod testutil;
+pub mod util;
 
 pub use infer_shapes::{
     bind_input_shapes, check_static_inputs, free_input_dims, infer_shapes, InferReport,
@@ -28,7 +34,24 @@ pub struct Pass {
 }
 
 /// The passes, in order. Level 0 runs none of them.
-pub const PIPELINE: &[Pass] = &[];
+pub const PIPELINE: &[Pass] = &[
+    // Level 1: cleanup.
+    Pass {
+        name: "fold_shape_ops",
+        level: 1,
+        run: fold_shape_ops::run,
+    },
+    Pass {
+        name: "fold_constants",
+        level: 1,
+        run: fold_constants::run,
+    },
+    Pass {
+        name: "eliminate_dead_code",
+        level: 1,
+        run: eliminate_dead_code::run,
+    },
+];
 
 /// What one pass did (for the report).
 #[derive(Clone, Debug, Serialize)]
