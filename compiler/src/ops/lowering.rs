@@ -215,9 +215,10 @@ pub fn act_expr(a: &Act, x: Expr, ty: Ty) -> Expr {
             Expr::mul(x, c(*alpha)),
         ),
         Act::Sigmoid => sigmoid(x),
-        Act::HardSigmoid(alpha, beta) => {
-            min(max(Expr::add(Expr::mul(x, c(*alpha)), c(*beta)), c(0.0)), c(1.0))
-        }
+        Act::HardSigmoid(alpha, beta) => min(
+            max(Expr::add(Expr::mul(x, c(*alpha)), c(*beta)), c(0.0)),
+            c(1.0),
+        ),
         Act::HardSwish => Expr::mul(
             x.clone(),
             min(
@@ -230,7 +231,10 @@ pub fn act_expr(a: &Act, x: Expr, ty: Ty) -> Expr {
             Expr::mul(x.clone(), c(0.5)),
             Expr::add(
                 c(1.0),
-                Expr::call(MathFn::Erf, vec![Expr::mul(x, c(std::f64::consts::FRAC_1_SQRT_2))]),
+                Expr::call(
+                    MathFn::Erf,
+                    vec![Expr::mul(x, c(std::f64::consts::FRAC_1_SQRT_2))],
+                ),
             ),
         ),
         Act::GeluTanh => {

@@ -5,10 +5,12 @@
 //! verifier after each one when asked (always in tests and debug builds), and records the
 //! node count before and after each pass and the time it took.
 
+pub mod eliminate_common_subexpressions;
 pub mod eliminate_dead_code;
 pub mod fold_constants;
 pub mod fold_shape_ops;
 pub mod infer_shapes;
+pub mod remove_noops;
 #[cfg(test)]
 mod testutil;
 pub mod util;
@@ -45,6 +47,16 @@ pub const PIPELINE: &[Pass] = &[
         name: "fold_constants",
         level: 1,
         run: fold_constants::run,
+    },
+    Pass {
+        name: "remove_noops",
+        level: 1,
+        run: remove_noops::run,
+    },
+    Pass {
+        name: "eliminate_common_subexpressions",
+        level: 1,
+        run: eliminate_common_subexpressions::run,
     },
     Pass {
         name: "eliminate_dead_code",

@@ -118,7 +118,9 @@ impl Builder {
 
 /// Deterministic pseudo-random inputs in [-1, 1) for every float input.
 pub fn random_inputs(g: &Graph, seed: u64) -> Vec<Value> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     g.inputs
         .iter()
         .map(|&i| {
