@@ -7,9 +7,12 @@
 
 pub mod eliminate_common_subexpressions;
 pub mod eliminate_dead_code;
+pub mod fold_batchnorm;
 pub mod fold_constants;
+pub mod fold_scale_bias;
 pub mod fold_shape_ops;
 pub mod infer_shapes;
+pub mod matmul_add_to_gemm;
 pub mod remove_noops;
 #[cfg(test)]
 mod testutil;
@@ -62,6 +65,22 @@ pub const PIPELINE: &[Pass] = &[
         name: "eliminate_dead_code",
         level: 1,
         run: eliminate_dead_code::run,
+    },
+    // Level 2: algebraic folding into weights (then the fusion passes).
+    Pass {
+        name: "fold_batchnorm",
+        level: 2,
+        run: fold_batchnorm::run,
+    },
+    Pass {
+        name: "fold_scale_bias",
+        level: 2,
+        run: fold_scale_bias::run,
+    },
+    Pass {
+        name: "matmul_add_to_gemm",
+        level: 2,
+        run: matmul_add_to_gemm::run,
     },
 ];
 

@@ -259,3 +259,92 @@ pub fn derived_name(base: &str, suffix: &str) -> String {
 pub fn array(shape: &[usize], v: Vec<f64>) -> ArrayD<f64> {
     ArrayD::from_shape_vec(IxDyn(shape), v).expect("element count matches shape")
 }
+
+/// A Conv or ConvTranspose node whose weight (and bias, if any) are float constants:
+/// what the algebraic folds need to rewrite it.
+pub struct ConvWeights {
+    pub w: ArrayD<f64>,
+    pub b: Option<ArrayD<f64>>,
+    pub dt: DType,
+    /// Output channels.
+    pub m: usize,
+    transpose: bool,
+    group: usize,
+}
+
+impl ConvWeights {
+    pub fn of(g: &Graph, n: NodeId) -> Option<ConvWeights> {
+        let node = &g.nodes[n];
+        let transpose = is_op(g, n, "ConvTranspose");
+        if !(transpose || is_op(g, n, "Conv")) || node.outputs.len() != 1 {
+            return None;
+        }
+        let y = node.outputs[0];
+        let wv = node.inputs.get(1).copied().flatten()?;
+        let dt = dtype_of(g, y);
+        if !foldable_float(dt) || dtype_of(g, wv) != dt {
+            return None;
+        }
+        let w = const_f64(g, Some(wv))?;
+        let b = match node.inputs.get(2).copied().flatten() {
+            Some(bv) => Some(const_f64(g, Some(bv))?),
+            None => None,
+        };
+        let m = *shape_of(g, y)?.get(1)?;
+        let group = node.attrs.int("group", 1).ok()?.max(1) as usize;
+        if w.ndim() < 2 || b.as_ref().is_some_and(|b| b.len() != m) {
+            return None;
+        }
+        let ok = if transpose {
+            w.shape()[1] * group == m && w.shape()[0] % group == 0
+        } else {
+            w.shape()[0] == m
+        };
+        ok.then_some(ConvWeights {
+            w,
+            b,
+            dt: dt?,
+            m,
+            transpose,
+            group,
+        })
+    }
+
+    /// Multiplies every weight of output channel `o` by `s[o]`.
+    pub fn scale(&mut self, s: &[f64]) {
+        let sh = self.w.shape().to_vec();
+        let k: usize = sh[2..].iter().product();
+        let (c_in, per_group_out) = (sh[0], sh[1]);
+        let m = self.m;
+        let transpose = self.transpose;
+        let group = self.group;
+        for (i, x) in self.w.iter_mut().enumerate() {
+            let o = if transpose {
+                let c = i / (per_group_out * k);
+                let j = (i / k) % per_group_out;
+                (c / (c_in / group)) * per_group_out + j
+            } else {
+                i / (sh[1] * k)
+            };
+            *x *= s[o.min(m - 1)];
+        }
+    }
+
+    /// Writes the weight and bias back into node `n` as new constants.
+    pub fn store(self, g: &mut Graph, n: NodeId) -> Result<()> {
+        let name = g.nodes[n].name.clone();
+        let base = if name.is_empty() {
+            "conv".to_string()
+        } else {
+            name
+        };
+        let w = add_const(g, &format!("{base}_w_folded"), tensor_f64(self.dt, self.w));
+        let b = self.b.unwrap_or_else(|| ArrayD::zeros(IxDyn(&[self.m])));
+        let b = add_const(g, &format!("{base}_b_folded"), tensor_f64(self.dt, b));
+        let node = &mut g.nodes[n];
+        node.inputs.truncate(1);
+        node.inputs.push(Some(w));
+        node.inputs.push(Some(b));
+        rebuild(node)
+    }
+}
