@@ -5,8 +5,8 @@
 //!   adds to the bias (created when absent);
 //! - Gemm: `Mul(y, v)` scales B's columns and C, `Add(y, c)` with any `c` that
 //!   broadcasts to the output joins C (beta becomes 1);
-//! - MatMul with a constant 2-D B: `Mul(y, v)` scales B's columns (an Add stays: see
-//!   `matmul_add_to_gemm`).
+//! - MatMul with a constant 2-D B: `Mul(y, v)` scales B's columns; a following Add
+//!   makes a Gemm when the input has rank 2 (see `matmul_add_to_gemm`), else stays.
 //!
 //! Only float32/float64 values whose intermediate has no other reader are rewritten.
 
@@ -83,6 +83,9 @@ fn fold(g: &mut Graph, f: NodeId) -> Result<bool> {
         fold_gemm(g, anchor, kind, &cv, &ys)?
     } else if is_op(g, anchor, "MatMul") && kind == Kind::Mul {
         fold_matmul(g, anchor, &cv, &ys)?
+    } else if is_op(g, anchor, "MatMul") {
+        // A bias after a (scaled) rank-2 MatMul: the pair becomes a Gemm.
+        return super::matmul_add_to_gemm::fold(g, f);
     } else {
         false
     };
@@ -309,6 +312,23 @@ mod tests {
         let mut g = b.finish(&[a]);
         check_pass(&mut g, run);
         assert_eq!(g.node_count(), 2, "{}", crate::ir::print_graph(&g));
+    }
+
+    #[test]
+    fn rank2_matmul_mul_add_mul_becomes_one_gemm() {
+        let mut b = Builder::new();
+        let x = b.input("x", &[2, 3]);
+        let w = b.konst("w", &[3, 4], vals(12, 0.3));
+        let y = b.node("MatMul", &[x, w], &[2, 4]);
+        let s = b.konst("s", &[4], vals(4, 0.9));
+        let m = b.node("Mul", &[y, s], &[2, 4]);
+        let t = b.konst("t", &[4], vals(4, 0.2));
+        let a = b.node("Add", &[m, t], &[2, 4]);
+        let s2 = b.konst("s2", &[1, 4], vals(4, -0.4));
+        let m2 = b.node("Mul", &[s2, a], &[2, 4]);
+        let mut g = b.finish(&[m2]);
+        check_pass(&mut g, run);
+        assert_eq!(g.node_count(), 1, "{}", crate::ir::print_graph(&g));
     }
 
     #[test]

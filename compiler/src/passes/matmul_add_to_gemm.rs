@@ -18,7 +18,8 @@ pub fn run(g: &mut Graph) -> Result<()> {
     Ok(())
 }
 
-fn fold(g: &mut Graph, add: NodeId) -> Result<bool> {
+/// Rewrites `add` and the MatMul feeding it into one Gemm when the pattern applies.
+pub(crate) fn fold(g: &mut Graph, add: NodeId) -> Result<bool> {
     if !is_op(g, add, "Add") {
         return Ok(false);
     }

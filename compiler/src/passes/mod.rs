@@ -73,14 +73,14 @@ pub const PIPELINE: &[Pass] = &[
         run: fold_batchnorm::run,
     },
     Pass {
-        name: "fold_scale_bias",
-        level: 2,
-        run: fold_scale_bias::run,
-    },
-    Pass {
         name: "matmul_add_to_gemm",
         level: 2,
         run: matmul_add_to_gemm::run,
+    },
+    Pass {
+        name: "fold_scale_bias",
+        level: 2,
+        run: fold_scale_bias::run,
     },
 ];
 
