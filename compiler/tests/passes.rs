@@ -19,6 +19,106 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+/// A model made of the patterns the passes rewrite (PyTorch's exporter folds most of
+/// them away already): Conv + BatchNormalization + per-channel Mul and Add, cancelling
+/// Transposes, Identity, Reshape chains, rank-2 MatMul + Mul + Add, Dropout, duplicate
+/// nodes, a zero Pad and a graph output that folds to a constant. Written to `dir` with a
+/// seeded input.
+fn pattern_model(dir: &Path) -> PathBuf {
+    use common::{f32_tensor, int_attr, node, value_info};
+    use onnxc::onnx::proto::{tensor_proto::DataType, AttributeProto, GraphProto, TensorProto};
+    let vals = |n: usize, k: f32| -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 7 % 13) as f32 - 6.0) * k + 0.05)
+            .collect()
+    };
+    let i64s = |name: &str, v: Vec<i64>| TensorProto {
+        name: Some(name.into()),
+        dims: vec![v.len() as i64],
+        data_type: Some(DataType::Int64 as i32),
+        int64_data: v,
+        ..Default::default()
+    };
+    let ints = |name: &str, v: Vec<i64>| AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(7),
+        ints: v,
+        ..Default::default()
+    };
+    let with = |mut n: onnxc::onnx::proto::NodeProto, a: Vec<AttributeProto>| {
+        n.attribute = a;
+        n
+    };
+    let graph = GraphProto {
+        name: Some("patterns".into()),
+        initializer: vec![
+            f32_tensor("W", &[4, 3, 3, 3], &vals(108, 0.05)),
+            f32_tensor("b", &[4], &vals(4, 0.1)),
+            f32_tensor("scale", &[4], &[0.5, 1.5, -1.0, 2.0]),
+            f32_tensor("shift", &[4], &vals(4, 0.2)),
+            f32_tensor("mean", &[4], &vals(4, 0.03)),
+            f32_tensor("var", &[4], &[0.5, 1.0, 2.0, 0.25]),
+            f32_tensor("s1", &[4, 1, 1], &[1.0, -0.5, 2.0, 0.25]),
+            f32_tensor("t1", &[1, 4, 1, 1], &vals(4, 0.3)),
+            i64s("shape1", vec![1, 144, 1]),
+            i64s("shape2", vec![1, -1]),
+            f32_tensor("W2", &[144, 10], &vals(1440, 0.01)),
+            f32_tensor("s2", &[10], &vals(10, 0.2)),
+            f32_tensor("b2", &[10], &vals(10, 0.1)),
+            i64s("pads", vec![0; 8]),
+        ],
+        node: vec![
+            node("Conv", &["x", "W", "b"], &["c"]),
+            node(
+                "BatchNormalization",
+                &["c", "scale", "shift", "mean", "var"],
+                &["bn"],
+            ),
+            node("Mul", &["bn", "s1"], &["m1"]),
+            node("Add", &["t1", "m1"], &["a1"]),
+            node("Relu", &["a1"], &["r"]),
+            with(
+                node("Transpose", &["r"], &["tr1"]),
+                vec![ints("perm", vec![0, 2, 3, 1])],
+            ),
+            with(
+                node("Transpose", &["tr1"], &["tr2"]),
+                vec![ints("perm", vec![0, 3, 1, 2])],
+            ),
+            node("Identity", &["tr2"], &["id"]),
+            node("Reshape", &["id", "shape1"], &["rs1"]),
+            node("Reshape", &["rs1", "shape2"], &["rs2"]),
+            node("MatMul", &["rs2", "W2"], &["mm"]),
+            node("Mul", &["mm", "s2"], &["mm2"]),
+            node("Add", &["mm2", "b2"], &["y0"]),
+            node("Dropout", &["y0"], &["y"]),
+            node("Sigmoid", &["a1"], &["sa"]),
+            node("Sigmoid", &["a1"], &["sb"]),
+            node("Add", &["sa", "sb"], &["w0"]),
+            node("Pad", &["w0", "pads"], &["w"]),
+            node("Shape", &["x"], &["shp"]),
+            with(node("Cast", &["shp"], &["z"]), vec![int_attr("to", 1)]),
+        ],
+        input: vec![value_info("x", DataType::Float, &[1, 3, 8, 8])],
+        output: vec![
+            value_info("y", DataType::Float, &[1, 10]),
+            value_info("w", DataType::Float, &[1, 4, 6, 6]),
+            value_info("z", DataType::Float, &[4]),
+        ],
+        ..Default::default()
+    };
+    let mut m = common::model(graph);
+    m.opset_import[0].version = Some(13);
+    std::fs::create_dir_all(dir).unwrap();
+    let path = common::write_model(dir, "model.onnx", &m);
+    let x = randomize(
+        &[Value::Tensor(Tensor::zeros(DType::F32, &[1, 3, 8, 8]))],
+        11,
+    );
+    io::write_npy(&dir.join("input_0.npy"), &x[0]).unwrap();
+    path
+}
+
 /// Fixture folders (model.onnx + input_K.npy), and the digits example.
 fn fixtures() -> Vec<PathBuf> {
     let dir = common::repo_root().join("tests/fixtures");
@@ -133,8 +233,13 @@ fn max_err(a: &[Value], b: &[Value]) -> f64 {
 
 #[test]
 fn fixtures_after_every_pass() {
+    let tmp = tempfile::tempdir().unwrap();
     let mut table = Vec::new();
-    for dir in fixtures() {
+    let mut dirs = fixtures();
+    let patterns = tmp.path().join("patterns");
+    pattern_model(&patterns);
+    dirs.push(patterns);
+    for dir in dirs {
         let name = dir.file_name().unwrap().to_string_lossy().to_string();
         let model = onnx::load(&dir.join("model.onnx")).unwrap();
         let given = read_inputs(&dir);
@@ -347,7 +452,11 @@ fn read_outputs(dir: &Path) -> Vec<Value> {
 #[test]
 fn emitted_onnx_runs_in_onnxruntime() {
     let tmp = tempfile::tempdir().unwrap();
-    for dir in fixtures() {
+    let mut dirs = fixtures();
+    let patterns = tmp.path().join("patterns");
+    pattern_model(&patterns);
+    dirs.push(patterns);
+    for dir in dirs {
         let name = dir.file_name().unwrap().to_string_lossy().to_string();
         let model = onnx::load(&dir.join("model.onnx")).unwrap();
         let inputs = read_inputs(&dir);
@@ -418,5 +527,35 @@ fn emitted_onnx_runs_in_onnxruntime() {
                 "{name} -O{m}: interface"
             );
         }
+    }
+}
+
+/// The pattern model compiled at each level (native code for the host) matches the
+/// reference evaluator on the original graph (1e-4).
+#[test]
+fn pattern_model_compiles_at_every_level() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("patterns");
+    let path = pattern_model(&dir);
+    let inputs = read_inputs(&dir);
+    let model = onnx::load(&path).unwrap();
+    let want = eval::run(&model.graph, inputs.clone()).unwrap();
+    for level in 0..=MAX_OPT_LEVEL {
+        let opts = Options {
+            opt_level: level,
+            ..Options::default()
+        };
+        let c = driver::compile_graph(model.graph.clone(), "model", &opts)
+            .unwrap_or_else(|e| panic!("-O{level}: {e}"));
+        let scratch = tempfile::tempdir().unwrap();
+        let got = onnxc::runner::run_compiled(&c, &inputs, scratch.path())
+            .unwrap_or_else(|e| panic!("-O{level}: {e}"));
+        let err = max_err(&got, &want);
+        println!(
+            "patterns -O{level}: {} nodes, {} kernels, compiled relative error {err:.2e}",
+            c.graph.node_count(),
+            c.lowered.program.kernels.len()
+        );
+        assert!(err <= 1e-4, "-O{level}: compiled outputs differ by {err:.3e}");
     }
 }
