@@ -556,6 +556,9 @@ fn pattern_model_compiles_at_every_level() {
             c.graph.node_count(),
             c.lowered.program.kernels.len()
         );
-        assert!(err <= 1e-4, "-O{level}: compiled outputs differ by {err:.3e}");
+        assert!(
+            err <= 1e-4,
+            "-O{level}: compiled outputs differ by {err:.3e}"
+        );
     }
 }

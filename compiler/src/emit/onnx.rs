@@ -312,3 +312,118 @@ fn type_proto_of(ty: &ValueType) -> TypeProto {
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{Attrs, DType, Op, OpError, OpResult, Tensor, Value};
+    use crate::passes::util::new_node;
+    use std::sync::Arc;
+
+    /// Stands in for the fusion passes' op: evaluating a fused node = evaluating its body.
+    #[derive(Debug)]
+    struct BodyOp(Arc<Graph>);
+
+    impl Op for BodyOp {
+        fn eval(&self, inputs: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+            let ins = inputs
+                .iter()
+                .map(|i| i.cloned().expect("present"))
+                .collect();
+            crate::eval::run(&self.0, ins).map_err(|e| OpError::new(e.to_string()))
+        }
+    }
+
+    fn f32s(n: usize) -> Vec<f32> {
+        (0..n).map(|i| ((i * 5 % 9) as f32 - 4.0) * 0.25).collect()
+    }
+
+    #[test]
+    fn fused_nodes_are_inlined_and_constant_outputs_copied() {
+        // body(bx, bw) = (Relu(Conv(bx, bw) + bias), bx)
+        let mut b = Graph::new("body");
+        let bx = b.add_input("bx", ValueType::tensor(DType::F32, &[1, 2, 4, 4]));
+        let bw = b.add_input("bw", ValueType::tensor(DType::F32, &[3, 2, 3, 3]));
+        let bias = b.add_const("bias", Tensor::from_vec(&[3], vec![0.5f32, -0.5, 0.25]));
+        let bc = b.add_value("bc", ValueType::Unknown, Source::Undefined);
+        let by = b.add_value("by", ValueType::Unknown, Source::Undefined);
+        let conv = new_node(
+            "conv".into(),
+            "Conv",
+            Attrs::default(),
+            13,
+            vec![Some(bx), Some(bw), Some(bias)],
+            vec![bc],
+        );
+        b.add_node(conv.unwrap());
+        b.add_node(
+            new_node(
+                "relu".into(),
+                "Relu",
+                Attrs::default(),
+                13,
+                vec![Some(bc)],
+                vec![by],
+            )
+            .unwrap(),
+        );
+        b.outputs = vec![by, bx];
+        b.rewire();
+        crate::passes::infer_shapes(&mut b).unwrap();
+        let body = Arc::new(b);
+
+        let mut g = Graph::new("main");
+        let x = g.add_input("x", ValueType::tensor(DType::F32, &[1, 2, 4, 4]));
+        let w = g.add_const("w", Tensor::from_vec(&[3, 2, 3, 3], f32s(54)));
+        let k = g.add_const("k", Tensor::from_vec(&[2], vec![1i64, 2]));
+        let y = g.add_value(
+            "y",
+            ValueType::tensor(DType::F32, &[1, 3, 2, 2]),
+            Source::Undefined,
+        );
+        let y2 = g.add_value(
+            "y2",
+            ValueType::tensor(DType::F32, &[1, 2, 4, 4]),
+            Source::Undefined,
+        );
+        let mut attrs = Attrs::default();
+        attrs.0.insert("body".into(), Attr::Graph(body.clone()));
+        g.add_node(Node {
+            name: "fused0".into(),
+            op_type: FUSED_OP.into(),
+            domain: FUSED_DOMAIN.into(),
+            opset: 1,
+            attrs,
+            op: Arc::new(BodyOp(body)),
+            inputs: vec![Some(x), Some(w)],
+            outputs: vec![y, y2],
+            implicit: Vec::new(),
+        });
+        g.outputs = vec![y, y2, k];
+        g.rewire();
+
+        let mut opsets = Opsets::new();
+        opsets.insert(String::new(), 13);
+        opsets.insert(FUSED_DOMAIN.into(), 1);
+        let proto = model_proto(&g, &opsets, 8);
+        let gp = proto.graph.as_ref().unwrap();
+        assert!(gp.node.iter().all(|n| n.domain() != FUSED_DOMAIN));
+        assert!(proto
+            .opset_import
+            .iter()
+            .all(|o| o.domain() != FUSED_DOMAIN));
+        let back = crate::onnx::decode(&proto.encode_to_vec(), None).unwrap();
+        let names = |g: &Graph| -> Vec<String> {
+            g.inputs
+                .iter()
+                .chain(&g.outputs)
+                .map(|&v| g.value(v).name.clone())
+                .collect()
+        };
+        assert_eq!(names(&back.graph), names(&g));
+        let xin = Value::Tensor(Tensor::from_vec(&[1, 2, 4, 4], f32s(32)));
+        let want = crate::eval::run(&g, vec![xin.clone()]).unwrap();
+        let got = crate::eval::run(&back.graph, vec![xin]).unwrap();
+        assert_eq!(got, want);
+    }
+}
