@@ -10,10 +10,12 @@ use std::collections::HashMap;
 /// Constants up to this many elements are compared for merging.
 const SMALL_CONST: usize = 1 << 16;
 
+/// Op type, domain, opset and inputs: what two nodes must share to be compared.
+type NodeKey = (String, String, i64, Vec<Option<ValueId>>);
+
 pub fn run(g: &mut Graph) -> Result<()> {
     merge_constants(g);
-    let mut seen: HashMap<(String, String, i64, Vec<Option<ValueId>>), Vec<NodeId>> =
-        HashMap::new();
+    let mut seen: HashMap<NodeKey, Vec<NodeId>> = HashMap::new();
     for n in order(g)? {
         let node = &g.nodes[n];
         if !node.op.subgraphs().is_empty()
