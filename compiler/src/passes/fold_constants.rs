@@ -2,13 +2,13 @@
 //! inference's partial evaluation computes them) is replaced by graph constants.
 //! Random ops are never folded; control flow is left alone.
 
-use super::infer_shapes::infer_shapes;
+use super::infer_shapes::known_values;
 use super::util::order;
 use crate::error::Result;
 use crate::ir::{Graph, Tensor, Value};
 
 pub fn run(g: &mut Graph) -> Result<()> {
-    let known = infer_shapes(g)?.known;
+    let known = known_values(g)?;
     for n in order(g)? {
         let node = &g.nodes[n];
         if node.outputs.is_empty() || !node.op.subgraphs().is_empty() {
