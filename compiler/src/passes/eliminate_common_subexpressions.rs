@@ -1,6 +1,7 @@
 //! Common subexpression elimination: equal small constants are merged, then nodes with
 //! the same op, attributes and inputs (in schedule order, so merges cascade). Random
-//! ops and nodes with subgraphs are never merged.
+//! ops (Dropout included: in training mode it draws a mask), nodes with subgraphs and
+//! nodes writing graph outputs are never merged.
 
 use super::util::{order, tensor_key};
 use crate::error::Result;
@@ -21,7 +22,10 @@ pub fn run(g: &mut Graph) -> Result<()> {
         if !node.op.subgraphs().is_empty()
             || !node.implicit.is_empty()
             || node.op_type.starts_with("Random")
-            || matches!(node.op_type.as_str(), "Multinomial" | "Bernoulli")
+            || matches!(
+                node.op_type.as_str(),
+                "Multinomial" | "Bernoulli" | "Dropout"
+            )
             || node.outputs.iter().any(|&o| g.is_pinned(o))
         {
             continue;
