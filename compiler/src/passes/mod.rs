@@ -4,6 +4,12 @@
 //! values get theirs. [`optimize`] runs the passes an `--opt-level` selects, runs the IR
 //! verifier after each one when asked (always in tests and debug builds), and records the
 //! node count before and after each pass and the time it took.
+//!
+//! Level 1 (cleanup): `fold_shape_ops`, `fold_constants`, `remove_noops`,
+//! `eliminate_common_subexpressions`, `eliminate_dead_code`. Level 2 (algebraic folding
+//! into weights, then fusion): `fold_batchnorm`, `matmul_add_to_gemm`, `fold_scale_bias`.
+//! No pass changes the graph's inputs or outputs (names and types), and every value it
+//! creates is typed.
 
 pub mod eliminate_common_subexpressions;
 pub mod eliminate_dead_code;
