@@ -209,6 +209,9 @@ enum Emit {
     Kir,
     /// The compile report: arena bytes and lower bound, weights, code, per-tensor offsets (JSON).
     Report,
+    /// The graph after the --opt-level passes as a standard ONNX model (-o OUT.onnx;
+    /// default MODEL.opt.onnx), shapes bound by --shape.
+    Onnx,
 }
 
 fn parse_shape(s: &str) -> Result<(String, Vec<usize>)> {
@@ -554,6 +557,29 @@ fn compile(args: CompileArgs) -> Result<()> {
         constants: vec![],
         opt_level: args.opt_level,
     };
+    if args.emit == Emit::Onnx {
+        let mut m = onnx::load(&model)?;
+        let mut known = driver::prepare(&mut m.graph, &opts)?;
+        let stats = driver::optimize(&mut m.graph, opts.opt_level, &mut known)?;
+        let bytes = onnxc::emit::onnx::model_bytes(&m.graph, &m.opsets, m.ir_version);
+        let out = args
+            .output
+            .unwrap_or_else(|| model.with_extension("opt.onnx"));
+        std::fs::write(&out, bytes).map_err(|e| Error::Io {
+            path: out.clone(),
+            source: e,
+        })?;
+        let before = stats
+            .first()
+            .map_or(m.graph.node_count(), |s| s.nodes_before);
+        eprintln!(
+            "wrote {}: {} nodes (was {before}) after -O{}",
+            out.display(),
+            m.graph.node_count(),
+            opts.opt_level
+        );
+        return Ok(());
+    }
     let c = driver::compile_file(&model, &opts)?;
     match args.emit {
         Emit::Kir => write_text(

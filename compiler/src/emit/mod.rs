@@ -1,6 +1,8 @@
 //! Emit: the object file (through the Cranelift back end), the per-model C header, and
 //! the JSON report.
 
+pub mod onnx;
+
 use crate::backend::cranelift::{compile_object, TensorDesc, ARENA_ALIGN};
 use crate::error::{Error, Result};
 use crate::ir::Graph;

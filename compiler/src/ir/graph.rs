@@ -227,3 +227,87 @@ impl Graph {
         self.nodes.node_count()
     }
 }
+
+/// Editing helpers for passes. Value ids are never reused: a removed node's outputs and a
+/// removed constant become `Undefined` entries of the value table.
+impl Graph {
+    /// Removes a node; its outputs become `Undefined` (call [`Graph::rewire`] when done
+    /// editing).
+    pub fn remove_node(&mut self, n: NodeId) -> Option<Node> {
+        let node = self.nodes.remove_node(n)?;
+        for &o in &node.outputs {
+            if self.values[o].source == Source::Node(n) {
+                self.values[o].source = Source::Undefined;
+            }
+        }
+        Some(node)
+    }
+
+    /// Drops a constant's data; the value becomes `Undefined`.
+    pub fn remove_const(&mut self, v: ValueId) -> Option<Tensor> {
+        let t = self.consts.remove(&v)?;
+        self.values[v].source = Source::Undefined;
+        Some(t)
+    }
+
+    /// Turns a node output into a constant holding `t` (the node keeps running until it
+    /// is removed; the caller removes it once all its outputs are constants).
+    pub fn set_const(&mut self, v: ValueId, t: Tensor) {
+        self.values[v].ty = ValueType::tensor(t.dtype(), t.shape());
+        self.values[v].source = Source::Const;
+        self.consts.insert(v, t);
+    }
+
+    /// Makes every node input that reads `old` read `new` instead (graph outputs and
+    /// subgraph reads by name are not touched). Returns how many inputs changed.
+    pub fn replace_uses(&mut self, old: ValueId, new: ValueId) -> usize {
+        let mut count = 0;
+        let ids: Vec<NodeId> = self.nodes.node_indices().collect();
+        for n in ids {
+            for inp in self.nodes[n].inputs.iter_mut() {
+                if *inp == Some(old) {
+                    *inp = Some(new);
+                    count += 1;
+                }
+            }
+        }
+        count
+    }
+
+    /// A value name not used yet in this graph, derived from `base`.
+    pub fn fresh_name(&self, base: &str) -> String {
+        if self.find(base).is_none() {
+            return base.to_string();
+        }
+        (1..)
+            .map(|k| format!("{base}_{k}"))
+            .find(|n| self.find(n).is_none())
+            .expect("some suffix is free")
+    }
+
+    /// Nodes that read `v` through an input or through a subgraph (implicitly).
+    pub fn readers(&self, v: ValueId) -> Vec<NodeId> {
+        self.nodes
+            .node_indices()
+            .filter(|&n| {
+                let node = &self.nodes[n];
+                node.inputs.contains(&Some(v)) || node.implicit.contains(&v)
+            })
+            .collect()
+    }
+
+    /// True when a subgraph of some node names `v` (so `v` must keep its name and
+    /// identity) or `v` is a graph output.
+    pub fn is_pinned(&self, v: ValueId) -> bool {
+        self.outputs.contains(&v)
+            || self
+                .nodes
+                .node_indices()
+                .any(|n| self.nodes[n].implicit.contains(&v))
+    }
+
+    /// The constant held by `v`, if any.
+    pub fn const_of(&self, v: ValueId) -> Option<&Tensor> {
+        self.consts.get(&v)
+    }
+}

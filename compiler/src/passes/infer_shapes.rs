@@ -4,7 +4,7 @@
 //! and every other node gets its output types from its op's `infer`.
 
 use crate::error::{Error, Result};
-use crate::ir::{Dim, Graph, InferInput, Source, Tensor, Value, ValueId, ValueType};
+use crate::ir::{Dim, Graph, InferInput, Node, Source, Tensor, Value, ValueId, ValueType};
 use std::collections::HashMap;
 
 /// What inference learned.
@@ -145,29 +145,8 @@ pub fn infer_shapes(g: &mut Graph) -> Result<InferReport> {
                 })
             })
             .collect();
-        let all_known = node
-            .inputs
-            .iter()
-            .flatten()
-            .all(|v| rep.known.contains_key(v))
-            && node.op.subgraphs().is_empty()
-            && !node
-                .inputs
-                .iter()
-                .flatten()
-                .any(|v| g.value(*v).source == Source::Outer);
         // Partial evaluation.
-        let folded: Option<Vec<Value>> = if all_known && !is_random(&node.op_type) {
-            let refs: Vec<Option<&Value>> = inputs
-                .iter()
-                .map(|i| i.as_ref().and_then(|i| i.value.as_ref()))
-                .collect();
-            node.op.eval(&refs).ok()
-        } else if matches!(node.op_type.as_str(), "Shape" | "Size") && node.domain.is_empty() {
-            fold_shape_op(&node.op_type, &node.attrs, &inputs)
-        } else {
-            None
-        };
+        let folded = partial_eval(g, &node, &inputs, &rep.known);
         if let Some(vals) = folded {
             for (&o, v) in node.outputs.iter().zip(vals) {
                 g.value_mut(o).ty = v.value_type();
@@ -208,6 +187,68 @@ pub fn infer_shapes(g: &mut Graph) -> Result<InferReport> {
     Ok(rep)
 }
 
+/// The outputs of `node` when they are computable at compile time: every input is known
+/// (and the op is not random, has no subgraph), or it is `Shape`/`Size` of a statically
+/// shaped value.
+fn partial_eval(
+    g: &Graph,
+    node: &Node,
+    inputs: &[Option<InferInput>],
+    known: &HashMap<ValueId, Value>,
+) -> Option<Vec<Value>> {
+    let all_known = node.inputs.iter().flatten().all(|v| known.contains_key(v))
+        && node.op.subgraphs().is_empty()
+        && !node
+            .inputs
+            .iter()
+            .flatten()
+            .any(|v| g.value(*v).source == Source::Outer);
+    if all_known && !is_random(&node.op_type) {
+        let refs: Vec<Option<&Value>> = inputs
+            .iter()
+            .map(|i| i.as_ref().and_then(|i| i.value.as_ref()))
+            .collect();
+        node.op.eval(&refs).ok()
+    } else if matches!(node.op_type.as_str(), "Shape" | "Size") && node.domain.is_empty() {
+        fold_shape_op(&node.op_type, &node.attrs, inputs)
+    } else {
+        None
+    }
+}
+
+/// What partial evaluation knows at compile time (constants and the values
+/// [`infer_shapes`] folds) on a graph whose types are already inferred, without running
+/// type inference again (for the passes).
+pub fn known_values(g: &Graph) -> Result<HashMap<ValueId, Value>> {
+    let mut known: HashMap<ValueId, Value> = g
+        .consts
+        .iter()
+        .map(|(&id, t)| (id, Value::Tensor(t.clone())))
+        .collect();
+    let order = g
+        .topo_order()
+        .map_err(|c| Error::model(format!("cycle through {}", c.join(", "))))?;
+    for n in order {
+        let node = &g.nodes[n];
+        let inputs: Vec<Option<InferInput>> = node
+            .inputs
+            .iter()
+            .map(|i| {
+                i.map(|v| InferInput {
+                    ty: g.value(v).ty.clone(),
+                    value: known.get(&v).cloned(),
+                })
+            })
+            .collect();
+        if let Some(vals) = partial_eval(g, node, &inputs, &known) {
+            for (&o, v) in node.outputs.iter().zip(vals) {
+                known.insert(o, v);
+            }
+        }
+    }
+    Ok(known)
+}
+
 fn is_random(op: &str) -> bool {
     matches!(
         op,
@@ -220,7 +261,7 @@ fn is_random(op: &str) -> bool {
     )
 }
 
-fn fold_shape_op(
+pub(crate) fn fold_shape_op(
     op: &str,
     attrs: &crate::ir::Attrs,
     inputs: &[Option<InferInput>],

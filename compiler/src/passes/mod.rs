@@ -4,13 +4,31 @@
 //! values get theirs. [`optimize`] runs the passes an `--opt-level` selects, runs the IR
 //! verifier after each one when asked (always in tests and debug builds), and records the
 //! node count before and after each pass and the time it took.
+//!
+//! Level 1 (cleanup): `fold_shape_ops`, `fold_constants`, `remove_noops`,
+//! `eliminate_common_subexpressions`, `eliminate_dead_code`. Level 2 (algebraic folding
+//! into weights, then fusion): `fold_batchnorm`, `matmul_add_to_gemm`, `fold_scale_bias`,
+//! `fuse_patterns`, `fuse_epilogue`, `fuse_elementwise`, `eliminate_dead_code`.
+//! No pass changes the graph's inputs or outputs (names and types), and every value it
+//! creates is typed.
 
+pub mod eliminate_common_subexpressions;
+pub mod eliminate_dead_code;
+pub mod fold_batchnorm;
+pub mod fold_constants;
+pub mod fold_scale_bias;
+pub mod fold_shape_ops;
 pub mod fuse_elementwise;
 pub mod fuse_epilogue;
 pub mod fuse_patterns;
 mod fuse_util;
 pub mod infer_shapes;
 pub mod inline_if;
+pub mod matmul_add_to_gemm;
+pub mod remove_noops;
+#[cfg(test)]
+mod testutil;
+pub mod util;
 
 pub use infer_shapes::{
     bind_input_shapes, check_static_inputs, free_input_dims, infer_shapes, InferReport,
@@ -34,6 +52,49 @@ pub struct Pass {
 
 /// The passes, in order. Level 0 runs none of them.
 pub const PIPELINE: &[Pass] = &[
+    // Level 1: cleanup.
+    Pass {
+        name: "fold_shape_ops",
+        level: 1,
+        run: fold_shape_ops::run,
+    },
+    Pass {
+        name: "fold_constants",
+        level: 1,
+        run: fold_constants::run,
+    },
+    Pass {
+        name: "remove_noops",
+        level: 1,
+        run: remove_noops::run,
+    },
+    Pass {
+        name: "eliminate_common_subexpressions",
+        level: 1,
+        run: eliminate_common_subexpressions::run,
+    },
+    Pass {
+        name: "eliminate_dead_code",
+        level: 1,
+        run: eliminate_dead_code::run,
+    },
+    // Level 2: algebraic folding into weights (then the fusion passes).
+    Pass {
+        name: "fold_batchnorm",
+        level: 2,
+        run: fold_batchnorm::run,
+    },
+    Pass {
+        name: "matmul_add_to_gemm",
+        level: 2,
+        run: matmul_add_to_gemm::run,
+    },
+    Pass {
+        name: "fold_scale_bias",
+        level: 2,
+        run: fold_scale_bias::run,
+    },
+    // Level 2: fusion, after the folding.
     Pass {
         name: "fuse_patterns",
         level: 2,
@@ -48,6 +109,11 @@ pub const PIPELINE: &[Pass] = &[
         name: "fuse_elementwise",
         level: 2,
         run: fuse_elementwise::run,
+    },
+    Pass {
+        name: "eliminate_dead_code",
+        level: 2,
+        run: eliminate_dead_code::run,
     },
 ];
 
