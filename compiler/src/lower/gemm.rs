@@ -163,7 +163,8 @@ pub fn matmul(lw: &mut LowerCtx) -> OpResult<bool> {
     // The output as [batch..., m, n] (1-D operands drop a dim of the ONNX shape).
     let mut oshape = batch.clone();
     oshape.extend([m, n]);
-    let ep = lw.epilogue.clone();
+    // Taken: this kernel applies it (the Fused lowering checks).
+    let ep = lw.epilogue.take();
     // B shared by every batch and A contiguous: one GEMM with the batch folded into m.
     let fold = bb.iter().all(|&s| s == 0) && {
         let full: Vec<usize> = strides(&batch).iter().map(|s| s * m * kd).collect();
@@ -276,7 +277,8 @@ pub fn gemm(lw: &mut LowerCtx) -> OpResult<bool> {
         }
         _ => None,
     };
-    let ep = lw.epilogue.clone();
+    // Taken: this kernel applies it (the Fused lowering checks).
+    let ep = lw.epilogue.take();
     let plan = plan_epilogue(ep.as_ref(), &split, c.is_none());
     let init = c.or_else(|| plan.init_view(&split, &[]));
     let (ars, acs) = if ta { (1, m as i64) } else { (kd as i64, 1) };
@@ -363,7 +365,8 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
         nbatch: 1,
         nrows: 1,
     };
-    let ep = lw.epilogue.clone();
+    // Taken: this kernel applies it (the Fused lowering checks).
+    let ep = lw.epilogue.take();
     let plan = plan_epilogue(ep.as_ref(), &split, bias.is_none());
     // Scratch for the im2col matrix of one image.
     let cols = if direct {
