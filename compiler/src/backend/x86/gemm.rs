@@ -120,7 +120,8 @@ pub fn blocking(isa: Isa, k: usize, n: usize, l1_kib: u32, l2_kib: u32) -> (usiz
 }
 
 /// Packs B (`k x n`, element `(p, j)` at `off + p * rs + j * col_s` of `data`) scaled by
-/// `alpha` into `[ceil(n / NR)][k][NR]` panels, zero-padded.
+/// `alpha` into `[ceil(n / NR)][k][NR]` panels, zero-padded. (Elements outside `data` read
+/// as 0: the kernel-IR verifier reports such a view.)
 #[allow(clippy::too_many_arguments)]
 pub fn pack_b(
     isa: Isa,
@@ -141,7 +142,10 @@ pub fn pack_b(
                 let j = jp * nr + jj;
                 if j < n {
                     let idx = off + p as i64 * rs + j as i64 * col_s;
-                    out[(jp * k + p) * nr + jj] = data[idx as usize] * alpha;
+                    out[(jp * k + p) * nr + jj] = usize::try_from(idx)
+                        .ok()
+                        .and_then(|x| data.get(x))
+                        .map_or(0.0, |x| x * alpha);
                 }
             }
         }
@@ -170,7 +174,10 @@ pub fn pack_a(
                 let i = it * mr + ii;
                 if i < m {
                     let idx = off + i as i64 * rs + p as i64 * col_s;
-                    out[(it * k + p) * mr + ii] = data[idx as usize] * alpha;
+                    out[(it * k + p) * mr + ii] = usize::try_from(idx)
+                        .ok()
+                        .and_then(|x| data.get(x))
+                        .map_or(0.0, |x| x * alpha);
                 }
             }
         }
