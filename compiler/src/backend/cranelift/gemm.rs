@@ -163,8 +163,8 @@ impl GemmCtx {
         };
         let (m, n, k) = (g.m as usize, g.n as usize, g.k as usize);
         let (mr, nr) = (isa.mr() as i64, isa.nr() as i64);
-        let konst = |v: &MatView| match (&p.buffers[v.buf].kind, &v.offset) {
-            (BufKind::Const { data }, Expr::Int(off)) => Some((data, *off)),
+        let konst = |v: &MatView| match (p.buffers.get(v.buf).map(|b| &b.kind), &v.offset) {
+            (Some(BufKind::Const { data }), Expr::Int(off)) => Some((data, *off)),
             _ => None,
         };
         if g.c.cs != 1 {
