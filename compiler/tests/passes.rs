@@ -302,9 +302,9 @@ fn fixtures_after_every_pass() {
 }
 
 /// Where the ONNX node test cases are: `tests/onnx-node` (written by tests/run.sh), or
-/// the folder `ONNXC_NODE_TESTS` names.
+/// the folder `ONNXC_NODE_CASES` names.
 fn node_cases() -> PathBuf {
-    let d = std::env::var_os("ONNXC_NODE_TESTS")
+    let d = std::env::var_os("ONNXC_NODE_CASES")
         .map(PathBuf::from)
         .unwrap_or_else(|| common::repo_root().join("tests/onnx-node"));
     assert!(
