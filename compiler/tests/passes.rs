@@ -302,9 +302,9 @@ fn fixtures_after_every_pass() {
 }
 
 /// Where the ONNX node test cases are: `tests/onnx-node` (written by tests/run.sh), or
-/// the folder `ONNXC_NODE_TESTS` names.
+/// the folder `ONNXC_NODE_CASES` names.
 fn node_cases() -> PathBuf {
-    let d = std::env::var_os("ONNXC_NODE_TESTS")
+    let d = std::env::var_os("ONNXC_NODE_CASES")
         .map(PathBuf::from)
         .unwrap_or_else(|| common::repo_root().join("tests/onnx-node"));
     assert!(
@@ -561,4 +561,71 @@ fn pattern_model_compiles_at_every_level() {
             "-O{level}: compiled outputs differ by {err:.3e}"
         );
     }
+}
+
+/// `--emit onnx`'s writer on every node test case of the reference pass list (no passes,
+/// so every attribute kind, subgraph, sequence and optional value the cases use goes
+/// through it): the model written back decodes and evaluates to the same outputs.
+#[test]
+fn node_tests_round_trip_through_the_onnx_writer() {
+    let t = Instant::now();
+    let dir = node_cases();
+    let list =
+        std::fs::read_to_string(common::repo_root().join("tests/conformance/reference-pass.txt"))
+            .expect("reference pass list");
+    let (mut ok, mut skipped, mut failed) = (0, 0, Vec::new());
+    for name in list.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let case = dir.join(name);
+        let Ok(m) = onnx::load(&case.join("model.onnx")) else {
+            skipped += 1;
+            continue;
+        };
+        let data = case.join("test_data_set_0");
+        let inputs: Option<Vec<Value>> = m
+            .graph
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(k, &id)| {
+                io::read_value(&data.join(format!("input_{k}.pb")), &m.graph.value(id).ty).ok()
+            })
+            .collect();
+        let Some(inputs) = inputs else {
+            skipped += 1;
+            continue;
+        };
+        let Ok(want) = eval::run(&m.graph, inputs.clone()) else {
+            skipped += 1;
+            continue;
+        };
+        let bytes = onnxc::emit::onnx::model_bytes(&m.graph, &m.opsets, m.ir_version);
+        let back = match onnx::decode(&bytes, None) {
+            Ok(b) => b,
+            Err(e) => {
+                failed.push(format!("{name}: the written model does not load: {e}"));
+                continue;
+            }
+        };
+        let got = match eval::run(&back.graph, inputs.clone()) {
+            Ok(v) => v,
+            Err(e) => {
+                failed.push(format!("{name}: the written model fails: {e}"));
+                continue;
+            }
+        };
+        if max_err(&got, &want) == 0.0 {
+            ok += 1;
+        } else if eval::run(&m.graph, inputs).is_ok_and(|again| max_err(&again, &want) != 0.0) {
+            skipped += 1; // random outputs
+        } else {
+            failed.push(format!("{name}: outputs differ"));
+        }
+    }
+    println!(
+        "onnx writer round trip: {ok} agree, {skipped} skipped, {} failed, in {:.1} s",
+        failed.len(),
+        t.elapsed().as_secs_f64()
+    );
+    assert!(ok > 1500, "too few cases checked ({ok})");
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
