@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Median time of one call of a compiled single-input, single-output model, for two onnxc
+# Median time of one call of a compiled model (onnxc bench --no-ort), for two onnxc
 # binaries (before / after a change), in one run.
 # Usage: tests/bench/model_time.sh MODEL.onnx "--shape x=1x3x64x64" ONNXC_BEFORE ONNXC_AFTER [TARGET]
 set -euo pipefail
@@ -10,8 +10,8 @@ trap 'rm -rf "$work"' EXIT
 for which in before after; do
     bin="$before"; [ "$which" = after ] && bin="$after"
     # shellcheck disable=SC2086
-    "$bin" "$model" $opts --target "$target" --name mm -o "$work/mm.o" > /dev/null 2>&1
-    cc -O2 -I"$work" -o "$work/bench" "$here/bench_model.c" "$work/mm.o" -lm
-    read -r _ _ ms < <("$work/bench" 1 "${RUNS:-200}")
-    echo "$which: $ms ms"
+    "$bin" bench "$model" $opts --target "$target" --no-ort --json --iters "${RUNS:-200}" \
+        > "$work/r.json"
+    python3 -c 'import json,sys; print(sys.argv[2] + ":", json.load(open(sys.argv[1]))["onnxc"]["median_ms"], "ms")' \
+        "$work/r.json" "$which"
 done

@@ -16,6 +16,17 @@ pub fn fusible_output(g: &Graph, v: ValueId) -> Option<NodeId> {
     if g.outputs.contains(&v) {
         return None;
     }
+    // A fused kernel keeps intermediates in registers at their compute type: values of a
+    // storage-only type (f16, bf16, ...) would skip the rounding every unfused op applies.
+    let storage_only = g
+        .value(v)
+        .ty
+        .dtype()
+        .and_then(crate::ops::lowering::kir_ty)
+        .is_none_or(|t| t.is_storage_only());
+    if storage_only {
+        return None;
+    }
     let mut users = g
         .nodes
         .node_indices()
