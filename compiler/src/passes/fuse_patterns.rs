@@ -476,6 +476,7 @@ fn attention(g: &Graph, known: &Known, mm2: NodeId) -> Option<Match> {
         let out_shape = g.value(cur).ty.static_shape()?;
         let ms = g.value(m).ty.static_shape()?;
         if !is_float(g, m)
+            || ms.is_empty()
             || ms.len() > 4
             || g.value(m).ty.dtype() != g.value(cur).ty.dtype()
             || crate::ir::broadcast_shapes(&ms, &out_shape).as_deref() != Some(&out_shape[..])
