@@ -266,7 +266,8 @@ fn exported_patterns_fuse() {
         node("Add", &["ln", "x"], &["res"]),
         node("Relu", &["res"], &["y"]),
     ];
-    let m = model(GraphProto {
+    // Opset 24: the patterns make Swish (24) and Attention (23) only when the model has them.
+    let m = at_opset_24(model(GraphProto {
         name: Some("patterns".into()),
         node: nodes,
         input: vec![value_info("x", DataType::Float, &[n as i64, c as i64])],
@@ -284,7 +285,7 @@ fn exported_patterns_fuse() {
             i64s("axes", &[-1]),
         ],
         ..Default::default()
-    });
+    }));
     let dir = tempfile::tempdir().unwrap();
     let path = common::write_model(dir.path(), "patterns.onnx", &m);
     let model = onnx::load(&path).unwrap();
@@ -340,7 +341,8 @@ fn exported_attention_fuses() {
     });
     let mut sm = node("Softmax", &["a"], &["p"]);
     sm.attribute.push(int_attr("axis", -1));
-    let m = model(GraphProto {
+    // Opset 24: the patterns make Swish (24) and Attention (23) only when the model has them.
+    let m = at_opset_24(model(GraphProto {
         name: Some("attention".into()),
         node: vec![
             kt,
@@ -359,7 +361,7 @@ fn exported_attention_fuses() {
         output: vec![value_info("y", DataType::Float, &[1, h, s, d])],
         initializer: vec![f32_tensor("scale", &[], &[(d as f32).sqrt()])],
         ..Default::default()
-    });
+    }));
     let dir = tempfile::tempdir().unwrap();
     let path = common::write_model(dir.path(), "attention.onnx", &m);
     let model = onnx::load(&path).unwrap();
@@ -408,7 +410,8 @@ fn exported_attention_fuses() {
 fn fused_body_of_other_ops_lowers_node_by_node() {
     use common::{model, node, value_info};
     use onnxc::onnx::proto::{tensor_proto::DataType, GraphProto};
-    let m = model(GraphProto {
+    // Opset 24: the patterns make Swish (24) and Attention (23) only when the model has them.
+    let m = at_opset_24(model(GraphProto {
         name: Some("chain".into()),
         node: vec![
             node("Softmax", &["x"], &["a"]),
@@ -418,7 +421,7 @@ fn fused_body_of_other_ops_lowers_node_by_node() {
         input: vec![value_info("x", DataType::Float, &[3, 5])],
         output: vec![value_info("y", DataType::Float, &[3, 5])],
         ..Default::default()
-    });
+    }));
     let dir = tempfile::tempdir().unwrap();
     let path = common::write_model(dir.path(), "chain.onnx", &m);
     let model = onnx::load(&path).unwrap();
@@ -455,7 +458,8 @@ fn exported_tanh_gelu_joins_the_matmul() {
     let w: Vec<f32> = (0..48)
         .map(|i| ((i * 29 % 13) as f32 - 6.0) / 5.0)
         .collect();
-    let m = model(GraphProto {
+    // Opset 24: the patterns make Swish (24) and Attention (23) only when the model has them.
+    let m = at_opset_24(model(GraphProto {
         name: Some("gelu_tanh".into()),
         node: vec![
             node("MatMul", &["x", "w"], &["h"]),
@@ -479,7 +483,7 @@ fn exported_tanh_gelu_joins_the_matmul() {
             scalar("half", 0.5),
         ],
         ..Default::default()
-    });
+    }));
     let dir = tempfile::tempdir().unwrap();
     let path = common::write_model(dir.path(), "gelu_tanh.onnx", &m);
     let model = onnx::load(&path).unwrap();
@@ -508,4 +512,9 @@ fn exported_tanh_gelu_joins_the_matmul() {
     let got = runner::run_compiled(&c2, &inputs, dir.path()).unwrap();
     let err = rel_err(&got[0], &expected[0]);
     assert!(err <= 1e-4, "compiled -O2: relative error {err:.3e}");
+}
+
+fn at_opset_24(mut m: onnxc::onnx::proto::ModelProto) -> onnxc::onnx::proto::ModelProto {
+    m.opset_import[0].version = Some(24);
+    m
 }

@@ -38,11 +38,16 @@ pub fn run(g: &mut Graph) -> Result<()> {
             if taken.contains(&n) {
                 continue;
             }
-            let m = gelu(g, &known, n)
-                .or_else(|| silu(g, n))
-                .or_else(|| softmax(g, &known, n))
-                .or_else(|| layer_norm(g, &known, n))
-                .or_else(|| attention(g, &known, n));
+            // A pattern only makes an op that the model's opset has, so the optimized
+            // graph stays a valid model of the same opset (`--emit onnx`).
+            let fits = |m: Option<Match>| {
+                m.filter(|m| m.nodes.iter().all(|&x| g.nodes[x].opset >= m.opset))
+            };
+            let m = fits(gelu(g, &known, n))
+                .or_else(|| fits(silu(g, n)))
+                .or_else(|| fits(softmax(g, &known, n)))
+                .or_else(|| fits(layer_norm(g, &known, n)))
+                .or_else(|| fits(attention(g, &known, n)));
             if let Some(m) = m {
                 if m.nodes.iter().all(|x| !taken.contains(x)) {
                     taken.extend(m.nodes.iter().copied());
