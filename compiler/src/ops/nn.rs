@@ -978,6 +978,9 @@ mod lower {
                 return Ok(());
             }
         }
+        if mode == Mode::Float && group > 1 && conv_rows(lw, &x, &w, group, &win)? {
+            return Ok(());
+        }
         let c = x.shape[1];
         let mg = m / group;
         let kl = win.kernel_len();
@@ -1120,6 +1123,161 @@ mod lower {
         k_.body = loops(&outer, body);
         lw.push(k_);
         Ok(())
+    }
+
+    /// Longest kernel row `conv_rows` unrolls.
+    const ROW_UNROLL: usize = 16;
+
+    /// Grouped (depthwise) f32 convolution accumulated along output rows: for each
+    /// output row, the row is set to the bias, then every input channel of the group and
+    /// every kernel position but the last dim's adds its products to the whole row, and
+    /// the epilogue is applied in a last pass. The last kernel dim is unrolled, so the
+    /// valid part of each row is known at compile time (no bounds test in the innermost
+    /// loop) and the innermost loop stores at unit stride (the back end vectorises it).
+    /// Returns false (nothing lowered) when the shapes or types do not fit.
+    fn conv_rows(
+        lw: &mut LowerCtx,
+        x: &TensorRef,
+        w: &TensorRef,
+        group: usize,
+        win: &super::Window,
+    ) -> OpResult<bool> {
+        let out = lw.outputs[0].clone();
+        let bias = lw.opt_input(2).cloned();
+        let nsp = win.k.len();
+        if nsp == 0
+            || x.ty() != Ty::F32
+            || w.ty() != Ty::F32
+            || out.ty() != Ty::F32
+            || bias.as_ref().is_some_and(|b| b.ty() != Ty::F32)
+            || win.k[nsp - 1] > ROW_UNROLL
+            || win.out.contains(&0)
+        {
+            return Ok(false);
+        }
+        let (n, c, m) = (x.shape[0], x.shape[1], out.shape[1]);
+        let (cg, mg) = (c / group, m / group);
+        let last = nsp - 1;
+        let (kw_n, ow_n, iw) = (win.k[last], win.out[last], win.in_sp[last] as i64);
+        let (s, d, pb) = (win.s[last] as i64, win.d[last] as i64, win.pb[last]);
+        // Output positions [lo, hi) of the row where kernel column kw reads inside the
+        // input: 0 <= ow * s - pb + kw * d < iw.
+        let range = |kw: i64| {
+            let a = pb - kw * d;
+            let lo = (-(-a).div_euclid(s)).max(0);
+            let hi = ((iw - 1 + pb - kw * d).div_euclid(s) + 1).min(ow_n as i64);
+            (lo, hi.max(lo))
+        };
+        let mut cuts: Vec<i64> = vec![0, ow_n as i64];
+        for kw in 0..kw_n as i64 {
+            let (lo, hi) = range(kw);
+            cuts.extend([lo, hi]);
+        }
+        cuts.sort_unstable();
+        cuts.dedup();
+        let mut k_ = lw.kernel("");
+        let kr = &mut k_;
+        let nv = kr.var(Ty::I64);
+        let gv = kr.var(Ty::I64);
+        let mv = kr.var(Ty::I64);
+        let ov: Vec<VarId> = (0..last).map(|_| kr.var(Ty::I64)).collect();
+        let civ = kr.var(Ty::I64);
+        let kv: Vec<VarId> = (0..last).map(|_| kr.var(Ty::I64)).collect();
+        let j = kr.var(Ty::I64);
+        let oc = add(mul(v(gv), int(mg as i64)), v(mv));
+        let ch = add(mul(v(gv), int(cg as i64)), v(civ));
+        // Leading spatial coordinates of the input.
+        let coords: Vec<Expr> = (0..last)
+            .map(|i| {
+                add(
+                    sub(mul(v(ov[i]), int(win.s[i] as i64)), int(win.pb[i])),
+                    mul(v(kv[i]), int(win.d[i] as i64)),
+                )
+            })
+            .collect();
+        let ist = strides(&win.in_sp);
+        let mut xrow = mul(add(mul(v(nv), int(c as i64)), ch), int(win.in_len() as i64));
+        for (cd, &st) in coords.iter().zip(&ist) {
+            xrow = add(xrow, mul(cd.clone(), int(st as i64)));
+        }
+        let mut oshape = vec![n, m];
+        oshape.extend_from_slice(&win.out);
+        let ost = strides(&oshape);
+        let mut orow = add(
+            mul(v(nv), int(ost[0] as i64)),
+            mul(oc.clone(), int(ost[1] as i64)),
+        );
+        for (i, &o) in ov.iter().enumerate() {
+            orow = add(orow, mul(v(o), int(ost[2 + i] as i64)));
+        }
+        let kst = strides(&win.k);
+        let mut wrow = mul(
+            add(mul(oc.clone(), int(cg as i64)), v(civ)),
+            int(win.kernel_len() as i64),
+        );
+        for (&kvar, &st) in kv.iter().zip(&kst) {
+            wrow = add(wrow, mul(v(kvar), int(st as i64)));
+        }
+        let row_loop = |at: i64, len: i64, value: &dyn Fn(Expr) -> Expr| -> Stmt {
+            let ow = add(v(j), int(at));
+            let oidx = add(orow.clone(), ow.clone());
+            for_(
+                j,
+                len as usize,
+                vec![store(out.buf, oidx.clone(), value(ow))],
+            )
+        };
+        // 1. The row starts as the bias (or zero).
+        let init = match &bias {
+            Some(b) => per_ch(b, oc.clone()),
+            None => lit(0.0, Ty::F32),
+        };
+        let mut body = vec![row_loop(0, ow_n as i64, &|_| init.clone())];
+        // 2. Each segment of the row between cuts sees a fixed set of kernel columns.
+        let mut acc = Vec::new();
+        for seg in cuts.windows(2) {
+            let (a, b) = (seg[0], seg[1]);
+            let cols: Vec<i64> = (0..kw_n as i64)
+                .filter(|&kw| {
+                    let (lo, hi) = range(kw);
+                    lo <= a && b <= hi
+                })
+                .collect();
+            if cols.is_empty() || b <= a {
+                continue;
+            }
+            acc.push(row_loop(a, b - a, &|ow| {
+                let oidx = add(orow.clone(), ow.clone());
+                let mut sum = Expr::load(out.buf, oidx);
+                for &kw in &cols {
+                    let xi = add(xrow.clone(), add(mul(ow.clone(), int(s)), int(kw * d - pb)));
+                    let wi = add(wrow.clone(), int(kw));
+                    sum = add(sum, mul(Expr::load(x.buf, xi), Expr::load(w.buf, wi)));
+                }
+                sum
+            }));
+        }
+        let inner = if last == 0 {
+            acc
+        } else {
+            vec![iff(inside(&coords, &win.in_sp[..last]), acc)]
+        };
+        let mut window_loops: Vec<(VarId, usize)> = vec![(civ, cg)];
+        window_loops.extend(kv.iter().copied().zip(win.k[..last].iter().copied()));
+        body.extend(loops(&window_loops, inner));
+        // 3. The fused epilogue, in place on the finished row.
+        if let Some(ep) = lw.epilogue.take() {
+            let shape = out.shape.clone();
+            body.push(row_loop(0, ow_n as i64, &|ow| {
+                let oidx = add(orow.clone(), ow);
+                ep.apply_flat(Expr::load(out.buf, oidx.clone()), Ty::F32, oidx, &shape)
+            }));
+        }
+        let mut outer: Vec<(VarId, usize)> = vec![(nv, n), (gv, group), (mv, mg)];
+        outer.extend(ov.iter().copied().zip(win.out[..last].iter().copied()));
+        k_.body = loops(&outer, body);
+        lw.push(k_);
+        Ok(true)
     }
 
     fn conv(lw: &mut LowerCtx) -> OpResult<()> {
