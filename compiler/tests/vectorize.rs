@@ -216,11 +216,88 @@ fn grouped_convs(w: usize) -> Vec<Case> {
     v
 }
 
+/// MaxPool and AveragePool (pads, strides, dilations, ceil_mode, count_include_pad,
+/// 1-D and 2-D) over inputs of width `w`.
+fn pools(w: usize) -> Vec<Case> {
+    let mut v = Vec::new();
+    // (name, op, kernel, pads (b, e), stride, dilation, ceil_mode, count_include_pad)
+    type P = (
+        &'static str,
+        &'static str,
+        usize,
+        (usize, usize),
+        usize,
+        usize,
+        i64,
+        i64,
+    );
+    let geoms: [P; 6] = [
+        ("max3_s2_pad", "MaxPool", 3, (1, 1), 2, 1, 0, 0),
+        ("max2_ceil", "MaxPool", 2, (0, 0), 2, 1, 1, 0),
+        ("max3_dil", "MaxPool", 3, (2, 1), 1, 2, 0, 0),
+        ("avg3_pad", "AveragePool", 3, (1, 1), 1, 1, 0, 0),
+        ("avg3_incl_s2", "AveragePool", 3, (1, 2), 2, 1, 0, 1),
+        ("avg2_ceil_incl", "AveragePool", 2, (1, 0), 2, 1, 1, 1),
+    ];
+    for (name, op, k, (pb, pe), s, d, ceil, incl) in geoms {
+        let h = 6;
+        let o = |i: usize| {
+            let span = i + pb + pe - ((k - 1) * d + 1);
+            let n = if ceil != 0 {
+                span.div_ceil(s)
+            } else {
+                span / s
+            } + 1;
+            // With ceil_mode, a window must start inside the input or the left pad.
+            if ceil != 0 && (n - 1) * s >= i + pb {
+                n - 1
+            } else {
+                n
+            }
+        };
+        if w + pb + pe < (k - 1) * d + 1 {
+            continue;
+        }
+        let mut p = node(op, &["x"], &["y"]);
+        p.attribute = vec![
+            ints_attr("kernel_shape", &[k as i64, k as i64]),
+            ints_attr("pads", &[pb as i64, pb as i64, pe as i64, pe as i64]),
+            ints_attr("strides", &[s as i64, s as i64]),
+            int_attr("ceil_mode", ceil),
+        ];
+        if op == "MaxPool" {
+            p.attribute
+                .push(ints_attr("dilations", &[d as i64, d as i64]));
+        } else {
+            p.attribute.push(int_attr("count_include_pad", incl));
+        }
+        v.push(graph(
+            format!("{name}_{w}"),
+            &[("x", vec![1, 3, h, w])],
+            vec![],
+            vec![p],
+            &[1, 3, o(h), o(w)],
+        ));
+    }
+    // 1-D max pool with a NaN-free random input.
+    let mut p = node("MaxPool", &["x"], &["y"]);
+    p.attribute = vec![ints_attr("kernel_shape", &[3]), ints_attr("pads", &[1, 1])];
+    v.push(graph(
+        format!("max1d_{w}"),
+        &[("x", vec![2, 3, w])],
+        vec![],
+        vec![p],
+        &[2, 3, w],
+    ));
+    v
+}
+
 fn cases() -> Vec<Case> {
     let mut v = Vec::new();
     for len in LENS {
         v.extend(elementwise(len));
         v.extend(grouped_convs(len));
+        v.extend(pools(len));
     }
     v
 }

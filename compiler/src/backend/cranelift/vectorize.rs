@@ -440,6 +440,18 @@ impl Gen<'_, '_> {
                     }
                 }
             }
+            Expr::Bin(op @ (BinOp::And | BinOp::Or), a, b)
+                if ty == Ty::U8 && is_mask(a, &cx.vals) && is_mask(b, &cx.vals) =>
+            {
+                match (self.vexpr(cx, a)?, self.vexpr(cx, b)?) {
+                    (V::Mask(x), V::Mask(y)) => V::Mask(if *op == BinOp::And {
+                        self.b.ins().band(x, y)
+                    } else {
+                        self.b.ins().bor(x, y)
+                    }),
+                    _ => self.per_lane(cx, e)?,
+                }
+            }
             Expr::Cast(Ty::F32, a) if self.ty(a)? == Ty::F32 => self.vexpr(cx, a)?,
             Expr::Call(f, args) if f32 => {
                 let xs = args
@@ -455,6 +467,17 @@ impl Gen<'_, '_> {
             }
             _ => self.per_lane(cx, e)?,
         })
+    }
+}
+
+/// Whether `e` becomes a [`V::Mask`]: an f32 comparison, or And/Or of such (checked
+/// again on the values; a miss falls back to lanes).
+fn is_mask(e: &Expr, vals: &HashMap<VarId, V>) -> bool {
+    match e {
+        Expr::Cmp(..) => true,
+        Expr::Bin(BinOp::And | BinOp::Or, a, b) => is_mask(a, vals) && is_mask(b, vals),
+        Expr::Var(t) => matches!(vals.get(t), Some(V::Mask(_))),
+        _ => false,
     }
 }
 
