@@ -47,12 +47,15 @@ struct Case {
     inputs: Vec<Vec<usize>>,
 }
 
+/// A constant: name, shape, values (random when None).
+type Const = (&'static str, Vec<usize>, Option<Vec<f32>>);
+
 /// A model of `nodes`: graph inputs (name, shape), constants (name, shape, values or
 /// random), output `y` of shape `out`.
 fn graph(
     name: String,
     inputs: &[(&str, Vec<usize>)],
-    consts: Vec<(&str, Vec<usize>, Option<Vec<f32>>)>,
+    consts: Vec<Const>,
     nodes: Vec<onnxc::onnx::proto::NodeProto>,
     out: &[usize],
 ) -> Case {

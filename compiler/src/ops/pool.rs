@@ -706,7 +706,7 @@ mod lower {
                     &format!("count{dim}"),
                     &crate::ir::Tensor::from_vec(&[counts.len()], counts),
                 )?;
-                let idx = if dim == last { v(j) } else { v(ov[dim]) };
+                let idx = ov.get(dim).map_or(v(j), |&o| v(o));
                 let e = Expr::load(tab, idx);
                 cnt = Some(match cnt {
                     None => e,

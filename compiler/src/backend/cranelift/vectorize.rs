@@ -275,7 +275,7 @@ impl Gen<'_, '_> {
                 }
                 Stmt::Store { buf, index, value } => {
                     let x = self.vexpr(&mut cx, value)?;
-                    let x = self.to_vec(x)?;
+                    let x = self.vec4(x)?;
                     let addr = self.addr(*buf, index)?;
                     self.b.ins().store(vflags(), x, addr, 0);
                 }
@@ -289,7 +289,7 @@ impl Gen<'_, '_> {
         Ok(n4)
     }
 
-    fn to_vec(&mut self, x: V) -> Result<Value, String> {
+    fn vec4(&mut self, x: V) -> Result<Value, String> {
         Ok(match x {
             V::Vec(v) => v,
             V::Uni(s) => self.b.ins().splat(types::F32X4, s),
@@ -371,7 +371,7 @@ impl Gen<'_, '_> {
                             ))) =>
             {
                 let x = self.vexpr(cx, a)?;
-                let x = self.to_vec(x)?;
+                let x = self.vec4(x)?;
                 let ins = self.b.ins();
                 V::Vec(match op {
                     UnOp::Neg => ins.fneg(x),
@@ -391,9 +391,9 @@ impl Gen<'_, '_> {
                     ) =>
             {
                 let x = self.vexpr(cx, a)?;
-                let x = self.to_vec(x)?;
+                let x = self.vec4(x)?;
                 let y = self.vexpr(cx, b)?;
-                let y = self.to_vec(y)?;
+                let y = self.vec4(y)?;
                 let ins = self.b.ins();
                 V::Vec(match op {
                     BinOp::Add => ins.fadd(x, y),
@@ -406,9 +406,9 @@ impl Gen<'_, '_> {
             }
             Expr::Cmp(op, a, b) if self.ty(a)? == Ty::F32 => {
                 let x = self.vexpr(cx, a)?;
-                let x = self.to_vec(x)?;
+                let x = self.vec4(x)?;
                 let y = self.vexpr(cx, b)?;
-                let y = self.to_vec(y)?;
+                let y = self.vec4(y)?;
                 let cc = match op {
                     CmpOp::Eq => FloatCC::Equal,
                     CmpOp::Ne => FloatCC::NotEqual,
@@ -425,8 +425,8 @@ impl Gen<'_, '_> {
                 let y = self.vexpr(cx, b)?;
                 match m {
                     V::Mask(m) => {
-                        let x = self.to_vec(x)?;
-                        let y = self.to_vec(y)?;
+                        let x = self.vec4(x)?;
+                        let y = self.vec4(y)?;
                         let m = self.b.ins().bitcast(types::F32X4, MemFlagsData::new(), m);
                         V::Vec(self.b.ins().bitselect(m, x, y))
                     }
