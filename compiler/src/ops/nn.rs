@@ -978,6 +978,9 @@ mod lower {
                 return Ok(());
             }
         }
+        if mode == Mode::Float && group > 1 && conv_rows(lw, &x, &w, group, &win)? {
+            return Ok(());
+        }
         let c = x.shape[1];
         let mg = m / group;
         let kl = win.kernel_len();
@@ -1120,6 +1123,240 @@ mod lower {
         k_.body = loops(&outer, body);
         lw.push(k_);
         Ok(())
+    }
+
+    /// Longest kernel row `conv_rows` unrolls.
+    const ROW_UNROLL: usize = 16;
+
+    /// Grouped (depthwise) f32 convolution accumulated along output rows: for each
+    /// output row, the row is set to the bias, then every input channel of the group and
+    /// every kernel position but the last dim's adds its products to the whole row, and
+    /// the epilogue is applied in a last pass. The last kernel dim is unrolled, so the
+    /// valid part of each row is known at compile time (no bounds test in the innermost
+    /// loop) and the innermost loop stores at unit stride (the back end vectorises it).
+    /// Returns false (nothing lowered) when the shapes or types do not fit.
+    fn conv_rows(
+        lw: &mut LowerCtx,
+        x: &TensorRef,
+        w: &TensorRef,
+        group: usize,
+        win: &super::Window,
+    ) -> OpResult<bool> {
+        let out = lw.outputs[0].clone();
+        let bias = lw.opt_input(2).cloned();
+        let nsp = win.k.len();
+        if nsp == 0
+            || x.ty() != Ty::F32
+            || w.ty() != Ty::F32
+            || out.ty() != Ty::F32
+            || bias.as_ref().is_some_and(|b| b.ty() != Ty::F32)
+            || win.k[nsp - 1] > ROW_UNROLL
+            || win.out.contains(&0)
+        {
+            return Ok(false);
+        }
+        let (n, c, m) = (x.shape[0], x.shape[1], out.shape[1]);
+        let (cg, mg) = (c / group, m / group);
+        let last = nsp - 1;
+        let (kw_n, ow_n, iw) = (win.k[last], win.out[last], win.in_sp[last] as i64);
+        let (s, d, pb) = (win.s[last] as i64, win.d[last] as i64, win.pb[last]);
+        // Output positions [lo, hi) of the row where kernel column kw reads inside the
+        // input: 0 <= ow * s - pb + kw * d < iw.
+        let range = |kw: i64| {
+            let a = pb - kw * d;
+            let lo = (-(-a).div_euclid(s)).max(0);
+            let hi = ((iw - 1 + pb - kw * d).div_euclid(s) + 1).min(ow_n as i64);
+            (lo, hi.max(lo))
+        };
+        let mut cuts: Vec<i64> = vec![0, ow_n as i64];
+        for kw in 0..kw_n as i64 {
+            let (lo, hi) = range(kw);
+            cuts.extend([lo, hi]);
+        }
+        cuts.sort_unstable();
+        cuts.dedup();
+        let mut k_ = lw.kernel("");
+        let kr = &mut k_;
+        let nv = kr.var(Ty::I64);
+        let gv = kr.var(Ty::I64);
+        let mv = kr.var(Ty::I64);
+        let ov: Vec<VarId> = (0..last).map(|_| kr.var(Ty::I64)).collect();
+        let civ = kr.var(Ty::I64);
+        let kv: Vec<VarId> = (0..last).map(|_| kr.var(Ty::I64)).collect();
+        let j = kr.var(Ty::I64);
+        let oc = add(mul(v(gv), int(mg as i64)), v(mv));
+        let ch = add(mul(v(gv), int(cg as i64)), v(civ));
+        let ist = strides(&win.in_sp);
+        let mut oshape = vec![n, m];
+        oshape.extend_from_slice(&win.out);
+        let ost = strides(&oshape);
+        let kst = strides(&win.k);
+        // Leading input coordinates for output position `oh` and kernel position `kh`.
+        let coords = |oh: &[Expr], kh: &[Expr]| -> Vec<Expr> {
+            (0..last)
+                .map(|i| {
+                    add(
+                        sub(mul(oh[i].clone(), int(win.s[i] as i64)), int(win.pb[i])),
+                        mul(kh[i].clone(), int(win.d[i] as i64)),
+                    )
+                })
+                .collect()
+        };
+        let xrow = |oh: &[Expr], kh: &[Expr]| {
+            let mut e = mul(
+                add(mul(v(nv), int(c as i64)), ch.clone()),
+                int(win.in_len() as i64),
+            );
+            for (cd, &st) in coords(oh, kh).into_iter().zip(&ist) {
+                e = add(e, mul(cd, int(st as i64)));
+            }
+            e
+        };
+        let orow = |oh: &[Expr]| {
+            let mut e = add(
+                mul(v(nv), int(ost[0] as i64)),
+                mul(oc.clone(), int(ost[1] as i64)),
+            );
+            for (i, o) in oh.iter().enumerate() {
+                e = add(e, mul(o.clone(), int(ost[2 + i] as i64)));
+            }
+            e
+        };
+        let wrow = |kh: &[Expr]| {
+            let mut e = mul(
+                add(mul(oc.clone(), int(cg as i64)), v(civ)),
+                int(win.kernel_len() as i64),
+            );
+            for (k, &st) in kh.iter().zip(&kst) {
+                e = add(e, mul(k.clone(), int(st as i64)));
+            }
+            e
+        };
+        let row_loop = |oh: &[Expr], at: i64, len: i64, value: &dyn Fn(Expr, Expr) -> Expr| {
+            let ow = add(v(j), int(at));
+            let oidx = add(orow(oh), ow.clone());
+            for_(
+                j,
+                len as usize,
+                vec![store(out.buf, oidx.clone(), value(ow, oidx))],
+            )
+        };
+        // Row segments between cuts, each seeing a fixed set of kernel columns: adds the
+        // products of every kernel position in `khs` (leading dims) to the row.
+        let accumulate = |oh: &[Expr], khs: &[Vec<Expr>]| {
+            let mut acc = Vec::new();
+            for seg in cuts.windows(2) {
+                let (a, b) = (seg[0], seg[1]);
+                let cols: Vec<i64> = (0..kw_n as i64)
+                    .filter(|&kw| {
+                        let (lo, hi) = range(kw);
+                        lo <= a && b <= hi
+                    })
+                    .collect();
+                if cols.is_empty() || b <= a {
+                    continue;
+                }
+                acc.push(row_loop(oh, a, b - a, &|ow, oidx| {
+                    let mut sum = Expr::load(out.buf, oidx);
+                    for kh in khs {
+                        let (xr, wr) = (xrow(oh, kh), wrow(kh));
+                        for &kw in &cols {
+                            let xi =
+                                add(xr.clone(), add(mul(ow.clone(), int(s)), int(kw * d - pb)));
+                            let wi = add(wr.clone(), int(kw));
+                            sum = add(sum, mul(Expr::load(x.buf, xi), Expr::load(w.buf, wi)));
+                        }
+                    }
+                    sum
+                }));
+            }
+            acc
+        };
+        let init = match &bias {
+            Some(b) => per_ch(b, oc.clone()),
+            None => lit(0.0, Ty::F32),
+        };
+        let epilogue = lw.epilogue.take();
+        // One output row: start at the bias, accumulate, apply the epilogue. `interior`:
+        // every leading kernel position is inside the input (no test; unrolled).
+        let row_body = |oh: &[Expr], interior: bool| {
+            let mut body = vec![row_loop(oh, 0, ow_n as i64, &|_, _| init.clone())];
+            if interior {
+                let mut khs: Vec<Vec<Expr>> = vec![vec![]];
+                for &kd in &win.k[..last] {
+                    khs = khs
+                        .into_iter()
+                        .flat_map(|p| {
+                            (0..kd as i64).map(move |q| {
+                                let mut p = p.clone();
+                                p.push(int(q));
+                                p
+                            })
+                        })
+                        .collect();
+                }
+                body.extend(loops(&[(civ, cg)], accumulate(oh, &khs)));
+            } else {
+                let kvs: Vec<Expr> = kv.iter().map(|&k| v(k)).collect();
+                let acc = accumulate(oh, std::slice::from_ref(&kvs));
+                let inner = if last == 0 {
+                    acc
+                } else {
+                    vec![iff(inside(&coords(oh, &kvs), &win.in_sp[..last]), acc)]
+                };
+                let mut window_loops: Vec<(VarId, usize)> = vec![(civ, cg)];
+                window_loops.extend(kv.iter().copied().zip(win.k[..last].iter().copied()));
+                body.extend(loops(&window_loops, inner));
+            }
+            if let Some(ep) = &epilogue {
+                let shape = out.shape.clone();
+                body.push(row_loop(oh, 0, ow_n as i64, &|_, oidx| {
+                    ep.apply_flat(Expr::load(out.buf, oidx.clone()), Ty::F32, oidx, &shape)
+                }));
+            }
+            body
+        };
+        let mut outer: Vec<(VarId, usize)> = vec![(nv, n), (gv, group), (mv, mg)];
+        let body = if last == 1 && win.k[0] <= ROW_UNROLL {
+            // 2-D: rows whose whole window column is inside the input take the unrolled
+            // form; the few border rows keep the tested loop.
+            let (s0, d0, pb0, ih) = (
+                win.s[0] as i64,
+                win.d[0] as i64,
+                win.pb[0],
+                win.in_sp[0] as i64,
+            );
+            let oh_n = win.out[0] as i64;
+            let mut lo_all = 0i64;
+            let mut hi_all = oh_n;
+            for kh in 0..win.k[0] as i64 {
+                let a = pb0 - kh * d0;
+                lo_all = lo_all.max(-(-a).div_euclid(s0));
+                hi_all = hi_all.min((ih - 1 + pb0 - kh * d0).div_euclid(s0) + 1);
+            }
+            let hi_all = hi_all.max(lo_all).min(oh_n);
+            let lo_all = lo_all.min(hi_all);
+            let oh = ov[0];
+            let mut b = Vec::new();
+            for (from, to, interior) in [
+                (0, lo_all, false),
+                (lo_all, hi_all, true),
+                (hi_all, oh_n, false),
+            ] {
+                if to > from {
+                    let at = [add(v(oh), int(from))];
+                    b.push(for_(oh, (to - from) as usize, row_body(&at, interior)));
+                }
+            }
+            b
+        } else {
+            outer.extend(ov.iter().copied().zip(win.out[..last].iter().copied()));
+            let ohs: Vec<Expr> = ov.iter().map(|&o| v(o)).collect();
+            row_body(&ohs, false)
+        };
+        k_.body = loops(&outer, body);
+        lw.push(k_);
+        Ok(true)
     }
 
     fn conv(lw: &mut LowerCtx) -> OpResult<()> {

@@ -515,8 +515,228 @@ mod lower {
         }
     }
 
+    /// A pool computed along output rows: `Max`, or `Avg` with count_include_pad.
+    #[derive(Clone, Copy, PartialEq)]
+    enum RowPool {
+        Max,
+        Avg { include: bool },
+    }
+
+    /// Longest window row `pool_rows` unrolls.
+    const ROW_UNROLL: usize = 16;
+
+    /// An f32 pool accumulated along output rows: each output row starts as NaN (max)
+    /// or 0 (average); every window position but the last dim's folds its inputs into
+    /// the whole row; the last window dim is unrolled so each segment of the row reads
+    /// only inside the input (no bounds test in the innermost loop, whose store is unit
+    /// stride and which the back end vectorises). Max ignores NaN inputs and gives NaN
+    /// for a window with none, like the scalar lowering; averages divide by the count
+    /// of the window's positions inside the input (or inside the padded input with
+    /// count_include_pad), a per-dim product taken from compile-time tables. Returns
+    /// false (nothing lowered) where it does not apply.
+    fn pool_rows(lw: &mut LowerCtx, x: &TensorRef, win: &Window, kind: RowPool) -> OpResult<bool> {
+        let out = lw.outputs[0].clone();
+        let nsp = win.k.len();
+        if lw.outputs.len() != 1
+            || nsp == 0
+            || x.ty() != Ty::F32
+            || out.ty() != Ty::F32
+            || win.k[nsp - 1] > ROW_UNROLL
+            || win.out.contains(&0)
+            || win.in_sp.contains(&0)
+        {
+            return Ok(false);
+        }
+        let last = nsp - 1;
+        let planes = x.shape[0] * x.shape[1];
+        let (kw_n, ow_n, iw) = (win.k[last], win.out[last], win.in_sp[last] as i64);
+        let (s, d, pb) = (win.s[last] as i64, win.d[last] as i64, win.pb[last]);
+        // Output positions [lo, hi) where window column kw reads inside the input.
+        let range = |kw: i64| {
+            let a = pb - kw * d;
+            let lo = (-(-a).div_euclid(s)).max(0);
+            let hi = ((iw - 1 + pb - kw * d).div_euclid(s) + 1).min(ow_n as i64);
+            (lo, hi.max(lo))
+        };
+        let mut cuts: Vec<i64> = vec![0, ow_n as i64];
+        for kw in 0..kw_n as i64 {
+            let (lo, hi) = range(kw);
+            cuts.extend([lo, hi]);
+        }
+        cuts.sort_unstable();
+        cuts.dedup();
+        let mut k = lw.kernel("");
+        let pv = k.var(Ty::I64);
+        let ov: Vec<VarId> = (0..last).map(|_| k.var(Ty::I64)).collect();
+        let kv: Vec<VarId> = (0..last).map(|_| k.var(Ty::I64)).collect();
+        let j = k.var(Ty::I64);
+        let coords: Vec<Expr> = (0..last)
+            .map(|i| {
+                add(
+                    Expr::bin(
+                        BinOp::Sub,
+                        mul(v(ov[i]), int(win.s[i] as i64)),
+                        int(win.pb[i]),
+                    ),
+                    mul(v(kv[i]), int(win.d[i] as i64)),
+                )
+            })
+            .collect();
+        let ist = strides(&win.in_sp);
+        let mut xrow = mul(v(pv), int(win.in_len() as i64));
+        for (c, &st) in coords.iter().zip(&ist) {
+            xrow = add(xrow, mul(c.clone(), int(st as i64)));
+        }
+        let ost = strides(&win.out);
+        let mut orow = mul(v(pv), int(win.out.iter().product::<usize>() as i64));
+        for (i, &o) in ov.iter().enumerate() {
+            orow = add(orow, mul(v(o), int(ost[i] as i64)));
+        }
+        let at = |from: i64| add(orow.clone(), add(v(j), int(from)));
+        let row = |len: i64, body: Vec<Stmt>| Stmt::For {
+            var: j,
+            extent: len as u64,
+            body,
+        };
+        // 1. The row's start value.
+        let init = match kind {
+            RowPool::Max => lit(f64::NAN, Ty::F32),
+            RowPool::Avg { .. } => lit(0.0, Ty::F32),
+        };
+        let mut body = vec![row(
+            ow_n as i64,
+            vec![Stmt::Store {
+                buf: out.buf,
+                index: at(0),
+                value: init,
+            }],
+        )];
+        // 2. Each segment of the row between cuts sees a fixed set of window columns.
+        let mut acc = Vec::new();
+        for seg in cuts.windows(2) {
+            let (a, b) = (seg[0], seg[1]);
+            let cols: Vec<i64> = (0..kw_n as i64)
+                .filter(|&kw| {
+                    let (lo, hi) = range(kw);
+                    lo <= a && b <= hi
+                })
+                .collect();
+            if cols.is_empty() || b <= a {
+                continue;
+            }
+            let ow = add(v(j), int(a));
+            let xat = |kw: i64| {
+                Expr::load(
+                    x.buf,
+                    add(xrow.clone(), add(mul(ow.clone(), int(s)), int(kw * d - pb))),
+                )
+            };
+            let oidx = at(a);
+            let value = match kind {
+                RowPool::Avg { .. } => {
+                    let mut sum = Expr::load(out.buf, oidx.clone());
+                    for &kw in &cols {
+                        sum = add(sum, xat(kw));
+                    }
+                    vec![Stmt::Store {
+                        buf: out.buf,
+                        index: oidx,
+                        value: sum,
+                    }]
+                }
+                RowPool::Max => {
+                    // Loop-local variables, fresh per loop.
+                    let t = k.var(Ty::F32);
+                    let xl = k.var(Ty::F32);
+                    let mut st = vec![set(t, Expr::load(out.buf, oidx.clone()))];
+                    for &kw in &cols {
+                        st.push(set(xl, xat(kw)));
+                        let better = and(
+                            cmp(CmpOp::Eq, v(xl), v(xl)),
+                            or(cmp(CmpOp::Ne, v(t), v(t)), cmp(CmpOp::Gt, v(xl), v(t))),
+                        );
+                        st.push(set(t, Expr::select(better, v(xl), v(t))));
+                    }
+                    st.push(Stmt::Store {
+                        buf: out.buf,
+                        index: oidx,
+                        value: v(t),
+                    });
+                    st
+                }
+            };
+            acc.push(row(b - a, value));
+        }
+        let inner = if last == 0 {
+            acc
+        } else {
+            let zero = vec![0i64; last];
+            let ext: Vec<i64> = win.in_sp[..last].iter().map(|&e| e as i64).collect();
+            vec![iff(within(&coords, &zero, &ext), acc)]
+        };
+        body.extend(loops(
+            &kv.iter()
+                .copied()
+                .zip(win.k[..last].iter().copied())
+                .collect::<Vec<_>>(),
+            inner,
+        ));
+        // 3. Averages: divide by the count of counted window positions, a product of
+        // per-dim counts.
+        if let RowPool::Avg { include } = kind {
+            let mut cnt: Option<Expr> = None;
+            for dim in 0..nsp {
+                let (lo, hi) = if include {
+                    (-win.pb[dim], win.in_sp[dim] as i64 + win.pe[dim])
+                } else {
+                    (0, win.in_sp[dim] as i64)
+                };
+                let counts: Vec<f32> = (0..win.out[dim] as i64)
+                    .map(|o| {
+                        (0..win.k[dim] as i64)
+                            .filter(|&kk| {
+                                let c =
+                                    o * win.s[dim] as i64 - win.pb[dim] + kk * win.d[dim] as i64;
+                                lo <= c && c < hi
+                            })
+                            .count() as f32
+                    })
+                    .collect();
+                let tab = lw.constant(
+                    &format!("count{dim}"),
+                    &crate::ir::Tensor::from_vec(&[counts.len()], counts),
+                )?;
+                let idx = ov.get(dim).map_or(v(j), |&o| v(o));
+                let e = Expr::load(tab, idx);
+                cnt = Some(match cnt {
+                    None => e,
+                    Some(c) => mul(c, e),
+                });
+            }
+            let oidx = at(0);
+            if let Some(cnt) = cnt {
+                body.push(row(
+                    ow_n as i64,
+                    vec![Stmt::Store {
+                        buf: out.buf,
+                        index: oidx.clone(),
+                        value: Expr::bin(BinOp::Div, Expr::load(out.buf, oidx), cnt),
+                    }],
+                ));
+            }
+        }
+        let mut outer = vec![(pv, planes)];
+        outer.extend(ov.iter().copied().zip(win.out[..last].iter().copied()));
+        k.body = loops(&outer, body);
+        lw.push(k);
+        Ok(true)
+    }
+
     fn max_pool(lw: &mut LowerCtx) -> OpResult<()> {
         let (x, win) = setup(lw)?;
+        if pool_rows(lw, &x, &win, RowPool::Max)? {
+            return Ok(());
+        }
         let t = x.ty().compute();
         let col = lw.op.attrs.int("storage_order", 0)? != 0;
         let out = lw.outputs[0].clone();
@@ -581,6 +801,9 @@ mod lower {
         let t = x.ty().compute();
         ensure!(t.is_float(), "pool of {t}");
         let include = p.is_none() && lw.op.attrs.int("count_include_pad", 0)? != 0;
+        if p.is_none() && pool_rows(lw, &x, &win, RowPool::Avg { include })? {
+            return Ok(());
+        }
         let out = lw.outputs[0].clone();
         let mut k = lw.kernel("");
         let ns = nest_for(&mut k, &x, &win);

@@ -11,6 +11,9 @@ use cranelift_module::{DataId, FuncId, Linkage, Module};
 use cranelift_object::ObjectModule;
 use std::collections::HashMap;
 
+#[path = "vectorize.rs"]
+mod vectorize;
+
 pub fn clty(t: Ty) -> Type {
     match t {
         Ty::F32 => types::F32,
@@ -236,8 +239,14 @@ impl Gen<'_, '_> {
     fn stmt(&mut self, s: &Stmt) -> Result<(), String> {
         match s {
             Stmt::For { var, extent, body } => {
+                // Innermost loops that qualify run four lanes at a time; the scalar
+                // loop below finishes the remainder.
+                let start = self.vectorize_for(*var, *extent, body)?;
+                if start == *extent {
+                    return Ok(());
+                }
                 let v = self.vars[*var];
-                let zero = self.b.ins().iconst(types::I64, 0);
+                let zero = self.b.ins().iconst(types::I64, start as i64);
                 self.b.def_var(v, zero);
                 let header = self.b.create_block();
                 let body_blk = self.b.create_block();

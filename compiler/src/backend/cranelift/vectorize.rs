@@ -1,0 +1,498 @@
+//! Innermost loops as 128-bit vector code (f32x4), with a scalar remainder loop.
+//!
+//! A `for` loop qualifies when its body is only `Store`s into f32 buffers at
+//! `var + invariant` (unit stride) and `Set`s of loop-local variables (each read only
+//! after it is set in the same iteration, and never outside the loop). Expressions are
+//! evaluated four lanes at a time: unit-stride f32 loads become vector loads, invariant
+//! subexpressions are computed once and splatted, f32 arithmetic and comparisons use
+//! vector instructions, and everything else (gathers, integer work, math calls) is
+//! computed lane by lane with the scalar code generator and packed with `insertlane`.
+//! A buffer the loop stores into may only be loaded at the very index it is stored at
+//! (read-modify-write of the same element); anything else stays scalar.
+
+use super::Gen;
+use crate::kir::{BinOp, BufKind, CmpOp, Expr, Stmt, Ty, UnOp, VarId};
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{types, InstBuilder, MemFlagsData, Value};
+use cranelift_module::Module;
+use std::collections::HashMap;
+
+/// Lanes per vector.
+const W: u64 = 4;
+
+/// A value of the vectorised loop body, four lanes at a time.
+#[derive(Clone, Copy)]
+enum V {
+    /// The same scalar in every lane (loop-invariant).
+    Uni(Value),
+    /// An f32x4.
+    Vec(Value),
+    /// The result of an f32x4 comparison: an i32x4 of all-ones or zero lanes (a U8
+    /// 0/1 in kernel IR).
+    Mask(Value),
+    /// Four scalars of the expression's type.
+    Lanes([Value; 4]),
+}
+
+/// What the loop body may touch, found by [`qualifies`].
+struct Plan {
+    /// Variables set in the body (loop-local).
+    locals: Vec<VarId>,
+}
+
+fn reads(e: &Expr, out: &mut Vec<VarId>) {
+    match e {
+        Expr::Var(v) => out.push(*v),
+        Expr::Int(_) | Expr::Float(..) => {}
+        Expr::Load(_, i) | Expr::Un(_, i) | Expr::Cast(_, i) => reads(i, out),
+        Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => {
+            reads(a, out);
+            reads(b, out);
+        }
+        Expr::Select(c, a, b) => {
+            reads(c, out);
+            reads(a, out);
+            reads(b, out);
+        }
+        Expr::Call(_, args) => args.iter().for_each(|a| reads(a, out)),
+    }
+}
+
+/// Reads of `var` anywhere in `body` (expressions, conditions, GEMM offsets).
+fn count_reads(body: &[Stmt], var: VarId) -> usize {
+    let in_expr = |e: &Expr| {
+        let mut r = Vec::new();
+        reads(e, &mut r);
+        r.iter().filter(|&&v| v == var).count()
+    };
+    body.iter()
+        .map(|s| match s {
+            Stmt::For { body, .. } => count_reads(body, var),
+            Stmt::Store { index, value, .. } => in_expr(index) + in_expr(value),
+            Stmt::Set { value, .. } => in_expr(value),
+            Stmt::If { cond, then, els } => {
+                in_expr(cond) + count_reads(then, var) + count_reads(els, var)
+            }
+            Stmt::Gemm(g) => g.views().iter().map(|v| in_expr(&v.offset)).sum(),
+        })
+        .sum()
+}
+
+fn loads<'e>(e: &'e Expr, out: &mut Vec<(usize, &'e Expr)>) {
+    match e {
+        Expr::Var(_) | Expr::Int(_) | Expr::Float(..) => {}
+        Expr::Load(b, i) => {
+            out.push((*b, &**i));
+            loads(i, out);
+        }
+        Expr::Un(_, a) | Expr::Cast(_, a) => loads(a, out),
+        Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => {
+            loads(a, out);
+            loads(b, out);
+        }
+        Expr::Select(c, a, b) => {
+            loads(c, out);
+            loads(a, out);
+            loads(b, out);
+        }
+        Expr::Call(_, args) => args.iter().for_each(|a| loads(a, out)),
+    }
+}
+
+/// Whether `e` reads the loop variable or a loop-local variable.
+fn varies(e: &Expr, var: VarId, locals: &[VarId]) -> bool {
+    let mut r = Vec::new();
+    reads(e, &mut r);
+    r.iter().any(|v| *v == var || locals.contains(v))
+}
+
+/// The coefficient of `var` when `e` is affine in it (other variables invariant, no
+/// loop-local variables), else None.
+fn stride(e: &Expr, var: VarId, locals: &[VarId]) -> Option<i64> {
+    if !varies(e, var, locals) {
+        return Some(0);
+    }
+    match e {
+        Expr::Var(v) if *v == var => Some(1),
+        Expr::Bin(BinOp::Add, a, b) => stride(a, var, locals)?.checked_add(stride(b, var, locals)?),
+        Expr::Bin(BinOp::Sub, a, b) => stride(a, var, locals)?.checked_sub(stride(b, var, locals)?),
+        Expr::Bin(BinOp::Mul, a, b) => match (&**a, &**b) {
+            (x, Expr::Int(k)) | (Expr::Int(k), x) => stride(x, var, locals)?.checked_mul(*k),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+impl Gen<'_, '_> {
+    /// Whether `body` of `for var` can be vectorised (see the module doc).
+    fn qualifies(&self, var: VarId, body: &[Stmt]) -> Option<Plan> {
+        let mut locals = Vec::new();
+        for s in body {
+            match s {
+                Stmt::Set { var: t, .. } => {
+                    if *t == var {
+                        return None;
+                    }
+                    if !locals.contains(t) {
+                        locals.push(*t);
+                    }
+                }
+                Stmt::Store { .. } => {}
+                _ => return None,
+            }
+        }
+        // Locals: read only after their Set in the same iteration, never outside.
+        let mut defined: Vec<VarId> = Vec::new();
+        let mut stores: HashMap<usize, &Expr> = HashMap::new();
+        let mut all_loads = Vec::new();
+        for s in body {
+            let mut r = Vec::new();
+            match s {
+                Stmt::Set { var: t, value } => {
+                    reads(value, &mut r);
+                    if r.iter().any(|v| locals.contains(v) && !defined.contains(v)) {
+                        return None;
+                    }
+                    loads(value, &mut all_loads);
+                    defined.push(*t);
+                }
+                Stmt::Store { buf, index, value } => {
+                    reads(index, &mut r);
+                    reads(value, &mut r);
+                    if r.iter().any(|v| locals.contains(v) && !defined.contains(v)) {
+                        return None;
+                    }
+                    let b = &self.p.buffers[*buf];
+                    if b.elem != Ty::F32 || self.ty(value).ok()? != Ty::F32 {
+                        return None;
+                    }
+                    if stride(index, var, &locals) != Some(1) {
+                        return None;
+                    }
+                    match stores.get(buf) {
+                        Some(prev) if *prev != index => return None,
+                        _ => {
+                            stores.insert(*buf, index);
+                        }
+                    }
+                    loads(index, &mut all_loads);
+                    loads(value, &mut all_loads);
+                }
+                _ => return None,
+            }
+        }
+        for t in &locals {
+            if count_reads(&self.k.body, *t) != count_reads(body, *t) {
+                return None;
+            }
+        }
+        // Aliasing: a stored buffer is loaded only at its store index; no other buffer
+        // the loop loads overlaps it.
+        let overlap = |a: usize, b: usize| {
+            let (x, y) = (&self.p.buffers[a], &self.p.buffers[b]);
+            match (&x.kind, &y.kind) {
+                (BufKind::Arena { offset: o1 }, BufKind::Arena { offset: o2 }) => {
+                    *o1 < o2 + y.bytes() && *o2 < o1 + x.bytes()
+                }
+                _ => false,
+            }
+        };
+        for (b, idx) in &all_loads {
+            match stores.get(b) {
+                Some(si) if *si != *idx => return None,
+                Some(_) => {}
+                None => {
+                    if stores.keys().any(|s| overlap(*s, *b)) {
+                        return None;
+                    }
+                }
+            }
+        }
+        for s in stores.keys() {
+            if stores.keys().any(|t| t != s && overlap(*s, *t)) {
+                return None;
+            }
+        }
+        Some(Plan { locals })
+    }
+
+    /// Whether f32x4 floor/ceil/nearest/trunc have a native form on the target.
+    fn vec_round_ok(&self) -> bool {
+        let isa = self.module.isa();
+        if isa.triple().architecture != target_lexicon::Architecture::X86_64 {
+            return true;
+        }
+        isa.isa_flags()
+            .iter()
+            .any(|f| f.name == "has_sse41" && f.as_bool() == Some(true))
+    }
+
+    /// Emits `for var in 0..extent` as a vector loop over the first `extent / 4 * 4`
+    /// iterations when it qualifies; returns where the scalar loop must start (0 when
+    /// nothing was emitted).
+    pub(super) fn vectorize_for(
+        &mut self,
+        var: VarId,
+        extent: u64,
+        body: &[Stmt],
+    ) -> Result<u64, String> {
+        if extent < W {
+            return Ok(0);
+        }
+        let Some(plan) = self.qualifies(var, body) else {
+            return Ok(0);
+        };
+        let n4 = extent / W * W;
+        let v = self.vars[var];
+        let zero = self.b.ins().iconst(types::I64, 0);
+        self.b.def_var(v, zero);
+        let header = self.b.create_block();
+        let body_blk = self.b.create_block();
+        let exit = self.b.create_block();
+        self.b.ins().jump(header, &[]);
+        self.b.switch_to_block(header);
+        let i = self.b.use_var(v);
+        let c = self
+            .b
+            .ins()
+            .icmp_imm_s(IntCC::UnsignedLessThan, i, n4 as i64);
+        self.b.ins().brif(c, body_blk, &[], exit, &[]);
+        self.b.switch_to_block(body_blk);
+        let i = self.b.use_var(v);
+        let mut cx = Cx {
+            var,
+            i,
+            locals: plan.locals,
+            vals: HashMap::new(),
+            round_ok: self.vec_round_ok(),
+        };
+        for s in body {
+            match s {
+                Stmt::Set { var: t, value } => {
+                    let x = self.vexpr(&mut cx, value)?;
+                    cx.vals.insert(*t, x);
+                }
+                Stmt::Store { buf, index, value } => {
+                    let x = self.vexpr(&mut cx, value)?;
+                    let x = self.vec4(x)?;
+                    let addr = self.addr(*buf, index)?;
+                    self.b.ins().store(vflags(), x, addr, 0);
+                }
+                _ => return Err("vectorize: unexpected statement".into()),
+            }
+        }
+        let n = self.b.ins().iadd_imm_s(cx.i, W as i64);
+        self.b.def_var(v, n);
+        self.b.ins().jump(header, &[]);
+        self.b.switch_to_block(exit);
+        Ok(n4)
+    }
+
+    fn vec4(&mut self, x: V) -> Result<Value, String> {
+        Ok(match x {
+            V::Vec(v) => v,
+            V::Uni(s) => self.b.ins().splat(types::F32X4, s),
+            V::Lanes(l) => {
+                let mut v = self.b.ins().splat(types::F32X4, l[0]);
+                for (k, s) in l.iter().enumerate().skip(1) {
+                    v = self.b.ins().insertlane(v, *s, k as u8);
+                }
+                v
+            }
+            V::Mask(_) => return Err("vectorize: a mask used as f32".into()),
+        })
+    }
+
+    /// Lane `l` of `x` as a scalar of the expression's type.
+    fn lane(&mut self, x: V, l: usize) -> Value {
+        match x {
+            V::Uni(s) => s,
+            V::Lanes(a) => a[l],
+            V::Vec(v) => self.b.ins().extractlane(v, l as u8),
+            V::Mask(m) => {
+                let s = self.b.ins().extractlane(m, l as u8);
+                let s = self.b.ins().band_imm_s(s, 1);
+                self.b.ins().ireduce(types::I8, s)
+            }
+        }
+    }
+
+    /// `e` evaluated lane by lane with the scalar code generator.
+    fn per_lane(&mut self, cx: &mut Cx, e: &Expr) -> Result<V, String> {
+        let mut r = Vec::new();
+        reads(e, &mut r);
+        let mut out = [cx.i; 4];
+        for (l, o) in out.iter_mut().enumerate() {
+            let il = self.b.ins().iadd_imm_s(cx.i, l as i64);
+            self.b.def_var(self.vars[cx.var], il);
+            for t in &cx.locals {
+                if r.contains(t) {
+                    let x = *cx
+                        .vals
+                        .get(t)
+                        .ok_or("vectorize: a local read before it is set")?;
+                    let s = self.lane(x, l);
+                    self.b.def_var(self.vars[*t], s);
+                }
+            }
+            *o = self.expr(e)?;
+        }
+        self.b.def_var(self.vars[cx.var], cx.i);
+        Ok(V::Lanes(out))
+    }
+
+    fn vexpr(&mut self, cx: &mut Cx, e: &Expr) -> Result<V, String> {
+        if !varies(e, cx.var, &cx.locals) {
+            return Ok(V::Uni(self.expr(e)?));
+        }
+        let ty = self.ty(e)?;
+        let f32 = ty == Ty::F32;
+        Ok(match e {
+            Expr::Var(t) if *t != cx.var => *cx
+                .vals
+                .get(t)
+                .ok_or("vectorize: a local read before it is set")?,
+            Expr::Load(b, idx)
+                if f32
+                    && self.p.buffers[*b].elem == Ty::F32
+                    && stride(idx, cx.var, &cx.locals) == Some(1) =>
+            {
+                let addr = self.addr(*b, idx)?;
+                V::Vec(self.b.ins().load(types::F32X4, vflags(), addr, 0))
+            }
+            Expr::Un(op, a)
+                if f32
+                    && (matches!(op, UnOp::Neg | UnOp::Abs | UnOp::Sqrt)
+                        || (cx.round_ok
+                            && matches!(
+                                op,
+                                UnOp::Floor | UnOp::Ceil | UnOp::Nearest | UnOp::Trunc
+                            ))) =>
+            {
+                let x = self.vexpr(cx, a)?;
+                let x = self.vec4(x)?;
+                let ins = self.b.ins();
+                V::Vec(match op {
+                    UnOp::Neg => ins.fneg(x),
+                    UnOp::Abs => ins.fabs(x),
+                    UnOp::Sqrt => ins.sqrt(x),
+                    UnOp::Floor => ins.floor(x),
+                    UnOp::Ceil => ins.ceil(x),
+                    UnOp::Nearest => ins.nearest(x),
+                    _ => ins.trunc(x),
+                })
+            }
+            Expr::Bin(op, a, b)
+                if f32
+                    && matches!(
+                        op,
+                        BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Min | BinOp::Max
+                    ) =>
+            {
+                let x = self.vexpr(cx, a)?;
+                let x = self.vec4(x)?;
+                let y = self.vexpr(cx, b)?;
+                let y = self.vec4(y)?;
+                let ins = self.b.ins();
+                V::Vec(match op {
+                    BinOp::Add => ins.fadd(x, y),
+                    BinOp::Sub => ins.fsub(x, y),
+                    BinOp::Mul => ins.fmul(x, y),
+                    BinOp::Div => ins.fdiv(x, y),
+                    BinOp::Min => ins.fmin(x, y),
+                    _ => ins.fmax(x, y),
+                })
+            }
+            Expr::Cmp(op, a, b) if self.ty(a)? == Ty::F32 => {
+                let x = self.vexpr(cx, a)?;
+                let x = self.vec4(x)?;
+                let y = self.vexpr(cx, b)?;
+                let y = self.vec4(y)?;
+                let cc = match op {
+                    CmpOp::Eq => FloatCC::Equal,
+                    CmpOp::Ne => FloatCC::NotEqual,
+                    CmpOp::Lt => FloatCC::LessThan,
+                    CmpOp::Le => FloatCC::LessThanOrEqual,
+                    CmpOp::Gt => FloatCC::GreaterThan,
+                    CmpOp::Ge => FloatCC::GreaterThanOrEqual,
+                };
+                V::Mask(self.b.ins().fcmp(cc, x, y))
+            }
+            Expr::Select(c, a, b) if f32 => {
+                let m = self.vexpr(cx, c)?;
+                let x = self.vexpr(cx, a)?;
+                let y = self.vexpr(cx, b)?;
+                match m {
+                    V::Mask(m) => {
+                        let x = self.vec4(x)?;
+                        let y = self.vec4(y)?;
+                        let m = self.b.ins().bitcast(types::F32X4, MemFlagsData::new(), m);
+                        V::Vec(self.b.ins().bitselect(m, x, y))
+                    }
+                    m => {
+                        let mut out = [cx.i; 4];
+                        for (l, o) in out.iter_mut().enumerate() {
+                            let (c, x, y) = (self.lane(m, l), self.lane(x, l), self.lane(y, l));
+                            *o = self.b.ins().select(c, x, y);
+                        }
+                        V::Lanes(out)
+                    }
+                }
+            }
+            Expr::Bin(op @ (BinOp::And | BinOp::Or), a, b)
+                if ty == Ty::U8 && is_mask(a, &cx.vals) && is_mask(b, &cx.vals) =>
+            {
+                match (self.vexpr(cx, a)?, self.vexpr(cx, b)?) {
+                    (V::Mask(x), V::Mask(y)) => V::Mask(if *op == BinOp::And {
+                        self.b.ins().band(x, y)
+                    } else {
+                        self.b.ins().bor(x, y)
+                    }),
+                    _ => self.per_lane(cx, e)?,
+                }
+            }
+            Expr::Cast(Ty::F32, a) if self.ty(a)? == Ty::F32 => self.vexpr(cx, a)?,
+            Expr::Call(f, args) if f32 => {
+                let xs = args
+                    .iter()
+                    .map(|a| self.vexpr(cx, a))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let mut out = [cx.i; 4];
+                for (l, o) in out.iter_mut().enumerate() {
+                    let la: Vec<Value> = xs.iter().map(|x| self.lane(*x, l)).collect();
+                    *o = self.call(*f, Ty::F32, &la)?;
+                }
+                V::Lanes(out)
+            }
+            _ => self.per_lane(cx, e)?,
+        })
+    }
+}
+
+/// Whether `e` becomes a [`V::Mask`]: an f32 comparison, or And/Or of such (checked
+/// again on the values; a miss falls back to lanes).
+fn is_mask(e: &Expr, vals: &HashMap<VarId, V>) -> bool {
+    match e {
+        Expr::Cmp(..) => true,
+        Expr::Bin(BinOp::And | BinOp::Or, a, b) => is_mask(a, vals) && is_mask(b, vals),
+        Expr::Var(t) => matches!(vals.get(t), Some(V::Mask(_))),
+        _ => false,
+    }
+}
+
+/// State of the vector body being emitted.
+struct Cx {
+    var: VarId,
+    /// The loop variable's value at lane 0.
+    i: Value,
+    locals: Vec<VarId>,
+    vals: HashMap<VarId, V>,
+    round_ok: bool,
+}
+
+/// Vector accesses need not be 16-byte aligned: never let a load fold into an SSE
+/// instruction that requires alignment.
+fn vflags() -> MemFlagsData {
+    MemFlagsData::new().with_notrap()
+}

@@ -1,0 +1,402 @@
+//! Vectorised innermost loops (f32x4 with a scalar remainder) and the row-wise grouped
+//! convolution, compiled for the host, x86_64-sse4 and aarch64-neon (under qemu), at
+//! awkward lengths (1, 3, 4, 5, 17, 33), against the reference evaluator:
+//! max|out - ref| / max|ref| within 1e-4.
+
+mod common;
+
+use common::{f32_tensor, int_attr, model, node, value_info};
+use onnxc::conformance::CompiledEnv;
+use onnxc::ir::{DType, Tensor, Value};
+use onnxc::onnx::proto::{tensor_proto::DataType, AttributeProto, GraphProto, ModelProto};
+use onnxc::{eval, onnx};
+
+const LENS: [usize; 6] = [1, 3, 4, 5, 17, 33];
+
+/// Deterministic values in [-1, 1).
+fn rand(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn ints_attr(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(7),
+        ints: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn dims(s: &[usize]) -> Vec<i64> {
+    s.iter().map(|&d| d as i64).collect()
+}
+
+struct Case {
+    name: String,
+    model: ModelProto,
+    inputs: Vec<Vec<usize>>,
+}
+
+/// A constant: name, shape, values (random when None).
+type Const = (&'static str, Vec<usize>, Option<Vec<f32>>);
+
+/// A model of `nodes`: graph inputs (name, shape), constants (name, shape, values or
+/// random), output `y` of shape `out`.
+fn graph(
+    name: String,
+    inputs: &[(&str, Vec<usize>)],
+    consts: Vec<Const>,
+    nodes: Vec<onnxc::onnx::proto::NodeProto>,
+    out: &[usize],
+) -> Case {
+    let inits = consts
+        .into_iter()
+        .enumerate()
+        .map(|(i, (n, s, vals))| {
+            let vals = vals.unwrap_or_else(|| rand(s.iter().product(), 300 + i as u64));
+            f32_tensor(n, &dims(&s), &vals)
+        })
+        .collect();
+    let g = GraphProto {
+        name: Some(name.clone()),
+        node: nodes,
+        input: inputs
+            .iter()
+            .map(|(n, s)| value_info(n, DataType::Float, &dims(s)))
+            .collect(),
+        output: vec![value_info("y", DataType::Float, &dims(out))],
+        initializer: inits,
+        ..Default::default()
+    };
+    Case {
+        name,
+        model: model(g),
+        inputs: inputs.iter().map(|(_, s)| s.clone()).collect(),
+    }
+}
+
+/// Elementwise chains (fused into one loop by the passes where they can be): vector
+/// arithmetic, rounding, comparisons and selects, math calls lane by lane, broadcasts.
+fn elementwise(len: usize) -> Vec<Case> {
+    let s = vec![len];
+    let one = |n: &'static str, v: f32| (n, vec![1], Some(vec![v]));
+    let mut v = vec![graph(
+        format!("chain_{len}"),
+        &[("x", s.clone())],
+        vec![
+            one("k3", 3.0),
+            one("k02", 0.2),
+            one("km", -0.5),
+            one("k2", 2.0),
+        ],
+        vec![
+            node("Mul", &["x", "k3"], &["t1"]),
+            node("Floor", &["t1"], &["t2"]),
+            node("Neg", &["t2"], &["t3"]),
+            node("Abs", &["x"], &["t4"]),
+            node("Sqrt", &["t4"], &["t5"]),
+            node("Greater", &["x", "k02"], &["g"]),
+            node("Where", &["g", "t5", "t3"], &["t6"]),
+            node("Ceil", &["x"], &["t7"]),
+            node("Max", &["x", "km"], &["t8"]),
+            node("Min", &["t8", "t7"], &["t9"]),
+            node("Add", &["t6", "t9"], &["t10"]),
+            node("Round", &["t1"], &["t11"]),
+            node("Sub", &["t10", "t11"], &["t12"]),
+            node("Sigmoid", &["x"], &["t13"]),
+            node("Tanh", &["x"], &["t14"]),
+            node("Erf", &["t14"], &["t15"]),
+            node("Add", &["t15", "k2"], &["t16"]),
+            node("Div", &["t13", "t16"], &["t17"]),
+            node("Add", &["t12", "t17"], &["y"]),
+        ],
+        &s,
+    )];
+    // Row and column broadcasts, two inputs, an activation.
+    v.push(graph(
+        format!("broadcast_{len}"),
+        &[("a", vec![3, len]), ("b", vec![3, len])],
+        vec![("r", vec![len], None), ("c", vec![3, 1], None)],
+        vec![
+            node("Mul", &["a", "b"], &["t1"]),
+            node("Add", &["t1", "r"], &["t2"]),
+            node("Sub", &["t2", "c"], &["t3"]),
+            node("Exp", &["t3"], &["t4"]),
+            node("Relu", &["t3"], &["t5"]),
+            node("Add", &["t4", "t5"], &["y"]),
+        ],
+        &[3, len],
+    ));
+    // A transpose feeding arithmetic: strided (gathered) loads.
+    v.push(graph(
+        format!("gather_{len}"),
+        &[("a", vec![len, 3])],
+        vec![("r", vec![3, len], None)],
+        vec![
+            {
+                let mut n = node("Transpose", &["a"], &["t"]);
+                n.attribute = vec![ints_attr("perm", &[1, 0])];
+                n
+            },
+            node("Mul", &["t", "r"], &["t2"]),
+            node("Abs", &["t2"], &["y"]),
+        ],
+        &[3, len],
+    ));
+    v
+}
+
+/// Output length of a convolution or pool along one dim.
+fn out_len(i: usize, k: usize, s: usize, d: usize, pb: usize, pe: usize) -> usize {
+    (i + pb + pe - ((k - 1) * d + 1)) / s + 1
+}
+
+/// Grouped and depthwise convolutions (bias, epilogue, pads, strides, dilations, 1-D
+/// and 2-D) whose output rows have length `w` (or input width `w`).
+fn grouped_convs(w: usize) -> Vec<Case> {
+    let mut v = Vec::new();
+    // (name, channels, group, kernel, pads (b, e), stride, dilation, post op)
+    type G = (
+        &'static str,
+        usize,
+        usize,
+        usize,
+        (usize, usize),
+        usize,
+        usize,
+        Option<&'static str>,
+    );
+    let geoms: [G; 4] = [
+        ("dw3x3_pad", 4, 4, 3, (1, 1), 1, 1, Some("Relu")),
+        ("dw3x3_s2", 3, 3, 3, (2, 0), 2, 1, None),
+        ("grouped_dil", 4, 2, 3, (2, 2), 1, 2, Some("Sigmoid")),
+        ("dw5_wide", 2, 2, 5, (2, 3), 1, 1, None),
+    ];
+    for (name, c, group, k, (pb, pe), s, d, post) in geoms {
+        let h = 5;
+        let (oh, ow) = (out_len(h, k, s, d, pb, pe), out_len(w, k, s, d, pb, pe));
+        let mut conv = node("Conv", &["x", "w", "b"], &["c0"]);
+        conv.attribute = vec![
+            int_attr("group", group as i64),
+            ints_attr("pads", &[pb as i64, pb as i64, pe as i64, pe as i64]),
+            ints_attr("strides", &[s as i64, s as i64]),
+            ints_attr("dilations", &[d as i64, d as i64]),
+        ];
+        conv.output = vec![if post.is_some() { "c0" } else { "y" }.into()];
+        let mut nodes = vec![conv];
+        if let Some(p) = post {
+            nodes.push(node(p, &["c0"], &["y"]));
+        }
+        v.push(graph(
+            format!("{name}_{w}"),
+            &[("x", vec![2, c, h, w])],
+            vec![("w", vec![c, c / group, k, k], None), ("b", vec![c], None)],
+            nodes,
+            &[2, c, oh, ow],
+        ));
+    }
+    // 1-D depthwise, no bias.
+    let ow = out_len(w, 3, 1, 1, 2, 1);
+    let mut conv = node("Conv", &["x", "w"], &["y"]);
+    conv.attribute = vec![int_attr("group", 3), ints_attr("pads", &[2, 1])];
+    v.push(graph(
+        format!("dw1d_{w}"),
+        &[("x", vec![2, 3, w])],
+        vec![("w", vec![3, 1, 3], None)],
+        vec![conv],
+        &[2, 3, ow],
+    ));
+    v
+}
+
+/// MaxPool and AveragePool (pads, strides, dilations, ceil_mode, count_include_pad,
+/// 1-D and 2-D) over inputs of width `w`.
+fn pools(w: usize) -> Vec<Case> {
+    let mut v = Vec::new();
+    // (name, op, kernel, pads (b, e), stride, dilation, ceil_mode, count_include_pad)
+    type P = (
+        &'static str,
+        &'static str,
+        usize,
+        (usize, usize),
+        usize,
+        usize,
+        i64,
+        i64,
+    );
+    let geoms: [P; 6] = [
+        ("max3_s2_pad", "MaxPool", 3, (1, 1), 2, 1, 0, 0),
+        ("max2_ceil", "MaxPool", 2, (0, 0), 2, 1, 1, 0),
+        ("max3_dil", "MaxPool", 3, (2, 1), 1, 2, 0, 0),
+        ("avg3_pad", "AveragePool", 3, (1, 1), 1, 1, 0, 0),
+        ("avg3_incl_s2", "AveragePool", 3, (1, 2), 2, 1, 0, 1),
+        ("avg2_ceil_incl", "AveragePool", 2, (1, 0), 2, 1, 1, 1),
+    ];
+    for (name, op, k, (pb, pe), s, d, ceil, incl) in geoms {
+        let h = 6;
+        let o = |i: usize| {
+            let span = i + pb + pe - ((k - 1) * d + 1);
+            let n = if ceil != 0 {
+                span.div_ceil(s)
+            } else {
+                span / s
+            } + 1;
+            // With ceil_mode, a window must start inside the input or the left pad.
+            if ceil != 0 && (n - 1) * s >= i + pb {
+                n - 1
+            } else {
+                n
+            }
+        };
+        if w + pb + pe < (k - 1) * d + 1 {
+            continue;
+        }
+        let mut p = node(op, &["x"], &["y"]);
+        p.attribute = vec![
+            ints_attr("kernel_shape", &[k as i64, k as i64]),
+            ints_attr("pads", &[pb as i64, pb as i64, pe as i64, pe as i64]),
+            ints_attr("strides", &[s as i64, s as i64]),
+            int_attr("ceil_mode", ceil),
+        ];
+        if op == "MaxPool" {
+            p.attribute
+                .push(ints_attr("dilations", &[d as i64, d as i64]));
+        } else {
+            p.attribute.push(int_attr("count_include_pad", incl));
+        }
+        v.push(graph(
+            format!("{name}_{w}"),
+            &[("x", vec![1, 3, h, w])],
+            vec![],
+            vec![p],
+            &[1, 3, o(h), o(w)],
+        ));
+    }
+    // 1-D max pool with a NaN-free random input.
+    let mut p = node("MaxPool", &["x"], &["y"]);
+    p.attribute = vec![ints_attr("kernel_shape", &[3]), ints_attr("pads", &[1, 1])];
+    v.push(graph(
+        format!("max1d_{w}"),
+        &[("x", vec![2, 3, w])],
+        vec![],
+        vec![p],
+        &[2, 3, w],
+    ));
+    v
+}
+
+fn cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for len in LENS {
+        v.extend(elementwise(len));
+        v.extend(grouped_convs(len));
+        v.extend(pools(len));
+    }
+    v
+}
+
+/// max|got - want| / max|want|.
+fn rel_err(got: &Tensor, want: &Tensor) -> f64 {
+    let (g, w) = (got.to_f64().unwrap(), want.to_f64().unwrap());
+    assert_eq!(g.shape(), w.shape());
+    let scale = w.iter().fold(0f64, |m, x| m.max(x.abs())).max(1e-30);
+    g.iter()
+        .zip(w.iter())
+        .fold(0f64, |m, (a, b)| m.max((a - b).abs()))
+        / scale
+}
+
+fn check_target(target: &str) {
+    let scratch = tempfile::tempdir().unwrap();
+    let env = match CompiledEnv::new(target, scratch.path()) {
+        Ok(e) => e,
+        Err(e) => panic!("{e}; tests/run.sh installs the cross toolchain and qemu"),
+    };
+    let t = onnxc::targets::Target::load(target).unwrap();
+    let host = onnxc::targets::Target::host().unwrap();
+    if t.is_x86() && !t.features.iter().all(|f| host.has(f)) {
+        eprintln!("skip {target}: this CPU lacks its features");
+        return;
+    }
+    let mut failures = Vec::new();
+    for (ci, case) in cases().into_iter().enumerate() {
+        let path = common::write_model(scratch.path(), &format!("{}.onnx", case.name), &case.model);
+        let m = onnx::load(&path).unwrap();
+        let inputs: Vec<Tensor> = case
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let n = s.iter().product();
+                Tensor::from_vec(s, rand(n, 1000 + 17 * ci as u64 + i as u64))
+            })
+            .collect();
+        let want = eval::run(
+            &m.graph,
+            inputs.iter().cloned().map(Value::Tensor).collect(),
+        )
+        .unwrap_or_else(|e| panic!("{}: reference: {e}", case.name));
+        let mut opts = onnxc::driver::Options {
+            target: target.to_string(),
+            ..Default::default()
+        };
+        for (&id, t) in m.graph.inputs.iter().zip(&inputs) {
+            opts.shapes
+                .push((m.graph.value(id).name.clone(), t.shape().to_vec()));
+        }
+        let c = onnxc::driver::compile_graph(m.graph.clone(), "model", &opts)
+            .unwrap_or_else(|e| panic!("{}: compile: {e}", case.name));
+        let dir = scratch.path().join(format!("c{ci}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let obj = dir.join("model.o");
+        let exe = dir.join("model.exe");
+        std::fs::write(&obj, &c.artifacts.object).unwrap();
+        onnxc::runner::link(&env.toolchain, &env.harness, &obj, &exe).unwrap();
+        let outs: Vec<(DType, Vec<usize>)> = c
+            .graph
+            .outputs
+            .iter()
+            .map(|&o| {
+                let ty = &c.graph.value(o).ty;
+                (ty.dtype().unwrap(), ty.static_shape().unwrap())
+            })
+            .collect();
+        let got = onnxc::runner::execute(&env.toolchain, &exe, &dir, &inputs, &outs)
+            .unwrap_or_else(|e| panic!("{}: run: {e}", case.name));
+        let want = want[0].clone().into_tensor().unwrap();
+        let err = rel_err(&got[0], &want);
+        if err.is_nan() || err > 1e-4 {
+            failures.push(format!("{}: relative error {err:e}", case.name));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{target}: wrong results:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn vectorize_host() {
+    check_target("host");
+}
+
+#[test]
+fn vectorize_x86_64_sse4() {
+    check_target("x86_64-sse4");
+}
+
+#[test]
+fn vectorize_aarch64_neon_qemu() {
+    check_target("aarch64-neon");
+}
