@@ -591,10 +591,13 @@ impl Gen<'_> {
     /// Broadcasts the f32 `bits` into vector register `r` (through eax).
     fn splat(&mut self, r: usize, bits: u32) -> R<()> {
         self.a.mov(eax, bits).map_err(e)?;
-        self.a.vmovd(XMM[r], eax).map_err(e)?;
         match self.s.isa {
-            Isa::Avx512 => self.a.vbroadcastss(ZMM[r], XMM[r]),
-            Isa::Avx2 => self.a.vbroadcastss(YMM[r], XMM[r]),
+            // EVEX broadcast from a general register: VEX vmovd cannot name xmm16..31.
+            Isa::Avx512 => self.a.vpbroadcastd(ZMM[r], eax),
+            Isa::Avx2 => {
+                self.a.vmovd(XMM[r], eax).map_err(e)?;
+                self.a.vbroadcastss(YMM[r], XMM[r])
+            }
         }
         .map_err(e)
     }
