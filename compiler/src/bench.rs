@@ -9,7 +9,7 @@
 use crate::check::{random_inputs, rel_err};
 use crate::driver::{self, Options};
 use crate::error::{Error, Result};
-use crate::runner::{self, Toolchain};
+use crate::runner::{self, io, read_outputs, run_cmd, Toolchain};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -144,28 +144,6 @@ impl BenchReport {
     }
 }
 
-fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
-    move |e| Error::Io {
-        path: path.to_path_buf(),
-        source: e,
-    }
-}
-
-fn run_checked(cmd: &mut Command, what: &str) -> Result<String> {
-    let out = cmd
-        .output()
-        .map_err(|e| Error::Usage(format!("{what}: cannot start {:?}: {e}", cmd.get_program())))?;
-    if !out.status.success() {
-        return Err(Error::Usage(format!(
-            "{what} failed ({}):\n{}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 fn read_times(path: &Path) -> Result<Vec<u64>> {
     let text = std::fs::read_to_string(path).map_err(io(path))?;
     Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
@@ -190,11 +168,11 @@ pub fn measure_peak(dir: &Path, isa: &str) -> Result<f64> {
     let src = dir.join("peak.c");
     std::fs::write(&src, PEAK_C).map_err(io(&src))?;
     let exe = dir.join("peak");
-    run_checked(
+    run_cmd(
         Command::new("cc").arg("-O2").arg(&src).arg("-o").arg(&exe),
         "compiling the peak benchmark",
     )?;
-    let out = run_checked(Command::new(&exe).arg(isa), "measuring the FMA peak")?;
+    let out = run_cmd(Command::new(&exe).arg(isa), "measuring the FMA peak")?;
     out.trim()
         .parse()
         .map_err(|_| Error::Usage(format!("peak benchmark printed `{}`", out.trim())))
@@ -249,7 +227,7 @@ fn bench_in(
     let src = dir.join("bench.c");
     std::fs::write(&src, BENCH_C).map_err(io(&src))?;
     let exe = dir.join("bench");
-    run_checked(
+    run_cmd(
         Command::new(&tc.cc)
             .arg("-O2")
             .arg(format!("-DONNXC_MODEL={}_model", c.prefix))
@@ -262,7 +240,7 @@ fn bench_in(
             .arg(&exe),
         "linking the benchmark",
     )?;
-    run_checked(
+    run_cmd(
         Command::new(&exe)
             .arg(dir)
             .arg(opts.iters.to_string())
@@ -271,30 +249,28 @@ fn bench_in(
     )?;
     let onnxc = Timing::from_ns(read_times(&dir.join("times_ns.txt"))?)
         .ok_or_else(|| Error::Usage("the benchmark wrote no times".into()))?;
-    let mut outs = Vec::new();
-    for (k, &o) in g.outputs.iter().enumerate() {
-        let ty = &g.value(o).ty;
-        let (Some(dt), Some(shape)) = (ty.dtype(), ty.static_shape()) else {
-            return Err(Error::Shape(format!("output {k} has no static type")));
-        };
-        let p = dir.join(format!("out_{k}.bin"));
-        let bytes = std::fs::read(&p).map_err(io(&p))?;
-        let n = shape.iter().product();
-        outs.push(crate::onnx::tensor::from_raw(
-            dt,
-            &shape,
-            n,
-            &bytes,
-            &format!("output {k}"),
-        )?);
-    }
+    let shapes = g
+        .outputs
+        .iter()
+        .map(|&o| {
+            let ty = &g.value(o).ty;
+            match (ty.dtype(), ty.static_shape()) {
+                (Some(dt), Some(shape)) => Ok((dt, shape)),
+                _ => Err(Error::Shape(format!(
+                    "output `{}` has no static type",
+                    g.value(o).name
+                ))),
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let outs = read_outputs(dir, &shapes)?;
     // ONNX Runtime on the same inputs.
     let (mut ort, mut ort_version, mut errs) = (None, None, Vec::new());
     if opts.with_ort {
         let py = dir.join("ort_bench.py");
         std::fs::write(&py, ORT_BENCH_PY).map_err(io(&py))?;
         let abs = std::fs::canonicalize(model).map_err(io(model))?;
-        let v = run_checked(
+        let v = run_cmd(
             Command::new("python3")
                 .arg(&py)
                 .arg(&abs)

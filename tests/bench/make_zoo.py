@@ -10,7 +10,6 @@ exported with torch.onnx.export (TorchScript exporter). Needs torch and torchvis
 The models are not committed (ResNet-18 alone is 45 MB); tests/bench/zoo.sh builds them
 when missing and benchmarks each one against ONNX Runtime.
 """
-import math
 import os
 import sys
 
@@ -18,28 +17,9 @@ import torch
 import torch.nn as nn
 import torchvision
 
-
-class BertLayer(nn.Module):
-    def __init__(self, hidden, heads, inter):
-        super().__init__()
-        self.heads = heads
-        self.q, self.k, self.v, self.o = (nn.Linear(hidden, hidden) for _ in range(4))
-        self.ln1 = nn.LayerNorm(hidden, eps=1e-12)
-        self.fc1 = nn.Linear(hidden, inter)
-        self.fc2 = nn.Linear(inter, hidden)
-        self.ln2 = nn.LayerNorm(hidden, eps=1e-12)
-
-    def split(self, x):
-        b, s, h = x.shape
-        return x.view(b, s, self.heads, h // self.heads).transpose(1, 2)
-
-    def forward(self, x, mask):
-        b, s, h = x.shape
-        q, k, v = self.split(self.q(x)), self.split(self.k(x)), self.split(self.v(x))
-        scores = q @ k.transpose(-1, -2) / math.sqrt(h // self.heads) + mask
-        ctx = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, s, h)
-        x = self.ln1(x + self.o(ctx))
-        return self.ln2(x + self.fc2(nn.functional.gelu(self.fc1(x))))
+# The fixtures' BERT layer (post-LN, GELU FFN), shared rather than copied.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures"))
+from make_fixtures import BertLayer  # noqa: E402
 
 
 class Bert(nn.Module):

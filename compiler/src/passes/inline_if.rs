@@ -45,16 +45,6 @@ pub fn inline_constant_ifs(g: &mut Graph, known: &HashMap<ValueId, Value>) -> us
     done
 }
 
-fn fresh(g: &Graph, base: &str) -> String {
-    if g.find(base).is_none() {
-        return base.to_string();
-    }
-    (1..)
-        .map(|k| format!("{base}_{k}"))
-        .find(|s| g.find(s).is_none())
-        .expect("some name is free")
-}
-
 /// Replaces If node `n` by `body`'s nodes; false (graph untouched) when it cannot.
 fn inline(g: &mut Graph, n: NodeId, body: &Graph) -> bool {
     if !body.inputs.is_empty() {
@@ -101,11 +91,11 @@ fn inline(g: &mut Graph, n: NodeId, body: &Graph) -> bool {
         let id = match info.source {
             Source::Outer => g.find(&info.name).expect("checked above"),
             Source::Const => {
-                let name = fresh(g, &format!("{prefix}/{}", info.name));
+                let name = g.fresh_name(&format!("{prefix}/{}", info.name));
                 g.add_const(name, body.consts[&v].clone())
             }
             Source::Node(_) => {
-                let name = fresh(g, &format!("{prefix}/{}", info.name));
+                let name = g.fresh_name(&format!("{prefix}/{}", info.name));
                 g.add_value(name, info.ty.clone(), Source::Undefined)
             }
             _ => continue,

@@ -57,14 +57,15 @@ impl Toolchain {
     }
 }
 
-fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+pub(crate) fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
     move |e| Error::Io {
         path: path.to_path_buf(),
         source: e,
     }
 }
 
-fn run_cmd(cmd: &mut Command, what: &str) -> Result<()> {
+/// Runs a command; its standard output, or an error naming `what` with both streams.
+pub(crate) fn run_cmd(cmd: &mut Command, what: &str) -> Result<String> {
     let out = cmd
         .output()
         .map_err(|e| Error::Usage(format!("{what}: cannot start {:?}: {e}", cmd.get_program())))?;
@@ -76,7 +77,28 @@ fn run_cmd(cmd: &mut Command, what: &str) -> Result<()> {
             String::from_utf8_lossy(&out.stderr)
         )));
     }
-    Ok(())
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Reads the raw output tensors `DIR/out_K.bin` a harness wrote.
+pub(crate) fn read_outputs(
+    dir: &Path,
+    outputs: &[(crate::ir::DType, Vec<usize>)],
+) -> Result<Vec<Tensor>> {
+    let mut res = Vec::new();
+    for (k, (dt, shape)) in outputs.iter().enumerate() {
+        let p = dir.join(format!("out_{k}.bin"));
+        let bytes = std::fs::read(&p).map_err(io(&p))?;
+        let n: usize = shape.iter().product();
+        res.push(crate::onnx::tensor::from_raw(
+            *dt,
+            shape,
+            n,
+            &bytes,
+            &format!("output {k}"),
+        )?);
+    }
+    Ok(res)
 }
 
 /// Compiles the harness for a model prefix into `dir/runner.o`.
@@ -110,6 +132,7 @@ pub fn link(tc: &Toolchain, harness: &Path, object: &Path, exe: &Path) -> Result
             .arg(exe),
         "linking",
     )
+    .map(|_| ())
 }
 
 /// Runs a linked model on tensors; returns its outputs.
@@ -133,20 +156,7 @@ pub fn execute(
         c
     };
     run_cmd(cmd.arg(dir), "running the compiled model")?;
-    let mut res = Vec::new();
-    for (k, (dt, shape)) in outputs.iter().enumerate() {
-        let p = dir.join(format!("out_{k}.bin"));
-        let bytes = std::fs::read(&p).map_err(io(&p))?;
-        let n: usize = shape.iter().product();
-        res.push(crate::onnx::tensor::from_raw(
-            *dt,
-            shape,
-            n,
-            &bytes,
-            &format!("output {k}"),
-        )?);
-    }
-    Ok(res)
+    read_outputs(dir, outputs)
 }
 
 /// Compiles, links and runs a compiled model once in a scratch folder.
