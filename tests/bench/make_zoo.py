@@ -61,8 +61,13 @@ def mlp():
 def vit_tiny():
     from torchvision.models.vision_transformer import VisionTransformer
 
-    return VisionTransformer(image_size=224, patch_size=16, num_layers=12, num_heads=3,
-                             hidden_dim=192, mlp_dim=768, num_classes=1000)
+    m = VisionTransformer(image_size=224, patch_size=16, num_layers=12, num_heads=3,
+                          hidden_dim=192, mlp_dim=768, num_classes=1000)
+    # torchvision zero-initialises the classifier head: the output would be all zeros and
+    # the benchmark's comparison with ONNX Runtime would check nothing.
+    nn.init.normal_(m.heads.head.weight, std=0.02)
+    nn.init.normal_(m.heads.head.bias, std=0.02)
+    return m
 
 
 def zoo():

@@ -1176,6 +1176,9 @@ mod lower {
                 }
                 return s;
             }
+            if op == "Softmax" && x.dtype == DType::F32 && out.dtype == DType::F32 {
+                return softmax32(k, &at, out.buf, &pos, n, j);
+            }
             let m = k.var(Ty::F64);
             let sum = k.var(Ty::F64);
             let xf = |j: VarId| Expr::cast(Ty::F64, at(v(j)));
@@ -1237,6 +1240,62 @@ mod lower {
         k.body = body;
         lw.push(k);
         Ok(())
+    }
+
+    /// Softmax of an f32 lane in f32: the max, then `out[j] = exp(x[j] - max)` and
+    /// `out[j] /= sum` as two loops the vectoriser takes (with the inline exp), and the
+    /// sum between them. A max of +-inf or NaN is replaced by 0, as in the f64 path.
+    fn softmax32(
+        k: &mut Kernel,
+        at: &dyn Fn(Expr) -> Expr,
+        ob: crate::kir::BufId,
+        pos: &dyn Fn(Expr) -> Expr,
+        n: usize,
+        j: VarId,
+    ) -> Vec<Stmt> {
+        if n == 0 {
+            return vec![];
+        }
+        let m = k.var(Ty::F32);
+        let sum = k.var(Ty::F32);
+        let f = |x: f64| Expr::f(x, Ty::F32);
+        let d = bin(BinOp::Sub, v(m), v(m));
+        vec![
+            set(m, f(f64::NEG_INFINITY)),
+            for_(
+                j,
+                n,
+                vec![set(
+                    m,
+                    Expr::select(cmp(CmpOp::Gt, at(v(j)), v(m)), at(v(j)), v(m)),
+                )],
+            ),
+            set(m, Expr::select(cmp(CmpOp::Eq, d, f(0.0)), v(m), f(0.0))),
+            for_(
+                j,
+                n,
+                vec![Stmt::Store {
+                    buf: ob,
+                    index: pos(v(j)),
+                    value: Expr::call(MathFn::Exp, vec![bin(BinOp::Sub, at(v(j)), v(m))]),
+                }],
+            ),
+            set(sum, f(0.0)),
+            for_(
+                j,
+                n,
+                vec![set(sum, Expr::add(v(sum), Expr::load(ob, pos(v(j)))))],
+            ),
+            for_(
+                j,
+                n,
+                vec![Stmt::Store {
+                    buf: ob,
+                    index: pos(v(j)),
+                    value: bin(BinOp::Div, Expr::load(ob, pos(v(j))), v(sum)),
+                }],
+            ),
+        ]
     }
 
     /// Softmax of a float16/bfloat16 lane the way the reference computes it: every step

@@ -782,6 +782,11 @@ impl Gen<'_, '_> {
     }
 
     fn call(&mut self, f: MathFn, t: Ty, args: &[Value]) -> Result<Value, String> {
+        if t == Ty::F32 && crate::backend::cranelift::vmath::is_inline(f) {
+            if let Some(v) = crate::backend::cranelift::vmath::emit(&mut self.b, f, args[0]) {
+                return Ok(v);
+            }
+        }
         let name = f.symbol(t);
         let ct = clty(t);
         let fid = match self.libm.get(name) {

@@ -4,6 +4,7 @@
 
 mod codegen;
 pub mod gemm;
+mod vmath;
 
 use crate::kir::{BufKind, Program};
 use cranelift_codegen::ir::{types, AbiParam, InstBuilder, MemFlagsData, Signature};

@@ -453,6 +453,14 @@ impl Gen<'_, '_> {
                 }
             }
             Expr::Cast(Ty::F32, a) if self.ty(a)? == Ty::F32 => self.vexpr(cx, a)?,
+            Expr::Call(f, args) if f32 && crate::backend::cranelift::vmath::is_inline(*f) => {
+                let x = self.vexpr(cx, &args[0])?;
+                let x = self.vec4(x)?;
+                match crate::backend::cranelift::vmath::emit(&mut self.b, *f, x) {
+                    Some(y) => V::Vec(y),
+                    None => return Err("vectorize: no inline math function".into()),
+                }
+            }
             Expr::Call(f, args) if f32 => {
                 let xs = args
                     .iter()

@@ -1,0 +1,218 @@
+//! Inline f32 `exp`, `erf` and `tanh` for scalars and f32x4 vectors, so vectorised loops
+//! (softmax, GELU, sigmoid, SiLU, tanh) do not call libm lane by lane. The same code
+//! serves scalar remainders, so every lane of a loop gets the same answer.
+//!
+//! Only plain arithmetic, min/max and integer bit operations are used (no FMA, no
+//! rounding instructions), so the results are identical on every target.
+//!
+//! - `exp`: Cephes' `expf` (the polynomial of sse_mathfun): `x = n ln2 + r` with n
+//!   rounded by the 1.5 * 2^23 trick, a degree-5 polynomial for `e^r`, and `2^n` built in
+//!   the exponent bits as two factors, so results down to the smallest subnormals and up
+//!   to overflow come out right. About 1 ulp on the normal range; `exp(-inf) = 0`,
+//!   `exp(inf) = inf`, NaN stays NaN.
+//! - `erf`: the rational approximation of Eigen and XLA on `[-4, 4]` (beyond it erf is
+//!   +-1 in f32), a few ulp.
+//! - `tanh`: Eigen's rational approximation on `[-7.905, 7.905]` (beyond it tanh is
+//!   +-1 in f32), a few ulp; odd, so small arguments keep their relative accuracy.
+
+use crate::kir::MathFn;
+use cranelift_codegen::ir::{types, InstBuilder, MemFlagsData, Type, Value};
+use cranelift_frontend::FunctionBuilder;
+
+/// Whether `f` on f32 is generated inline (by [`emit`]) instead of calling libm.
+pub fn is_inline(f: MathFn) -> bool {
+    matches!(f, MathFn::Exp | MathFn::Erf | MathFn::Tanh)
+}
+
+/// `f(x)` for an f32 or f32x4 `x`; `None` when `f` is not generated inline.
+pub fn emit(b: &mut FunctionBuilder, f: MathFn, x: Value) -> Option<Value> {
+    let ty = b.func.dfg.value_type(x);
+    debug_assert!(ty == types::F32 || ty == types::F32X4);
+    let mut m = M { b, ty };
+    Some(match f {
+        MathFn::Exp => m.exp(x),
+        MathFn::Erf => m.erf(x),
+        MathFn::Tanh => m.tanh(x),
+        _ => return None,
+    })
+}
+
+struct M<'a, 'b> {
+    b: &'a mut FunctionBuilder<'b>,
+    ty: Type,
+}
+
+/// Cephes `expf` polynomial for `e^r - 1 - r` over `r^2`, highest power first.
+const EXP_P: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    5.000_000_1e-1,
+];
+/// `ln 2` split so that `n * LN2_HI` is exact.
+const LN2_HI: f32 = 0.693_359_375;
+const LN2_LO: f32 = -2.121_944_4e-4;
+/// 1.5 * 2^23: adding it rounds to an integer, kept in the low mantissa bits.
+const MAGIC: f32 = 12_582_912.0;
+
+/// erf(x) = x P(x^2) / Q(x^2) on [-4, 4] (Eigen, XLA), highest power first.
+const ERF_P: [f32; 7] = [
+    -2.726_142_3e-10,
+    2.770_681_4e-8,
+    -2.101_024e-6,
+    -5.692_506_4e-5,
+    -7.349_906_3e-4,
+    -2.954_599_8e-3,
+    -1.609_603_3e-2,
+];
+const ERF_Q: [f32; 5] = [
+    -1.456_607_2e-5,
+    -2.133_740_5e-4,
+    -1.682_827e-3,
+    -7.373_329e-3,
+    -1.426_473_9e-2,
+];
+
+/// tanh(x) = x P(x^2) / Q(x^2) on [-7.905, 7.905] (Eigen), highest power first.
+const TANH_P: [f32; 7] = [
+    -2.760_768_5e-16,
+    2.000_187_9e-13,
+    -8.604_672e-11,
+    5.122_297e-8,
+    1.485_722_4e-5,
+    6.372_619_3e-4,
+    4.893_524_6e-3,
+];
+const TANH_Q: [f32; 4] = [1.198_258_4e-6, 1.185_347_1e-4, 2.268_434_6e-3, 4.893_525e-3];
+const TANH_CLAMP: f32 = 7.905_311;
+
+impl M<'_, '_> {
+    fn ity(&self) -> Type {
+        if self.ty == types::F32 {
+            types::I32
+        } else {
+            types::I32X4
+        }
+    }
+
+    fn c(&mut self, x: f32) -> Value {
+        let s = self.b.ins().f32const(x);
+        if self.ty == types::F32 {
+            s
+        } else {
+            self.b.ins().splat(self.ty, s)
+        }
+    }
+
+    fn ci(&mut self, x: i32) -> Value {
+        let s = self.b.ins().iconst(types::I32, x as i64);
+        if self.ty == types::F32 {
+            s
+        } else {
+            self.b.ins().splat(types::I32X4, s)
+        }
+    }
+
+    fn add(&mut self, x: Value, y: Value) -> Value {
+        self.b.ins().fadd(x, y)
+    }
+
+    fn mul(&mut self, x: Value, y: Value) -> Value {
+        self.b.ins().fmul(x, y)
+    }
+
+    /// `max(lo, min(x, hi))`; NaN stays NaN.
+    fn clamp(&mut self, x: Value, lo: f32, hi: f32) -> Value {
+        let h = self.c(hi);
+        let l = self.c(lo);
+        let x = self.b.ins().fmin(x, h);
+        self.b.ins().fmax(x, l)
+    }
+
+    /// Horner's rule, coefficients highest power first.
+    fn poly(&mut self, x: Value, cs: &[f32]) -> Value {
+        let mut p = self.c(cs[0]);
+        for &k in &cs[1..] {
+            let t = self.mul(p, x);
+            let k = self.c(k);
+            p = self.add(t, k);
+        }
+        p
+    }
+
+    fn to_bits(&mut self, x: Value) -> Value {
+        let t = self.ity();
+        self.b.ins().bitcast(t, MemFlagsData::new(), x)
+    }
+
+    fn from_bits(&mut self, x: Value) -> Value {
+        self.b.ins().bitcast(self.ty, MemFlagsData::new(), x)
+    }
+
+    /// 2^n for an integer n in [-126, 127], as a float.
+    fn pow2(&mut self, n: Value) -> Value {
+        let bias = self.ci(127);
+        let e = self.b.ins().iadd(n, bias);
+        let sh = self.b.ins().iconst(types::I32, 23);
+        let e = self.b.ins().ishl(e, sh);
+        self.from_bits(e)
+    }
+
+    fn exp(&mut self, x: Value) -> Value {
+        // e^89 overflows f32 and e^-110 is below half the smallest subnormal.
+        let x = self.clamp(x, -110.0, 89.0);
+        let log2e = self.c(std::f32::consts::LOG2_E);
+        let magic = self.c(MAGIC);
+        let t = self.mul(x, log2e);
+        let t = self.add(t, magic);
+        let nf = self.b.ins().fsub(t, magic);
+        let hi = self.c(LN2_HI);
+        let lo = self.c(LN2_LO);
+        let a = self.mul(nf, hi);
+        let r = self.b.ins().fsub(x, a);
+        let a = self.mul(nf, lo);
+        let r = self.b.ins().fsub(r, a);
+        // e^r = 1 + r + r^2 P(r).
+        let p = self.poly(r, &EXP_P);
+        let r2 = self.mul(r, r);
+        let y = self.mul(p, r2);
+        let y = self.add(y, r);
+        let one = self.c(1.0);
+        let y = self.add(y, one);
+        // n = t - MAGIC as an integer, in [-159, 129]; 2^n = 2^(n >> 1) 2^(n - (n >> 1)).
+        let tb = self.to_bits(t);
+        let mb = self.ci(MAGIC.to_bits() as i32);
+        let n = self.b.ins().isub(tb, mb);
+        let one_i = self.b.ins().iconst(types::I32, 1);
+        let n1 = self.b.ins().sshr(n, one_i);
+        let n2 = self.b.ins().isub(n, n1);
+        let s1 = self.pow2(n1);
+        let s2 = self.pow2(n2);
+        let y = self.mul(y, s1);
+        self.mul(y, s2)
+    }
+
+    fn erf(&mut self, x: Value) -> Value {
+        let x = self.clamp(x, -4.0, 4.0);
+        let x2 = self.mul(x, x);
+        // x (P / Q), not (x P) / Q: x P underflows for tiny x.
+        let p = self.poly(x2, &ERF_P);
+        let q = self.poly(x2, &ERF_Q);
+        let r = self.b.ins().fdiv(p, q);
+        let y = self.mul(x, r);
+        self.clamp(y, -1.0, 1.0)
+    }
+
+    fn tanh(&mut self, x: Value) -> Value {
+        let x = self.clamp(x, -TANH_CLAMP, TANH_CLAMP);
+        let x2 = self.mul(x, x);
+        // x (P / Q), not (x P) / Q: x P underflows for tiny x.
+        let p = self.poly(x2, &TANH_P);
+        let q = self.poly(x2, &TANH_Q);
+        let r = self.b.ins().fdiv(p, q);
+        let y = self.mul(x, r);
+        self.clamp(y, -1.0, 1.0)
+    }
+}
