@@ -49,10 +49,10 @@ const EXP_P: [f32; 6] = [
     8.333_452e-3,
     4.166_579_6e-2,
     1.666_666_5e-1,
-    5.000_000_1e-1,
+    5e-1,
 ];
 /// `ln 2` split so that `n * LN2_HI` is exact.
-const LN2_HI: f32 = 0.693_359_375;
+const LN2_HI: f32 = 0.693_359_4;
 const LN2_LO: f32 = -2.121_944_4e-4;
 /// 1.5 * 2^23: adding it rounds to an integer, kept in the low mantissa bits.
 const MAGIC: f32 = 12_582_912.0;
@@ -64,7 +64,7 @@ const ERF_P: [f32; 7] = [
     -2.101_024e-6,
     -5.692_506_4e-5,
     -7.349_906_3e-4,
-    -2.954_599_8e-3,
+    -2.954_6e-3,
     -1.609_603_3e-2,
 ];
 const ERF_Q: [f32; 5] = [
@@ -78,7 +78,7 @@ const ERF_Q: [f32; 5] = [
 /// tanh(x) = x P(x^2) / Q(x^2) on [-7.905, 7.905] (Eigen), highest power first.
 const TANH_P: [f32; 7] = [
     -2.760_768_5e-16,
-    2.000_187_9e-13,
+    2.000_188e-13,
     -8.604_672e-11,
     5.122_297e-8,
     1.485_722_4e-5,
@@ -142,12 +142,12 @@ impl M<'_, '_> {
         p
     }
 
-    fn to_bits(&mut self, x: Value) -> Value {
+    fn as_int(&mut self, x: Value) -> Value {
         let t = self.ity();
         self.b.ins().bitcast(t, MemFlagsData::new(), x)
     }
 
-    fn from_bits(&mut self, x: Value) -> Value {
+    fn as_float(&mut self, x: Value) -> Value {
         self.b.ins().bitcast(self.ty, MemFlagsData::new(), x)
     }
 
@@ -157,7 +157,7 @@ impl M<'_, '_> {
         let e = self.b.ins().iadd(n, bias);
         let sh = self.b.ins().iconst(types::I32, 23);
         let e = self.b.ins().ishl(e, sh);
-        self.from_bits(e)
+        self.as_float(e)
     }
 
     fn exp(&mut self, x: Value) -> Value {
@@ -182,7 +182,7 @@ impl M<'_, '_> {
         let one = self.c(1.0);
         let y = self.add(y, one);
         // n = t - MAGIC as an integer, in [-159, 129]; 2^n = 2^(n >> 1) 2^(n - (n >> 1)).
-        let tb = self.to_bits(t);
+        let tb = self.as_int(t);
         let mb = self.ci(MAGIC.to_bits() as i32);
         let n = self.b.ins().isub(tb, mb);
         let one_i = self.b.ins().iconst(types::I32, 1);
