@@ -137,6 +137,25 @@ fn elementwise(len: usize) -> Vec<Case> {
         ],
         &[3, len],
     ));
+    // Reductions (vector accumulators): softmax rows, LayerNorm rows, whole-tensor max,
+    // min and sum.
+    v.push(graph(
+        format!("reduce_{len}"),
+        &[("x", vec![3, len])],
+        vec![("sc", vec![len], None), ("bi", vec![len], None)],
+        vec![
+            node("Softmax", &["x"], &["s"]),
+            node("ReduceMax", &["x"], &["mx"]),
+            node("ReduceMin", &["x"], &["mn"]),
+            node("ReduceSum", &["x"], &["sm"]),
+            node("LayerNormalization", &["x", "sc", "bi"], &["ln"]),
+            node("Mul", &["s", "mx"], &["t1"]),
+            node("Sub", &["t1", "mn"], &["t2"]),
+            node("Add", &["t2", "sm"], &["t3"]),
+            node("Add", &["t3", "ln"], &["y"]),
+        ],
+        &[3, len],
+    ));
     // A transpose feeding arithmetic: strided (gathered) loads.
     v.push(graph(
         format!("gather_{len}"),

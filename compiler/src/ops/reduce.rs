@@ -1243,7 +1243,7 @@ mod lower {
     }
 
     /// Softmax of an f32 lane in f32: the max, then `out[j] = exp(x[j] - max)` and
-    /// `out[j] /= sum` as two loops the vectoriser takes (with the inline exp), and the
+    /// `out[j] *= 1 / sum` as two loops the vectoriser takes (with the inline exp), and the
     /// sum between them. A max of +-inf or NaN is replaced by 0, as in the f64 path.
     fn softmax32(
         k: &mut Kernel,
@@ -1286,13 +1286,14 @@ mod lower {
                 n,
                 vec![set(sum, Expr::add(v(sum), Expr::load(ob, pos(v(j)))))],
             ),
+            set(sum, bin(BinOp::Div, f(1.0), v(sum))),
             for_(
                 j,
                 n,
                 vec![Stmt::Store {
                     buf: ob,
                     index: pos(v(j)),
-                    value: bin(BinOp::Div, Expr::load(ob, pos(v(j))), v(sum)),
+                    value: bin(BinOp::Mul, Expr::load(ob, pos(v(j))), v(sum)),
                 }],
             ),
         ]

@@ -38,6 +38,67 @@ enum V {
 struct Plan {
     /// Variables set in the body (loop-local).
     locals: Vec<VarId>,
+    /// Accumulators carried across iterations (see [`reduction`]).
+    reds: Vec<Red>,
+}
+
+/// How an accumulator combines: `acc + e`, `max(acc, e)`, `min(acc, e)`, or the
+/// NaN-skipping `e > acc ? e : acc` / `e < acc ? e : acc`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum RedKind {
+    Add,
+    Max,
+    Min,
+    SelGt,
+    SelLt,
+}
+
+/// A reduction `acc = acc (op) e` of an f32 variable set once in the loop body and read
+/// nowhere else in it: the vector loop keeps four partial accumulators (sums start at 0,
+/// the others at the incoming value) and folds them into `acc` lane by lane after the
+/// loop; the scalar remainder then goes on from there. Sums are thereby added in a
+/// different order than the scalar loop would.
+#[derive(Clone, Debug)]
+struct Red {
+    acc: VarId,
+    kind: RedKind,
+    e: Expr,
+}
+
+/// `value` as a reduction of `t`, when it is one.
+fn reduction(t: VarId, value: &Expr) -> Option<(RedKind, Expr)> {
+    let is_t = |e: &Expr| matches!(e, Expr::Var(v) if *v == t);
+    let (kind, e) = match value {
+        Expr::Bin(op @ (BinOp::Add | BinOp::Max | BinOp::Min), a, b) => {
+            let kind = match op {
+                BinOp::Add => RedKind::Add,
+                BinOp::Max => RedKind::Max,
+                _ => RedKind::Min,
+            };
+            if is_t(a) {
+                (kind, (**b).clone())
+            } else if is_t(b) {
+                (kind, (**a).clone())
+            } else {
+                return None;
+            }
+        }
+        Expr::Select(c, a, b) if is_t(b) => match &**c {
+            Expr::Cmp(op @ (CmpOp::Gt | CmpOp::Lt), x, y) if x == a && is_t(y) => (
+                if *op == CmpOp::Gt {
+                    RedKind::SelGt
+                } else {
+                    RedKind::SelLt
+                },
+                (**a).clone(),
+            ),
+            _ => return None,
+        },
+        _ => return None,
+    };
+    let mut r = Vec::new();
+    reads(&e, &mut r);
+    (!r.contains(&t)).then_some((kind, e))
 }
 
 fn reads(e: &Expr, out: &mut Vec<VarId>) {
@@ -128,7 +189,28 @@ impl Gen<'_, '_> {
     /// Whether `body` of `for var` can be vectorised (see the module doc).
     fn qualifies(&self, var: VarId, body: &[Stmt]) -> Option<Plan> {
         let mut locals = Vec::new();
+        let mut reds: Vec<Red> = Vec::new();
         for s in body {
+            if let Stmt::Set { var: t, value } = s {
+                let sets = body
+                    .iter()
+                    .filter(|s| matches!(s, Stmt::Set { var: u, .. } if u == t))
+                    .count();
+                let mut own = Vec::new();
+                reads(value, &mut own);
+                let own = own.iter().filter(|v| *v == t).count();
+                if let Some((kind, e)) = reduction(*t, value) {
+                    if *t != var
+                        && self.k.vars[*t] == Ty::F32
+                        && self.ty(&e).ok()? == Ty::F32
+                        && sets == 1
+                        && count_reads(body, *t) == own
+                    {
+                        reds.push(Red { acc: *t, kind, e });
+                        continue;
+                    }
+                }
+            }
             match s {
                 Stmt::Set { var: t, .. } => {
                     if *t == var {
@@ -149,6 +231,14 @@ impl Gen<'_, '_> {
         for s in body {
             let mut r = Vec::new();
             match s {
+                Stmt::Set { var: t, .. } if reds.iter().any(|x| x.acc == *t) => {
+                    let red = reds.iter().find(|x| x.acc == *t)?;
+                    reads(&red.e, &mut r);
+                    if r.iter().any(|v| locals.contains(v) && !defined.contains(v)) {
+                        return None;
+                    }
+                    loads(&red.e, &mut all_loads);
+                }
                 Stmt::Set { var: t, value } => {
                     reads(value, &mut r);
                     if r.iter().any(|v| locals.contains(v) && !defined.contains(v)) {
@@ -214,7 +304,7 @@ impl Gen<'_, '_> {
                 return None;
             }
         }
-        Some(Plan { locals })
+        Some(Plan { locals, reds })
     }
 
     /// Whether f32x4 floor/ceil/nearest/trunc have a native form on the target.
@@ -247,6 +337,18 @@ impl Gen<'_, '_> {
         let v = self.vars[var];
         let zero = self.b.ins().iconst(types::I64, 0);
         self.b.def_var(v, zero);
+        let mut accs = Vec::new();
+        for r in &plan.reds {
+            let a = self.b.declare_var(types::F32X4);
+            let init = if r.kind == RedKind::Add {
+                self.b.ins().f32const(0.0)
+            } else {
+                self.b.use_var(self.vars[r.acc])
+            };
+            let init = self.b.ins().splat(types::F32X4, init);
+            self.b.def_var(a, init);
+            accs.push((r.clone(), a));
+        }
         let header = self.b.create_block();
         let body_blk = self.b.create_block();
         let exit = self.b.create_block();
@@ -269,6 +371,14 @@ impl Gen<'_, '_> {
         };
         for s in body {
             match s {
+                Stmt::Set { var: t, .. } if accs.iter().any(|(r, _)| r.acc == *t) => {
+                    let (r, a) = accs.iter().find(|(r, _)| r.acc == *t).cloned().unwrap();
+                    let x = self.vexpr(&mut cx, &r.e)?;
+                    let x = self.vec4(x)?;
+                    let cur = self.b.use_var(a);
+                    let new = self.combine(r.kind, cur, x);
+                    self.b.def_var(a, new);
+                }
                 Stmt::Set { var: t, value } => {
                     let x = self.vexpr(&mut cx, value)?;
                     cx.vals.insert(*t, x);
@@ -286,7 +396,49 @@ impl Gen<'_, '_> {
         self.b.def_var(v, n);
         self.b.ins().jump(header, &[]);
         self.b.switch_to_block(exit);
+        for (r, a) in accs {
+            let vacc = self.b.use_var(a);
+            let mut acc = self.b.use_var(self.vars[r.acc]);
+            if r.kind == RedKind::Add {
+                // Pairwise: (l0 + l1) + (l2 + l3), then into the incoming value.
+                let l: Vec<Value> = (0..4).map(|l| self.b.ins().extractlane(vacc, l)).collect();
+                let p = self.b.ins().fadd(l[0], l[1]);
+                let q = self.b.ins().fadd(l[2], l[3]);
+                let pq = self.b.ins().fadd(p, q);
+                acc = self.b.ins().fadd(acc, pq);
+            } else {
+                for l in 0..4 {
+                    let x = self.b.ins().extractlane(vacc, l);
+                    acc = self.combine(r.kind, acc, x);
+                }
+            }
+            self.b.def_var(self.vars[r.acc], acc);
+        }
         Ok(n4)
+    }
+
+    /// One step of a reduction, on f32 or f32x4 values.
+    fn combine(&mut self, kind: RedKind, acc: Value, x: Value) -> Value {
+        let ins = self.b.ins();
+        match kind {
+            RedKind::Add => ins.fadd(acc, x),
+            RedKind::Max => ins.fmax(acc, x),
+            RedKind::Min => ins.fmin(acc, x),
+            RedKind::SelGt | RedKind::SelLt => {
+                let cc = if kind == RedKind::SelGt {
+                    FloatCC::GreaterThan
+                } else {
+                    FloatCC::LessThan
+                };
+                let c = self.b.ins().fcmp(cc, x, acc);
+                if self.b.func.dfg.value_type(x) == types::F32X4 {
+                    let m = self.b.ins().bitcast(types::F32X4, MemFlagsData::new(), c);
+                    self.b.ins().bitselect(m, x, acc)
+                } else {
+                    self.b.ins().select(c, x, acc)
+                }
+            }
+        }
     }
 
     fn vec4(&mut self, x: V) -> Result<Value, String> {

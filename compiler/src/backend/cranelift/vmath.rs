@@ -2,20 +2,21 @@
 //! (softmax, GELU, sigmoid, SiLU, tanh) do not call libm lane by lane. The same code
 //! serves scalar remainders, so every lane of a loop gets the same answer.
 //!
-//! Only plain arithmetic, min/max and integer bit operations are used (no FMA, no
+//! Only plain arithmetic, compare-and-select and integer bit operations are used (no FMA, no
 //! rounding instructions), so the results are identical on every target.
 //!
 //! - `exp`: Cephes' `expf` (the polynomial of sse_mathfun): `x = n ln2 + r` with n
 //!   rounded by the 1.5 * 2^23 trick, a degree-5 polynomial for `e^r`, and `2^n` built in
-//!   the exponent bits as two factors, so results down to the smallest subnormals and up
-//!   to overflow come out right. About 1 ulp on the normal range; `exp(-inf) = 0`,
-//!   `exp(inf) = inf`, NaN stays NaN.
+//!   the exponent bits as two factors, so results from the smallest normal up
+//!   to overflow come out right. About 1 ulp on the normal range; results that would be
+//!   subnormal flush to 0 (so `exp(-inf) = 0`), `exp(inf) = inf`, NaN stays NaN.
 //! - `erf`: the rational approximation of Eigen and XLA on `[-4, 4]` (beyond it erf is
 //!   +-1 in f32), a few ulp.
 //! - `tanh`: Eigen's rational approximation on `[-7.905, 7.905]` (beyond it tanh is
 //!   +-1 in f32), a few ulp; odd, so small arguments keep their relative accuracy.
 
 use crate::kir::MathFn;
+use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::{types, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::FunctionBuilder;
 
@@ -54,6 +55,8 @@ const EXP_P: [f32; 6] = [
 /// `ln 2` split so that `n * LN2_HI` is exact.
 const LN2_HI: f32 = 0.693_359_4;
 const LN2_LO: f32 = -2.121_944_4e-4;
+/// ln of the smallest normal f32 (2^-126), rounded up: exp is 0 below it.
+const EXP_MIN: f32 = -87.336_54;
 /// 1.5 * 2^23: adding it rounds to an integer, kept in the low mantissa bits.
 const MAGIC: f32 = 12_582_912.0;
 
@@ -123,12 +126,25 @@ impl M<'_, '_> {
         self.b.ins().fmul(x, y)
     }
 
-    /// `max(lo, min(x, hi))`; NaN stays NaN.
+    /// `c ? a : b` for an f32 comparison result `c`.
+    fn select(&mut self, c: Value, a: Value, b: Value) -> Value {
+        if self.ty == types::F32 {
+            self.b.ins().select(c, a, b)
+        } else {
+            let m = self.b.ins().bitcast(self.ty, MemFlagsData::new(), c);
+            self.b.ins().bitselect(m, a, b)
+        }
+    }
+
+    /// `x` clamped to `[lo, hi]` by compare-and-select (a blend on x86, cheaper than
+    /// Cranelift's NaN-propagating fmin/fmax sequences); NaN stays NaN.
     fn clamp(&mut self, x: Value, lo: f32, hi: f32) -> Value {
         let h = self.c(hi);
         let l = self.c(lo);
-        let x = self.b.ins().fmin(x, h);
-        self.b.ins().fmax(x, l)
+        let above = self.b.ins().fcmp(FloatCC::GreaterThan, x, h);
+        let x = self.select(above, h, x);
+        let below = self.b.ins().fcmp(FloatCC::LessThan, x, l);
+        self.select(below, l, x)
     }
 
     /// Horner's rule, coefficients highest power first.
@@ -161,8 +177,13 @@ impl M<'_, '_> {
     }
 
     fn exp(&mut self, x: Value) -> Value {
-        // e^89 overflows f32 and e^-110 is below half the smallest subnormal.
-        let x = self.clamp(x, -110.0, 89.0);
+        // Results below the smallest normal flush to zero: subnormal arithmetic takes
+        // microcode assists on x86 (a hundred cycles per operation), and a softmax over
+        // widely spread scores would hit them on every row.
+        let lim = self.c(EXP_MIN);
+        let tiny = self.b.ins().fcmp(FloatCC::LessThan, x, lim);
+        // e^89 overflows f32.
+        let x = self.clamp(x, EXP_MIN, 89.0);
         let log2e = self.c(std::f32::consts::LOG2_E);
         let magic = self.c(MAGIC);
         let t = self.mul(x, log2e);
@@ -191,7 +212,9 @@ impl M<'_, '_> {
         let s1 = self.pow2(n1);
         let s2 = self.pow2(n2);
         let y = self.mul(y, s1);
-        self.mul(y, s2)
+        let y = self.mul(y, s2);
+        let zero = self.c(0.0);
+        self.select(tiny, zero, y)
     }
 
     fn erf(&mut self, x: Value) -> Value {
