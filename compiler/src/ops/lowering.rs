@@ -498,7 +498,44 @@ pub fn lower_by_index_map(
             // Identity map: a plain copy loop.
             let identity = pos.iter().zip(&idx).all(|(p, i)| p == i) && n == out.len();
             let j = k.var(Ty::I64);
-            if identity {
+            let affine = if identity
+                || n != out.len()
+                || pos.iter().enumerate().any(|(j, &p)| p != j as i64)
+            {
+                None
+            } else {
+                affine_map(&out.shape, &idx)
+            };
+            if let Some((base, st)) = affine {
+                // Source index affine in the output's multi-index (Transpose, Slice,
+                // Expand, Split...): a loop nest instead of two index tables.
+                let ost = strides(&out.shape);
+                let mut dst = Expr::Int(0);
+                let mut srcx = Expr::Int(base);
+                let mut loops = Vec::new();
+                for (d, &ext) in out.shape.iter().enumerate() {
+                    if ext == 1 {
+                        continue;
+                    }
+                    let vd = k.var(Ty::I64);
+                    dst = Expr::add(dst, Expr::mul(Expr::Var(vd), Expr::Int(ost[d] as i64)));
+                    srcx = Expr::add(srcx, Expr::mul(Expr::Var(vd), Expr::Int(st[d])));
+                    loops.push((vd, ext));
+                }
+                let mut body = vec![Stmt::Store {
+                    buf: out.buf,
+                    index: dst,
+                    value: Expr::load(inp.buf, srcx),
+                }];
+                for &(vd, ext) in loops.iter().rev() {
+                    body = vec![Stmt::For {
+                        var: vd,
+                        extent: ext as u64,
+                        body,
+                    }];
+                }
+                k.body = body;
+            } else if identity {
                 k.body = vec![Stmt::For {
                     var: j,
                     extent: n as u64,
@@ -544,6 +581,40 @@ pub fn lower_by_index_map(
         }
     }
     Ok(())
+}
+
+/// `(base, strides)` when `idx[flat(i)] = base + sum_d i_d * strides[d]` for every
+/// multi-index `i` of `shape` (row-major), else None.
+fn affine_map(shape: &[usize], idx: &[i64]) -> Option<(i64, Vec<i64>)> {
+    let n: usize = shape.iter().product();
+    if n == 0 || idx.len() != n {
+        return None;
+    }
+    let ost = strides(shape);
+    let base = idx[0];
+    let st: Vec<i64> = shape
+        .iter()
+        .zip(&ost)
+        .map(|(&ext, &os)| if ext > 1 { idx[os] - base } else { 0 })
+        .collect();
+    // Walk every position with an odometer, keeping the expected source index.
+    let mut at = vec![0usize; shape.len()];
+    let mut want = base;
+    for &got in idx {
+        if got != want {
+            return None;
+        }
+        for d in (0..shape.len()).rev() {
+            at[d] += 1;
+            want += st[d];
+            if at[d] < shape[d] {
+                break;
+            }
+            want -= st[d] * shape[d] as i64;
+            at[d] = 0;
+        }
+    }
+    Some((base, st))
 }
 
 /// An index table as constant data (int32 when it fits).
