@@ -1064,18 +1064,23 @@ mod lower {
     }
 
     fn dropout(lw: &mut LowerCtx) -> OpResult<()> {
-        // Inference: output = input; the mask (if requested) is all true.
-        let training = match lw.opt_input(2) {
-            Some(_) => lw
-                .const_input(2)?
-                .to_bool()
-                .is_some_and(|b| b.iter().any(|&x| x)),
+        // Inference (training_mode absent or a constant false, or a constant ratio of
+        // 0): output = input; the mask (if requested) is all true.
+        let maybe_training = match lw.opt_input(2) {
             None => false,
+            Some(t) => match &t.value {
+                Some(v) => v.to_bool().is_some_and(|b| b.iter().any(|&x| x)),
+                None => true,
+            },
         };
-        if training {
-            return Err(crate::ir::OpError::unsupported(
-                "Dropout in training mode is not compiled",
-            ));
+        let zero_ratio = lw.opt_input(1).is_some_and(|r| {
+            r.value
+                .as_ref()
+                .and_then(|v| v.to_f64_vec())
+                .is_some_and(|v| v.iter().all(|&x| x == 0.0))
+        });
+        if maybe_training && !zero_ratio && lw.op.opset >= 12 {
+            return dropout_training(lw);
         }
         let x = lw.input(0)?.clone();
         let out = lw.outputs[0].clone();
@@ -1098,6 +1103,95 @@ mod lower {
             extent: out.len() as u64,
             body,
         }];
+        lw.push(k);
+        Ok(())
+    }
+
+    /// Dropout whose training_mode (or ratio) is known only at run time. The reference
+    /// draws one uniform number per element from a Mersenne Twister seeded with the
+    /// `seed` attribute (0 when absent), so the draws are a compile-time constant table
+    /// (f64, as the reference compares them); the kernel keeps `x * 1/(1-ratio)` where
+    /// `u >= ratio`, zero elsewhere, when training_mode is true and the ratio nonzero,
+    /// and copies `x` otherwise.
+    fn dropout_training(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let out = lw.outputs[0].clone();
+        let n = out.len();
+        ensure!(
+            n <= 1 << 24,
+            "Dropout in training mode on {n} elements (the draws would be stored in the object)"
+        );
+        ensure!(
+            x.ty().compute().is_float(),
+            "Dropout: training mode needs a float input"
+        );
+        let seed = lw.op.attrs.int("seed", 0)?;
+        let mut rng = super::Mt::new(seed as u32);
+        let draws: Vec<f64> = (0..n).map(|_| rng.uniform()).collect();
+        let u = lw.constant("draws", &Tensor::from_vec(&[n], draws))?;
+        let f64c = |v: f64| Expr::Float(v, Ty::F64);
+        let ratio = match lw.opt_input(1) {
+            Some(r) => Expr::cast(Ty::F64, Expr::load(r.buf, Expr::Int(0))),
+            None => f64c(0.5),
+        };
+        let training = match lw.opt_input(2) {
+            Some(t) => Expr::cmp(
+                CmpOp::Ne,
+                Expr::cast(Ty::I64, Expr::load(t.buf, Expr::Int(0))),
+                Expr::Int(0),
+            ),
+            None => Expr::cast(Ty::U8, Expr::Int(1)),
+        };
+        let mut k = lw.kernel("training");
+        let (j, on, r) = (k.var(Ty::I64), k.var(Ty::U8), k.var(Ty::F64));
+        let keep = Expr::cmp(CmpOp::Ge, Expr::load(u, Expr::Var(j)), Expr::Var(r));
+        let xv = Expr::cast(Ty::F64, Expr::load(x.buf, Expr::Var(j)));
+        let scaled = Expr::bin(
+            BinOp::Mul,
+            xv.clone(),
+            Expr::bin(
+                BinOp::Div,
+                f64c(1.0),
+                Expr::bin(BinOp::Sub, f64c(1.0), Expr::Var(r)),
+            ),
+        );
+        let y = Expr::select(
+            Expr::Var(on),
+            Expr::select(keep.clone(), scaled, f64c(0.0)),
+            xv,
+        );
+        let mut body = vec![Stmt::Store {
+            buf: out.buf,
+            index: Expr::Var(j),
+            value: Expr::cast(out.ty().compute(), y),
+        }];
+        if let Some(mask) = lw.outputs.get(1).cloned() {
+            let m = Expr::select(Expr::Var(on), keep, Expr::cast(Ty::U8, Expr::Int(1)));
+            body.push(Stmt::Store {
+                buf: mask.buf,
+                index: Expr::Var(j),
+                value: Expr::select(m, lit(1.0, mask.ty()), lit(0.0, mask.ty())),
+            });
+        }
+        k.body = vec![
+            Stmt::Set {
+                var: r,
+                value: ratio,
+            },
+            Stmt::Set {
+                var: on,
+                value: Expr::bin(
+                    BinOp::And,
+                    training,
+                    Expr::cmp(CmpOp::Ne, Expr::Var(r), f64c(0.0)),
+                ),
+            },
+            Stmt::For {
+                var: j,
+                extent: n as u64,
+                body,
+            },
+        ];
         lw.push(k);
         Ok(())
     }
