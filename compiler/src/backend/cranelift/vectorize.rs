@@ -9,6 +9,10 @@
 //! computed lane by lane with the scalar code generator and packed with `insertlane`.
 //! A buffer the loop stores into may only be loaded at the very index it is stored at
 //! (read-modify-write of the same element); anything else stays scalar.
+//!
+//! A loop may also carry f32 reductions (`acc = acc + e`, `max`/`min`, or the NaN-skipping
+//! `e > acc ? e : acc`): four partial accumulators run in an f32x4 and are folded into
+//! `acc` after the vector loop. f32 exp, erf and tanh are inline vector code (vmath.rs).
 
 use super::Gen;
 use crate::kir::{BinOp, BufKind, CmpOp, Expr, Stmt, Ty, UnOp, VarId};
