@@ -890,7 +890,7 @@ mod lower {
     use crate::ir::OpResult;
     use crate::kir::build::*;
     use crate::kir::{BinOp, CmpOp, Expr, MathFn, Stmt, Ty, UnOp, VarId};
-    use crate::ops::lowering::{index, lit, strides, LowerCtx, TensorRef};
+    use crate::ops::lowering::{index, lit, strides, Act, EpStep, LowerCtx, TensorRef};
     use crate::ops::{Lowering, Registry};
     use crate::{bail, ensure};
 
@@ -1230,7 +1230,20 @@ mod lower {
         } else {
             None
         };
-        let epilogue = lw.epilogue.take();
+        // A trailing Relu / Clip is applied with compare-and-select on a local (cheaper
+        // vector code than min/max; NaN stays NaN); the steps before it as usual.
+        let mut epilogue = lw.epilogue.take();
+        let bounds = match epilogue.as_ref().and_then(|e| e.steps.last()) {
+            Some(EpStep::Act(Act::Relu)) => Some((0.0, None)),
+            Some(EpStep::Act(Act::Clip(lo, hi))) => Some((*lo, Some(*hi))),
+            _ => None,
+        };
+        if bounds.is_some() {
+            if let Some(ep) = epilogue.as_mut() {
+                ep.steps.pop();
+            }
+        }
+        let epilogue = epilogue.filter(|e| !e.is_empty());
         let mut k_ = lw.kernel("");
         let kr = &mut k_;
         let nv = kr.var(Ty::I64);
@@ -1295,7 +1308,7 @@ mod lower {
         ));
         let shape = out.shape.clone();
         // One output row (`oh` its index; `rb`, `orb` set for it) seeing kernel rows `khs`.
-        let row = |oh: Expr, khs: &[i64]| -> Vec<Stmt> {
+        let mut row = |oh: Expr, khs: &[i64]| -> Vec<Stmt> {
             let base = match phases {
                 Some(_) => int(0),
                 None => v(xb),
@@ -1337,7 +1350,24 @@ mod lower {
                     Some(ep) => ep.apply_flat(sum, Ty::F32, oidx.clone(), &shape),
                     None => sum,
                 };
-                b.push(for_(j, (e - a) as usize, vec![store(out.buf, oidx, value)]));
+                let mut st = Vec::new();
+                let value = match bounds {
+                    None => value,
+                    Some((lo, hi)) => {
+                        // Loop-local, fresh per loop.
+                        let t = k_.var(Ty::F32);
+                        st.push(set(t, value));
+                        let lo = lit(lo, Ty::F32);
+                        st.push(set(t, sel(cmp(CmpOp::Lt, v(t), lo.clone()), lo, v(t))));
+                        if let Some(hi) = hi {
+                            let hi = lit(hi, Ty::F32);
+                            st.push(set(t, sel(cmp(CmpOp::Gt, v(t), hi.clone()), hi, v(t))));
+                        }
+                        v(t)
+                    }
+                };
+                st.push(store(out.buf, oidx, value));
+                b.push(for_(j, (e - a) as usize, st));
             }
             b
         };
