@@ -195,15 +195,26 @@ fn grouped_convs(w: usize) -> Vec<Case> {
         usize,
         Option<&'static str>,
     );
-    let geoms: [G; 4] = [
+    let geoms: [G; 7] = [
         ("dw3x3_pad", 4, 4, 3, (1, 1), 1, 1, Some("Relu")),
         ("dw3x3_s2", 3, 3, 3, (2, 0), 2, 1, None),
         ("grouped_dil", 4, 2, 3, (2, 2), 1, 2, Some("Sigmoid")),
         ("dw5_wide", 2, 2, 5, (2, 3), 1, 1, None),
+        // Channel multiplier 2 (one input channel per group, two outputs), stride 2,
+        // dilation 2.
+        ("dw_mult_s2_dil", 2, 2, 3, (2, 1), 2, 2, Some("Relu")),
+        // Stride 3: three column phases.
+        ("dw3x3_s3", 3, 3, 3, (1, 2), 3, 1, None),
+        // Tall: many interior rows between the border rows.
+        ("dw3x3_tall", 2, 2, 3, (1, 1), 1, 1, None),
     ];
     for (name, c, group, k, (pb, pe), s, d, post) in geoms {
-        let h = 5;
+        let h = if name == "dw3x3_tall" { 19 } else { 5 };
+        if w + pb + pe < (k - 1) * d + 1 {
+            continue;
+        }
         let (oh, ow) = (out_len(h, k, s, d, pb, pe), out_len(w, k, s, d, pb, pe));
+        let m = if name == "dw_mult_s2_dil" { 2 * c } else { c };
         let mut conv = node("Conv", &["x", "w", "b"], &["c0"]);
         conv.attribute = vec![
             int_attr("group", group as i64),
@@ -219,9 +230,9 @@ fn grouped_convs(w: usize) -> Vec<Case> {
         v.push(graph(
             format!("{name}_{w}"),
             &[("x", vec![2, c, h, w])],
-            vec![("w", vec![c, c / group, k, k], None), ("b", vec![c], None)],
+            vec![("w", vec![m, c / group, k, k], None), ("b", vec![m], None)],
             nodes,
-            &[2, c, oh, ow],
+            &[2, m, oh, ow],
         ));
     }
     // 1-D depthwise, no bias.
@@ -253,8 +264,10 @@ fn pools(w: usize) -> Vec<Case> {
         i64,
         i64,
     );
-    let geoms: [P; 6] = [
+    let geoms: [P; 8] = [
         ("max3_s2_pad", "MaxPool", 3, (1, 1), 2, 1, 0, 0),
+        ("max3_s2_ceil", "MaxPool", 3, (0, 0), 2, 1, 1, 0),
+        ("avg3_s3_ceil", "AveragePool", 3, (1, 0), 3, 1, 1, 0),
         ("max2_ceil", "MaxPool", 2, (0, 0), 2, 1, 1, 0),
         ("max3_dil", "MaxPool", 3, (2, 1), 1, 2, 0, 0),
         ("avg3_pad", "AveragePool", 3, (1, 1), 1, 1, 0, 0),
@@ -314,12 +327,35 @@ fn pools(w: usize) -> Vec<Case> {
     v
 }
 
+/// GlobalAveragePool and GlobalMaxPool over planes of 7 x `w` (folded into lanes of
+/// partials from 64 elements on) and one of 13 x 13.
+fn global_pools(w: usize) -> Vec<Case> {
+    let mut v = Vec::new();
+    for op in ["GlobalAveragePool", "GlobalMaxPool"] {
+        let mut planes = vec![(7, w)];
+        if w == 4 {
+            planes.push((13, 13));
+        }
+        for (h, w) in planes {
+            v.push(graph(
+                format!("{op}_{h}x{w}"),
+                &[("x", vec![2, 3, h, w])],
+                vec![],
+                vec![node(op, &["x"], &["y"])],
+                &[2, 3, 1, 1],
+            ));
+        }
+    }
+    v
+}
+
 fn cases() -> Vec<Case> {
     let mut v = Vec::new();
     for len in LENS {
         v.extend(elementwise(len));
         v.extend(grouped_convs(len));
         v.extend(pools(len));
+        v.extend(global_pools(len * 4));
     }
     v
 }

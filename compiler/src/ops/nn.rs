@@ -890,7 +890,7 @@ mod lower {
     use crate::ir::OpResult;
     use crate::kir::build::*;
     use crate::kir::{BinOp, CmpOp, Expr, MathFn, Stmt, Ty, UnOp, VarId};
-    use crate::ops::lowering::{index, lit, strides, LowerCtx, TensorRef};
+    use crate::ops::lowering::{index, lit, strides, Act, EpStep, LowerCtx, TensorRef};
     use crate::ops::{Lowering, Registry};
     use crate::{bail, ensure};
 
@@ -977,6 +977,9 @@ mod lower {
             if crate::lower::gemm::conv(lw, &g)? {
                 return Ok(());
             }
+        }
+        if mode == Mode::Float && group > 1 && dw_rows(lw, &x, &w, group, &win)? {
+            return Ok(());
         }
         if mode == Mode::Float && group > 1 && conv_rows(lw, &x, &w, group, &win)? {
             return Ok(());
@@ -1123,6 +1126,268 @@ mod lower {
         k_.body = loops(&outer, body);
         lw.push(k_);
         Ok(())
+    }
+
+    /// Largest kernel window (taps) `dw_rows` keeps in registers.
+    const DW_TAPS: usize = 64;
+    /// Most output rows `dw_rows` emits one by one (border rows).
+    const DW_EDGE_ROWS: usize = 16;
+    /// Largest column stride `dw_rows` deinterleaves.
+    const DW_MAX_STRIDE: usize = 4;
+
+    /// 2-D depthwise f32 convolution (one input channel per group): every output element
+    /// is computed in one expression (bias, every kernel tap inside the input, epilogue)
+    /// and stored once, so the innermost loop over an output row segment is a chain of
+    /// unit-stride loads times loop-invariant weights (held in variables) that the back
+    /// end vectorises. The taps valid in each row segment and each border row are known
+    /// at compile time (no bounds tests). With a column stride s > 1, each input plane
+    /// is first split into its s column phases (scratch), so the taps still load at unit
+    /// stride. Returns false (nothing lowered) when the shapes or types do not fit.
+    fn dw_rows(
+        lw: &mut LowerCtx,
+        x: &TensorRef,
+        w: &TensorRef,
+        group: usize,
+        win: &super::Window,
+    ) -> OpResult<bool> {
+        let out = lw.outputs[0].clone();
+        let bias = lw.opt_input(2).cloned();
+        if win.k.len() != 2
+            || x.ty() != Ty::F32
+            || w.ty() != Ty::F32
+            || out.ty() != Ty::F32
+            || bias.as_ref().is_some_and(|b| b.ty() != Ty::F32)
+            || win.kernel_len() > DW_TAPS
+            || win.s[1] > DW_MAX_STRIDE
+            || win.out.contains(&0)
+            || win.in_sp.contains(&0)
+        {
+            return Ok(false);
+        }
+        let (n, c, m) = (x.shape[0], x.shape[1], out.shape[1]);
+        if c != group || m % group != 0 {
+            return Ok(false);
+        }
+        let mg = m / group;
+        let (kh_n, kw_n) = (win.k[0], win.k[1]);
+        let (oh_n, ow_n) = (win.out[0] as i64, win.out[1] as i64);
+        let (ih, iw) = (win.in_sp[0] as i64, win.in_sp[1] as i64);
+        let (sh, sw) = (win.s[0] as i64, win.s[1] as i64);
+        let (dh, dw) = (win.d[0] as i64, win.d[1] as i64);
+        let (ph, pw) = (win.pb[0], win.pb[1]);
+        // Kernel rows valid for output row `oh`: 0 <= oh * sh - ph + kh * dh < ih.
+        let rows_ok = |oh: i64| -> Vec<i64> {
+            (0..kh_n as i64)
+                .filter(|&kh| (0..ih).contains(&(oh * sh - ph + kh * dh)))
+                .collect()
+        };
+        let all: Vec<i64> = (0..kh_n as i64).collect();
+        let full: Vec<bool> = (0..oh_n).map(|oh| rows_ok(oh) == all).collect();
+        // The interior rows: the longest run of rows seeing every kernel row.
+        let (mut lo, mut hi) = (0i64, 0i64);
+        let mut at = 0i64;
+        while at < oh_n {
+            if full[at as usize] {
+                let mut e = at;
+                while e < oh_n && full[e as usize] {
+                    e += 1;
+                }
+                if e - at > hi - lo {
+                    (lo, hi) = (at, e);
+                }
+                at = e;
+            } else {
+                at += 1;
+            }
+        }
+        if ((oh_n - (hi - lo)) as usize) > DW_EDGE_ROWS {
+            return Ok(false);
+        }
+        // Output columns [lo, hi) where kernel column kw reads inside the input.
+        let range = |kw: i64| {
+            let a = pw - kw * dw;
+            let lo = (-(-a).div_euclid(sw)).max(0);
+            let hi = ((iw - 1 + pw - kw * dw).div_euclid(sw) + 1).min(ow_n);
+            (lo, hi.max(lo))
+        };
+        let mut cuts: Vec<i64> = vec![0, ow_n];
+        for kw in 0..kw_n as i64 {
+            let (a, b) = range(kw);
+            cuts.extend([a, b]);
+        }
+        cuts.sort_unstable();
+        cuts.dedup();
+        // The input as the taps read it: x itself, or the column phases of one plane
+        // (phase r holds columns r, r + s, ...; `lp` elements per row).
+        let lp = (iw + sw - 1) / sw;
+        let phases = if sw > 1 {
+            Some(lw.program.add_buffer(
+                format!("{}/phases", lw.name),
+                crate::kir::BufKind::Arena { offset: 0 },
+                Ty::F32,
+                (sw * ih * lp) as u64,
+            ))
+        } else {
+            None
+        };
+        // A trailing Relu / Clip is applied with compare-and-select on a local (cheaper
+        // vector code than min/max; NaN stays NaN); the steps before it as usual.
+        let mut epilogue = lw.epilogue.take();
+        let bounds = match epilogue.as_ref().and_then(|e| e.steps.last()) {
+            Some(EpStep::Act(Act::Relu)) => Some((0.0, None)),
+            Some(EpStep::Act(Act::Clip(lo, hi))) => Some((*lo, Some(*hi))),
+            _ => None,
+        };
+        if bounds.is_some() {
+            if let Some(ep) = epilogue.as_mut() {
+                ep.steps.pop();
+            }
+        }
+        let epilogue = epilogue.filter(|e| !e.is_empty());
+        let mut k_ = lw.kernel("");
+        let kr = &mut k_;
+        let nv = kr.var(Ty::I64);
+        let gv = kr.var(Ty::I64);
+        let mv = kr.var(Ty::I64);
+        let xb = kr.var(Ty::I64);
+        let ob = kr.var(Ty::I64);
+        let ohv = kr.var(Ty::I64);
+        let rb = kr.var(Ty::I64);
+        let orb = kr.var(Ty::I64);
+        let j = kr.var(Ty::I64);
+        let (iv, qv) = (kr.var(Ty::I64), kr.var(Ty::I64));
+        let bv = kr.var(Ty::F32);
+        let wv: Vec<VarId> = (0..kh_n * kw_n).map(|_| kr.var(Ty::F32)).collect();
+        let oc = add(mul(v(gv), int(mg as i64)), v(mv));
+        // Per group: the input plane's base, and its phases.
+        let mut gbody = vec![set(
+            xb,
+            mul(add(mul(v(nv), int(c as i64)), v(gv)), int(ih * iw)),
+        )];
+        let (src, rstride) = match phases {
+            Some(pbuf) => {
+                for r in 0..sw {
+                    let len = (iw - r + sw - 1) / sw;
+                    if len <= 0 {
+                        continue;
+                    }
+                    let dst = add(add(int(r * ih * lp), mul(v(iv), int(lp))), v(qv));
+                    let srci = add(
+                        add(v(xb), mul(v(iv), int(iw))),
+                        add(mul(v(qv), int(sw)), int(r)),
+                    );
+                    gbody.push(for_(
+                        iv,
+                        ih as usize,
+                        vec![for_(
+                            qv,
+                            len as usize,
+                            vec![store(pbuf, dst, Expr::load(x.buf, srci))],
+                        )],
+                    ));
+                }
+                (pbuf, lp)
+            }
+            None => (x.buf, iw),
+        };
+        // Per output channel: weights and bias in variables, the output plane's base.
+        let mut cbody = vec![set(
+            ob,
+            mul(add(mul(v(nv), int(m as i64)), oc.clone()), int(oh_n * ow_n)),
+        )];
+        for (t, &var) in wv.iter().enumerate() {
+            let wi = add(mul(oc.clone(), int((kh_n * kw_n) as i64)), int(t as i64));
+            cbody.push(set(var, Expr::load(w.buf, wi)));
+        }
+        cbody.push(set(
+            bv,
+            match &bias {
+                Some(b) => per_ch(b, oc.clone()),
+                None => lit(0.0, Ty::F32),
+            },
+        ));
+        let shape = out.shape.clone();
+        // One output row (`oh` its index; `rb`, `orb` set for it) seeing kernel rows `khs`.
+        let mut row = |oh: Expr, khs: &[i64]| -> Vec<Stmt> {
+            let base = match phases {
+                Some(_) => int(0),
+                None => v(xb),
+            };
+            let mut b = vec![
+                set(
+                    rb,
+                    add(
+                        base,
+                        mul(sub(mul(oh.clone(), int(sh)), int(ph)), int(rstride)),
+                    ),
+                ),
+                set(orb, add(v(ob), mul(oh, int(ow_n)))),
+            ];
+            for seg in cuts.windows(2) {
+                let (a, e) = (seg[0], seg[1]);
+                if e <= a {
+                    continue;
+                }
+                let mut sum = v(bv);
+                for &kh in khs {
+                    for kw in 0..kw_n as i64 {
+                        let (clo, chi) = range(kw);
+                        if !(clo <= a && e <= chi) {
+                            continue;
+                        }
+                        // Input column (ow + t) * s + r.
+                        let off = kw * dw - pw;
+                        let (t, r) = (off.div_euclid(sw), off.rem_euclid(sw));
+                        let cst =
+                            r * ih * lp * i64::from(phases.is_some()) + kh * dh * rstride + a + t;
+                        let xi = add(add(v(rb), v(j)), int(cst));
+                        let wt = v(wv[(kh as usize) * kw_n + kw as usize]);
+                        sum = add(sum, mul(Expr::load(src, xi), wt));
+                    }
+                }
+                let oidx = add(add(v(orb), v(j)), int(a));
+                let value = match &epilogue {
+                    Some(ep) => ep.apply_flat(sum, Ty::F32, oidx.clone(), &shape),
+                    None => sum,
+                };
+                let mut st = Vec::new();
+                let value = match bounds {
+                    None => value,
+                    Some((lo, hi)) => {
+                        // Loop-local, fresh per loop.
+                        let t = k_.var(Ty::F32);
+                        st.push(set(t, value));
+                        let lo = lit(lo, Ty::F32);
+                        st.push(set(t, sel(cmp(CmpOp::Lt, v(t), lo.clone()), lo, v(t))));
+                        if let Some(hi) = hi {
+                            let hi = lit(hi, Ty::F32);
+                            st.push(set(t, sel(cmp(CmpOp::Gt, v(t), hi.clone()), hi, v(t))));
+                        }
+                        v(t)
+                    }
+                };
+                st.push(store(out.buf, oidx, value));
+                b.push(for_(j, (e - a) as usize, st));
+            }
+            b
+        };
+        for oh in 0..lo {
+            cbody.extend(row(int(oh), &rows_ok(oh)));
+        }
+        if hi > lo {
+            cbody.push(for_(
+                ohv,
+                (hi - lo) as usize,
+                row(add(v(ohv), int(lo)), &all),
+            ));
+        }
+        for oh in hi..oh_n {
+            cbody.extend(row(int(oh), &rows_ok(oh)));
+        }
+        gbody.extend(loops(&[(mv, mg)], cbody));
+        k_.body = loops(&[(nv, n), (gv, group)], gbody);
+        lw.push(k_);
+        Ok(true)
     }
 
     /// Longest kernel row `conv_rows` unrolls.

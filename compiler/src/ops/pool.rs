@@ -522,6 +522,448 @@ mod lower {
         Avg { include: bool },
     }
 
+    /// Largest window (positions) `pool_2d` unrolls.
+    const P2_TAPS: usize = 64;
+    /// Most output rows `pool_2d` emits one by one (border rows).
+    const P2_EDGE_ROWS: usize = 16;
+    /// Largest column stride `pool_2d` deinterleaves.
+    const P2_MAX_STRIDE: usize = 4;
+
+    /// A 2-D f32 pool with every output element computed in one expression over the
+    /// window positions inside the input (known at compile time for each row segment
+    /// and each border row, so no bounds tests) and stored once; the innermost loop
+    /// over a row segment loads at unit stride and the back end vectorises it. With a
+    /// column stride s > 1, each input plane is first split into its s column phases
+    /// (scratch). Max ignores NaN inputs and gives NaN for a window with none; averages
+    /// divide by the count of positions inside the input (or the padded input with
+    /// count_include_pad), like `pool_rows`. Returns false (nothing lowered) where it
+    /// does not apply.
+    fn pool_2d(lw: &mut LowerCtx, x: &TensorRef, win: &Window, kind: RowPool) -> OpResult<bool> {
+        let out = lw.outputs[0].clone();
+        if lw.outputs.len() != 1
+            || win.k.len() != 2
+            || x.ty() != Ty::F32
+            || out.ty() != Ty::F32
+            || win.kernel_len() > P2_TAPS
+            || win.s[1] > P2_MAX_STRIDE
+            || win.out.contains(&0)
+            || win.in_sp.contains(&0)
+        {
+            return Ok(false);
+        }
+        let planes = x.shape[0] * x.shape[1];
+        let (kh_n, kw_n) = (win.k[0], win.k[1]);
+        let (oh_n, ow_n) = (win.out[0] as i64, win.out[1] as i64);
+        let (ih, iw) = (win.in_sp[0] as i64, win.in_sp[1] as i64);
+        let (sh, sw) = (win.s[0] as i64, win.s[1] as i64);
+        let (dh, dw) = (win.d[0] as i64, win.d[1] as i64);
+        let (ph, pw) = (win.pb[0], win.pb[1]);
+        let rows_ok = |oh: i64| -> Vec<i64> {
+            (0..kh_n as i64)
+                .filter(|&kh| (0..ih).contains(&(oh * sh - ph + kh * dh)))
+                .collect()
+        };
+        let all: Vec<i64> = (0..kh_n as i64).collect();
+        let full: Vec<bool> = (0..oh_n).map(|oh| rows_ok(oh) == all).collect();
+        let (mut lo, mut hi) = (0i64, 0i64);
+        let mut at = 0i64;
+        while at < oh_n {
+            if full[at as usize] {
+                let mut e = at;
+                while e < oh_n && full[e as usize] {
+                    e += 1;
+                }
+                if e - at > hi - lo {
+                    (lo, hi) = (at, e);
+                }
+                at = e;
+            } else {
+                at += 1;
+            }
+        }
+        if ((oh_n - (hi - lo)) as usize) > P2_EDGE_ROWS {
+            return Ok(false);
+        }
+        let range = |kw: i64| {
+            let a = pw - kw * dw;
+            let lo = (-(-a).div_euclid(sw)).max(0);
+            let hi = ((iw - 1 + pw - kw * dw).div_euclid(sw) + 1).min(ow_n);
+            (lo, hi.max(lo))
+        };
+        let mut cuts: Vec<i64> = vec![0, ow_n];
+        for kw in 0..kw_n as i64 {
+            let (a, b) = range(kw);
+            cuts.extend([a, b]);
+        }
+        cuts.sort_unstable();
+        cuts.dedup();
+        // Average divisors: per-dim counts of the positions that count.
+        let counts = |dim: usize, o: i64| -> f32 {
+            let (clo, chi) = match kind {
+                RowPool::Avg { include: true } => {
+                    (-win.pb[dim], win.in_sp[dim] as i64 + win.pe[dim])
+                }
+                _ => (0, win.in_sp[dim] as i64),
+            };
+            (0..win.k[dim] as i64)
+                .filter(|&kk| {
+                    let c = o * win.s[dim] as i64 - win.pb[dim] + kk * win.d[dim] as i64;
+                    clo <= c && c < chi
+                })
+                .count() as f32
+        };
+        let wtab = match kind {
+            RowPool::Avg { .. } => {
+                let cw: Vec<f32> = (0..ow_n).map(|o| counts(1, o)).collect();
+                Some(lw.constant("countw", &crate::ir::Tensor::from_vec(&[cw.len()], cw))?)
+            }
+            RowPool::Max => None,
+        };
+        let lp = (iw + sw - 1) / sw;
+        let phases = if sw > 1 {
+            Some(lw.program.add_buffer(
+                format!("{}/phases", lw.name),
+                crate::kir::BufKind::Arena { offset: 0 },
+                Ty::F32,
+                (sw * ih * lp) as u64,
+            ))
+        } else {
+            None
+        };
+        let mut k = lw.kernel("");
+        let pv = k.var(Ty::I64);
+        let xb = k.var(Ty::I64);
+        let ob = k.var(Ty::I64);
+        let ohv = k.var(Ty::I64);
+        let rb = k.var(Ty::I64);
+        let orb = k.var(Ty::I64);
+        let j = k.var(Ty::I64);
+        let (iv, qv) = (k.var(Ty::I64), k.var(Ty::I64));
+        let mut body = vec![
+            set(xb, mul(v(pv), int(ih * iw))),
+            set(ob, mul(v(pv), int(oh_n * ow_n))),
+        ];
+        let (src, rstride) = match phases {
+            Some(pbuf) => {
+                for r in 0..sw {
+                    let len = (iw - r + sw - 1) / sw;
+                    if len <= 0 {
+                        continue;
+                    }
+                    let dst = add(add(int(r * ih * lp), mul(v(iv), int(lp))), v(qv));
+                    let srci = add(
+                        add(v(xb), mul(v(iv), int(iw))),
+                        add(mul(v(qv), int(sw)), int(r)),
+                    );
+                    body.push(Stmt::For {
+                        var: iv,
+                        extent: ih as u64,
+                        body: vec![Stmt::For {
+                            var: qv,
+                            extent: len as u64,
+                            body: vec![Stmt::Store {
+                                buf: pbuf,
+                                index: dst,
+                                value: Expr::load(x.buf, srci),
+                            }],
+                        }],
+                    });
+                }
+                (pbuf, lp)
+            }
+            None => (x.buf, iw),
+        };
+        let mut row = |oh: Expr, khs: &[i64], hcount: f32| -> Vec<Stmt> {
+            let base = match phases {
+                Some(_) => int(0),
+                None => v(xb),
+            };
+            let mut b = vec![
+                set(
+                    rb,
+                    add(
+                        base,
+                        mul(
+                            Expr::bin(BinOp::Sub, mul(oh.clone(), int(sh)), int(ph)),
+                            int(rstride),
+                        ),
+                    ),
+                ),
+                set(orb, add(v(ob), mul(oh, int(ow_n)))),
+            ];
+            for seg in cuts.windows(2) {
+                let (a, e) = (seg[0], seg[1]);
+                if e <= a {
+                    continue;
+                }
+                let mut taps = Vec::new();
+                for &kh in khs {
+                    for kw in 0..kw_n as i64 {
+                        let (clo, chi) = range(kw);
+                        if !(clo <= a && e <= chi) {
+                            continue;
+                        }
+                        let off = kw * dw - pw;
+                        let (t, r) = (off.div_euclid(sw), off.rem_euclid(sw));
+                        let cst =
+                            r * ih * lp * i64::from(phases.is_some()) + kh * dh * rstride + a + t;
+                        taps.push(Expr::load(src, add(add(v(rb), v(j)), int(cst))));
+                    }
+                }
+                let oidx = add(add(v(orb), v(j)), int(a));
+                let mut st = Vec::new();
+                let value = match (kind, wtab) {
+                    (RowPool::Avg { .. }, Some(tab)) => {
+                        let mut it = taps.into_iter();
+                        let mut sum = it.next().unwrap_or(lit(0.0, Ty::F32));
+                        for t in it {
+                            sum = add(sum, t);
+                        }
+                        let cnt = mul(
+                            lit(hcount as f64, Ty::F32),
+                            Expr::load(tab, add(v(j), int(a))),
+                        );
+                        Expr::bin(BinOp::Div, sum, cnt)
+                    }
+                    _ => {
+                        let mut it = taps.into_iter();
+                        match it.next() {
+                            None => lit(f64::NAN, Ty::F32),
+                            Some(first) => {
+                                // Loop-local variables, fresh per loop.
+                                let t = k.var(Ty::F32);
+                                let xl = k.var(Ty::F32);
+                                st.push(set(t, first));
+                                for tap in it {
+                                    st.push(set(xl, tap));
+                                    let better =
+                                        or(cmp(CmpOp::Gt, v(xl), v(t)), cmp(CmpOp::Ne, v(t), v(t)));
+                                    st.push(set(t, Expr::select(better, v(xl), v(t))));
+                                }
+                                v(t)
+                            }
+                        }
+                    }
+                };
+                st.push(Stmt::Store {
+                    buf: out.buf,
+                    index: oidx,
+                    value,
+                });
+                b.push(Stmt::For {
+                    var: j,
+                    extent: (e - a) as u64,
+                    body: st,
+                });
+            }
+            b
+        };
+        for oh in 0..lo {
+            body.extend(row(int(oh), &rows_ok(oh), counts(0, oh)));
+        }
+        if hi > lo {
+            let r = row(add(v(ohv), int(lo)), &all, counts(0, lo));
+            body.push(Stmt::For {
+                var: ohv,
+                extent: (hi - lo) as u64,
+                body: r,
+            });
+        }
+        for oh in hi..oh_n {
+            body.extend(row(int(oh), &rows_ok(oh), counts(0, oh)));
+        }
+        k.body = loops(&[(pv, planes)], body);
+        lw.push(k);
+        Ok(true)
+    }
+
+    /// A 2-D f32 MaxPool with a column stride s > 1, done separably per output row:
+    /// the window rows inside the input are folded into one input-width row (unit
+    /// stride), then the window columns into a row at input resolution over each output
+    /// segment (unit stride), and every s-th element of that is stored. The taps seen by
+    /// each row and each segment are known at compile time, as in `pool_2d`. NaN inputs
+    /// are ignored; a window with none gives NaN. Returns false where it does not apply.
+    fn max_pool_sep(lw: &mut LowerCtx, x: &TensorRef, win: &Window) -> OpResult<bool> {
+        let out = lw.outputs[0].clone();
+        if lw.outputs.len() != 1
+            || win.k.len() != 2
+            || x.ty() != Ty::F32
+            || out.ty() != Ty::F32
+            || win.kernel_len() > P2_TAPS
+            || win.s[1] < 2
+            || win.out.contains(&0)
+            || win.in_sp.contains(&0)
+        {
+            return Ok(false);
+        }
+        let planes = x.shape[0] * x.shape[1];
+        let (kh_n, kw_n) = (win.k[0], win.k[1]);
+        let (oh_n, ow_n) = (win.out[0] as i64, win.out[1] as i64);
+        let (ih, iw) = (win.in_sp[0] as i64, win.in_sp[1] as i64);
+        let (sh, sw) = (win.s[0] as i64, win.s[1] as i64);
+        let (dh, dw) = (win.d[0] as i64, win.d[1] as i64);
+        let (ph, pw) = (win.pb[0], win.pb[1]);
+        let rows_ok = |oh: i64| -> Vec<i64> {
+            (0..kh_n as i64)
+                .filter(|&kh| (0..ih).contains(&(oh * sh - ph + kh * dh)))
+                .collect()
+        };
+        let all: Vec<i64> = (0..kh_n as i64).collect();
+        let full: Vec<bool> = (0..oh_n).map(|oh| rows_ok(oh) == all).collect();
+        let (mut lo, mut hi) = (0i64, 0i64);
+        let mut at = 0i64;
+        while at < oh_n {
+            if full[at as usize] {
+                let mut e = at;
+                while e < oh_n && full[e as usize] {
+                    e += 1;
+                }
+                if e - at > hi - lo {
+                    (lo, hi) = (at, e);
+                }
+                at = e;
+            } else {
+                at += 1;
+            }
+        }
+        if ((oh_n - (hi - lo)) as usize) > P2_EDGE_ROWS {
+            return Ok(false);
+        }
+        let range = |kw: i64| {
+            let a = pw - kw * dw;
+            let lo = (-(-a).div_euclid(sw)).max(0);
+            let hi = ((iw - 1 + pw - kw * dw).div_euclid(sw) + 1).min(ow_n);
+            (lo, hi.max(lo))
+        };
+        let mut cuts: Vec<i64> = vec![0, ow_n];
+        for kw in 0..kw_n as i64 {
+            let (a, b) = range(kw);
+            cuts.extend([a, b]);
+        }
+        cuts.sort_unstable();
+        cuts.dedup();
+        let scratch = |lw: &mut LowerCtx, what: &str, len: i64| {
+            lw.program.add_buffer(
+                format!("{}/{what}", lw.name),
+                crate::kir::BufKind::Arena { offset: 0 },
+                Ty::F32,
+                len as u64,
+            )
+        };
+        let vm = scratch(lw, "rowmax", iw);
+        let hm = scratch(lw, "colmax", (ow_n - 1) * sw + 1);
+        let mut k = lw.kernel("");
+        let pv = k.var(Ty::I64);
+        let xb = k.var(Ty::I64);
+        let ob = k.var(Ty::I64);
+        let ohv = k.var(Ty::I64);
+        let rb = k.var(Ty::I64);
+        let orb = k.var(Ty::I64);
+        let j = k.var(Ty::I64);
+        let mut body = vec![
+            set(xb, mul(v(pv), int(ih * iw))),
+            set(ob, mul(v(pv), int(oh_n * ow_n))),
+        ];
+        // `for j in 0..len: buf[at + j] = max of taps` (NaN-ignoring fold on locals).
+        let mut fold = |buf: usize, at: Expr, len: i64, taps: Vec<Expr>| -> Stmt {
+            let mut st = Vec::new();
+            let mut it = taps.into_iter();
+            let value = match it.next() {
+                None => lit(f64::NAN, Ty::F32),
+                Some(first) => {
+                    // Loop-local variables, fresh per loop.
+                    let t = k.var(Ty::F32);
+                    let xl = k.var(Ty::F32);
+                    st.push(set(t, first));
+                    for tap in it {
+                        st.push(set(xl, tap));
+                        let better = or(cmp(CmpOp::Gt, v(xl), v(t)), cmp(CmpOp::Ne, v(t), v(t)));
+                        st.push(set(t, Expr::select(better, v(xl), v(t))));
+                    }
+                    v(t)
+                }
+            };
+            st.push(Stmt::Store {
+                buf,
+                index: add(at, v(j)),
+                value,
+            });
+            Stmt::For {
+                var: j,
+                extent: len as u64,
+                body: st,
+            }
+        };
+        let mut row = |oh: Expr, khs: &[i64]| -> Vec<Stmt> {
+            let mut b = vec![
+                set(
+                    rb,
+                    add(
+                        v(xb),
+                        mul(
+                            Expr::bin(BinOp::Sub, mul(oh.clone(), int(sh)), int(ph)),
+                            int(iw),
+                        ),
+                    ),
+                ),
+                set(orb, add(v(ob), mul(oh, int(ow_n)))),
+            ];
+            if khs.is_empty() {
+                b.push(fold(out.buf, v(orb), ow_n, vec![]));
+                return b;
+            }
+            // 1. The window rows folded into one input row.
+            let taps = khs
+                .iter()
+                .map(|&kh| Expr::load(x.buf, add(add(v(rb), v(j)), int(kh * dh * iw))))
+                .collect();
+            b.push(fold(vm, int(0), iw, taps));
+            for seg in cuts.windows(2) {
+                let (a, e) = (seg[0], seg[1]);
+                if e <= a {
+                    continue;
+                }
+                let cols: Vec<i64> = (0..kw_n as i64)
+                    .filter(|&kw| {
+                        let (clo, chi) = range(kw);
+                        clo <= a && e <= chi
+                    })
+                    .collect();
+                if cols.is_empty() {
+                    b.push(fold(out.buf, add(v(orb), int(a)), e - a, vec![]));
+                    continue;
+                }
+                // 2. The window columns at input resolution, over [a * s, (e - 1) * s].
+                let taps = cols
+                    .iter()
+                    .map(|&kw| Expr::load(vm, add(v(j), int(a * sw + kw * dw - pw))))
+                    .collect();
+                b.push(fold(hm, int(a * sw), (e - 1 - a) * sw + 1, taps));
+                // 3. Every s-th of them.
+                let pick = Expr::load(hm, mul(add(v(j), int(a)), int(sw)));
+                b.push(fold(out.buf, add(v(orb), int(a)), e - a, vec![pick]));
+            }
+            b
+        };
+        for oh in 0..lo {
+            body.extend(row(int(oh), &rows_ok(oh)));
+        }
+        if hi > lo {
+            let r = row(add(v(ohv), int(lo)), &all);
+            body.push(Stmt::For {
+                var: ohv,
+                extent: (hi - lo) as u64,
+                body: r,
+            });
+        }
+        for oh in hi..oh_n {
+            body.extend(row(int(oh), &rows_ok(oh)));
+        }
+        k.body = loops(&[(pv, planes)], body);
+        lw.push(k);
+        Ok(true)
+    }
+
     /// Longest window row `pool_rows` unrolls.
     const ROW_UNROLL: usize = 16;
 
@@ -734,7 +1176,10 @@ mod lower {
 
     fn max_pool(lw: &mut LowerCtx) -> OpResult<()> {
         let (x, win) = setup(lw)?;
-        if pool_rows(lw, &x, &win, RowPool::Max)? {
+        if max_pool_sep(lw, &x, &win)?
+            || pool_2d(lw, &x, &win, RowPool::Max)?
+            || pool_rows(lw, &x, &win, RowPool::Max)?
+        {
             return Ok(());
         }
         let t = x.ty().compute();
@@ -801,7 +1246,10 @@ mod lower {
         let t = x.ty().compute();
         ensure!(t.is_float(), "pool of {t}");
         let include = p.is_none() && lw.op.attrs.int("count_include_pad", 0)? != 0;
-        if p.is_none() && pool_rows(lw, &x, &win, RowPool::Avg { include })? {
+        if p.is_none()
+            && (pool_2d(lw, &x, &win, RowPool::Avg { include })?
+                || pool_rows(lw, &x, &win, RowPool::Avg { include })?)
+        {
             return Ok(());
         }
         let out = lw.outputs[0].clone();
@@ -888,6 +1336,9 @@ mod lower {
         let out = lw.outputs[0].clone();
         let planes = x.shape[0] * x.shape[1];
         let il: usize = x.shape[2..].iter().product();
+        if kind != Global::Lp && t == Ty::F32 && out.ty() == Ty::F32 && il >= 2 * GP_LANES {
+            return global_lanes(lw, &x, &out, kind == Global::Max);
+        }
         let mut k = lw.kernel("");
         let pv = k.var(Ty::I64);
         let j = k.var(Ty::I64);
@@ -944,6 +1395,133 @@ mod lower {
                 value: Expr::cast(out.ty().compute(), fin),
             },
         ];
+        k.body = loops(&[(pv, planes)], body);
+        lw.push(k);
+        Ok(())
+    }
+
+    /// Partial results `global_lanes` keeps per plane.
+    const GP_LANES: usize = 32;
+
+    /// GlobalAveragePool / GlobalMaxPool of f32 over contiguous planes: each plane is
+    /// folded into GP_LANES partial sums (maxima) held in scratch, one unit-stride row
+    /// of the plane at a time (an innermost loop the back end vectorises), then the
+    /// partials and the tail are folded in f64 (sums) or f32 (maxima). Max ignores NaN
+    /// inputs and gives NaN for a plane with none, like the scalar lowering.
+    fn global_lanes(lw: &mut LowerCtx, x: &TensorRef, out: &TensorRef, max: bool) -> OpResult<()> {
+        let planes = x.shape[0] * x.shape[1];
+        let il: usize = x.shape[2..].iter().product();
+        let (l, chunks) = (GP_LANES, il / GP_LANES);
+        let part = lw.program.add_buffer(
+            format!("{}/partials", lw.name),
+            crate::kir::BufKind::Arena { offset: 0 },
+            Ty::F32,
+            l as u64,
+        );
+        let mut k = lw.kernel("");
+        let pv = k.var(Ty::I64);
+        let xb = k.var(Ty::I64);
+        let (cv, lv, tv) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+        let acc = k.var(if max { Ty::F32 } else { Ty::F64 });
+        let (pt, xl) = (k.var(Ty::F32), k.var(Ty::F32));
+        let better = |x: Expr, a: Expr| {
+            and(
+                cmp(CmpOp::Eq, x.clone(), x.clone()),
+                or(cmp(CmpOp::Ne, a.clone(), a.clone()), cmp(CmpOp::Gt, x, a)),
+            )
+        };
+        let xat = |i: Expr| Expr::load(x.buf, add(v(xb), i));
+        let step = if max {
+            // In the vector loop: xl, pt loop-local; a NaN partial takes any number.
+            vec![
+                set(xl, xat(add(mul(add(v(cv), int(1)), int(l as i64)), v(lv)))),
+                set(pt, Expr::load(part, v(lv))),
+                Stmt::Store {
+                    buf: part,
+                    index: v(lv),
+                    value: Expr::select(
+                        or(cmp(CmpOp::Gt, v(xl), v(pt)), cmp(CmpOp::Ne, v(pt), v(pt))),
+                        v(xl),
+                        v(pt),
+                    ),
+                },
+            ]
+        } else {
+            vec![Stmt::Store {
+                buf: part,
+                index: v(lv),
+                value: add(
+                    Expr::load(part, v(lv)),
+                    xat(add(mul(add(v(cv), int(1)), int(l as i64)), v(lv))),
+                ),
+            }]
+        };
+        let fold = |e: Expr| {
+            if max {
+                iff(better(e.clone(), v(acc)), vec![set(acc, e)])
+            } else {
+                set(acc, add(v(acc), Expr::cast(Ty::F64, e)))
+            }
+        };
+        let mut body = vec![
+            set(xb, mul(v(pv), int(il as i64))),
+            Stmt::For {
+                var: lv,
+                extent: l as u64,
+                body: vec![Stmt::Store {
+                    buf: part,
+                    index: v(lv),
+                    value: xat(v(lv)),
+                }],
+            },
+        ];
+        // Chunks 1.. (chunk 0 is the start value).
+        body.push(Stmt::For {
+            var: cv,
+            extent: (chunks - 1) as u64,
+            body: vec![Stmt::For {
+                var: lv,
+                extent: l as u64,
+                body: step,
+            }],
+        });
+        let body_tail = {
+            let mut b = vec![set(
+                acc,
+                if max {
+                    lit(f64::NAN, Ty::F32)
+                } else {
+                    Expr::f(0.0, Ty::F64)
+                },
+            )];
+            b.push(Stmt::For {
+                var: lv,
+                extent: l as u64,
+                body: vec![fold(Expr::load(part, v(lv)))],
+            });
+            if il > chunks * l {
+                b.push(Stmt::For {
+                    var: tv,
+                    extent: (il - chunks * l) as u64,
+                    body: vec![fold(xat(add(v(tv), int((chunks * l) as i64))))],
+                });
+            }
+            let fin = if max {
+                v(acc)
+            } else {
+                Expr::cast(
+                    Ty::F32,
+                    Expr::bin(BinOp::Div, v(acc), Expr::f(il as f64, Ty::F64)),
+                )
+            };
+            b.push(Stmt::Store {
+                buf: out.buf,
+                index: v(pv),
+                value: fin,
+            });
+            b
+        };
+        body.extend(body_tail);
         k.body = loops(&[(pv, planes)], body);
         lw.push(k);
         Ok(())
