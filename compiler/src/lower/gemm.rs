@@ -368,67 +368,111 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
     // Taken: this kernel applies it (the Fused lowering checks).
     let ep = lw.epilogue.take();
     let plan = plan_epilogue(ep.as_ref(), &split, bias.is_none());
-    // Scratch for the im2col matrix of one image.
-    let cols = if direct {
-        None
-    } else {
-        Some(lw.program.add_buffer(
-            format!("{}/im2col", lw.name),
-            BufKind::Arena { offset: 0 },
-            Ty::F32,
-            (kd * ol) as u64,
-        ))
+    let init_for = |nv: VarId, col0: Expr| -> Option<MatView> {
+        match &bias {
+            Some(bt) => Some(MatView {
+                buf: bt.buf,
+                offset: Expr::Int(0),
+                rs: 1,
+                cs: 0,
+            }),
+            None => plan.init_view(&split, &[nv]).map(|v| MatView {
+                offset: shift(v.offset.clone(), col0, v.cs),
+                ..v
+            }),
+        }
+    };
+    let gemm_call = |b: MatView, nv: VarId, col0: Expr, n: usize| {
+        Stmt::Gemm(Box::new(GemmCall {
+            m: m as u64,
+            n: n as u64,
+            k: kd as u64,
+            a: MatView {
+                buf: w.buf,
+                offset: Expr::Int(0),
+                rs: kd as i64,
+                cs: 1,
+            },
+            b,
+            c: MatView {
+                buf: out.buf,
+                offset: shift(
+                    Expr::mul(Expr::Var(nv), Expr::Int((m * ol) as i64)),
+                    col0.clone(),
+                    1,
+                ),
+                rs: ol as i64,
+                cs: 1,
+            },
+            alpha: 1.0,
+            init: init_for(nv, col0),
+            act: plan.act,
+        }))
     };
     let mut k = lw.kernel("");
     let nv = k.var(Ty::I64);
     let mut body = Vec::new();
-    if let Some(cb) = cols {
-        body.extend(im2col(&mut k, g, x.buf, cb, nv, c, il, ol));
-    }
-    let b_view = match cols {
-        None => MatView {
+    if direct {
+        let b = MatView {
             buf: x.buf,
             offset: Expr::mul(Expr::Var(nv), Expr::Int((c * il) as i64)),
             rs: il as i64,
             cs: 1,
-        },
-        Some(cb) => MatView {
+        };
+        body.push(gemm_call(b, nv, Expr::Int(0), ol));
+    } else if let Some(p2) = Plane::of(g) {
+        // Output rows in blocks: im2col of one block (its B operand stays in cache),
+        // then the GEMM on that block.
+        let rb = p2.block_rows(kd);
+        let full = p2.oh / rb;
+        let tail = p2.oh - full * rb;
+        let cb = lw.program.add_buffer(
+            format!("{}/im2col", lw.name),
+            BufKind::Arena { offset: 0 },
+            Ty::F32,
+            (kd * rb * p2.ow) as u64,
+        );
+        let block = |k: &mut Kernel, oh0: Expr, rows: usize| -> Vec<Stmt> {
+            let mut st = p2.im2col(k, x.buf, cb, nv, c, oh0.clone(), rows);
+            let col0 = Expr::mul(oh0, Expr::Int(p2.ow as i64));
+            let b = MatView {
+                buf: cb,
+                offset: Expr::Int(0),
+                rs: (rows * p2.ow) as i64,
+                cs: 1,
+            };
+            st.push(gemm_call(b, nv, col0, rows * p2.ow));
+            st
+        };
+        if full > 0 {
+            let bv = k.var(Ty::I64);
+            let inner = block(&mut k, Expr::mul(Expr::Var(bv), Expr::Int(rb as i64)), rb);
+            body.push(Stmt::For {
+                var: bv,
+                extent: full as u64,
+                body: inner,
+            });
+        }
+        if tail > 0 {
+            body.extend(block(&mut k, Expr::Int((full * rb) as i64), tail));
+        }
+    } else {
+        // Other ranks: the whole im2col matrix of one image.
+        let cb = lw.program.add_buffer(
+            format!("{}/im2col", lw.name),
+            BufKind::Arena { offset: 0 },
+            Ty::F32,
+            (kd * ol) as u64,
+        );
+        body.extend(im2col(&mut k, g, x.buf, cb, nv, c, il, ol));
+        let b = MatView {
             buf: cb,
             offset: Expr::Int(0),
             rs: ol as i64,
             cs: 1,
-        },
-    };
-    let init = match &bias {
-        Some(bt) => Some(MatView {
-            buf: bt.buf,
-            offset: Expr::Int(0),
-            rs: 1,
-            cs: 0,
-        }),
-        None => plan.init_view(&split, &[nv]),
-    };
-    body.push(Stmt::Gemm(Box::new(GemmCall {
-        m: m as u64,
-        n: ol as u64,
-        k: kd as u64,
-        a: MatView {
-            buf: w.buf,
-            offset: Expr::Int(0),
-            rs: kd as i64,
-            cs: 1,
-        },
-        b: b_view,
-        c: MatView {
-            buf: out.buf,
-            offset: Expr::mul(Expr::Var(nv), Expr::Int((m * ol) as i64)),
-            rs: ol as i64,
-            cs: 1,
-        },
-        alpha: 1.0,
-        init,
-        act: plan.act,
-    })));
+        };
+        body.push(gemm_call(b, nv, Expr::Int(0), ol));
+    }
     let mut all = vec![Stmt::For {
         var: nv,
         extent: nimg as u64,
@@ -438,6 +482,217 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
     k.body = all;
     lw.push(k);
     Ok(true)
+}
+
+/// `e + col0 * cs`, folding zeros.
+fn shift(e: Expr, col0: Expr, cs: i64) -> Expr {
+    if cs == 0 || col0 == Expr::Int(0) {
+        return e;
+    }
+    let t = if cs == 1 {
+        col0
+    } else {
+        Expr::mul(col0, Expr::Int(cs))
+    };
+    match e {
+        Expr::Int(0) => t,
+        e => Expr::add(e, t),
+    }
+}
+
+/// Bytes of one im2col block (the GEMM's B operand) that should stay in L2.
+const IM2COL_BLOCK_BYTES: usize = 256 * 1024;
+
+/// A 1-D or 2-D convolution's geometry as a plane (1-D: one row).
+struct Plane {
+    kh: usize,
+    kw: usize,
+    sh: usize,
+    sw: usize,
+    dh: usize,
+    dw: usize,
+    ph: i64,
+    pw: i64,
+    h: usize,
+    w: usize,
+    oh: usize,
+    ow: usize,
+}
+
+impl Plane {
+    fn of(g: &ConvGeom) -> Option<Plane> {
+        match g.k.len() {
+            1 => Some(Plane {
+                kh: 1,
+                kw: g.k[0],
+                sh: 1,
+                sw: g.s[0],
+                dh: 1,
+                dw: g.d[0],
+                ph: 0,
+                pw: g.pb[0],
+                h: 1,
+                w: g.in_sp[0],
+                oh: 1,
+                ow: g.out_sp[0],
+            }),
+            2 => Some(Plane {
+                kh: g.k[0],
+                kw: g.k[1],
+                sh: g.s[0],
+                sw: g.s[1],
+                dh: g.d[0],
+                dw: g.d[1],
+                ph: g.pb[0],
+                pw: g.pb[1],
+                h: g.in_sp[0],
+                w: g.in_sp[1],
+                oh: g.out_sp[0],
+                ow: g.out_sp[1],
+            }),
+            _ => None,
+        }
+    }
+
+    /// Output rows per block: about [`IM2COL_BLOCK_BYTES`] of im2col (at least 128
+    /// columns), balanced over the blocks.
+    fn block_rows(&self, kd: usize) -> usize {
+        let cols = (IM2COL_BLOCK_BYTES / (kd * 4)).max(128);
+        let rb = cols.div_ceil(self.ow).clamp(1, self.oh);
+        let nblk = self.oh.div_ceil(rb);
+        self.oh.div_ceil(nblk)
+    }
+
+    /// The outputs `o` in `0..n` whose input coordinate `o * s - p + t * d` lies in
+    /// `0..size`, as `lo..hi` (empty when none).
+    fn valid(n: usize, s: usize, p: i64, t: usize, d: usize, size: usize) -> (usize, usize) {
+        let (s, off, size) = (s as i64, (t * d) as i64 - p, size as i64);
+        // o * s + off >= 0  <=>  o >= ceil(-off / s); o * s + off < size <=> o < ceil((size - off) / s).
+        let lo = (-off).max(0).div_euclid(s) + i64::from((-off).max(0) % s != 0);
+        let hi = if size - off <= 0 {
+            0
+        } else {
+            (size - off + s - 1) / s
+        };
+        let lo = lo.clamp(0, n as i64) as usize;
+        let hi = hi.clamp(0, n as i64) as usize;
+        (lo, hi.max(lo))
+    }
+
+    /// `cols[(ci, kh, kw), t * ow + o] = X[img, ci, ih, o * sw - pw + kw * dw]` with
+    /// `ih = (oh0 + t) * sh - ph + kh * dh`, for `t < rows` (0 in the padding): per kernel
+    /// tap, contiguous runs of zeros and copies whose bounds are fixed at compile time.
+    #[allow(clippy::too_many_arguments)]
+    fn im2col(
+        &self,
+        k: &mut Kernel,
+        xb: usize,
+        cb: usize,
+        img: VarId,
+        c: usize,
+        oh0: Expr,
+        rows: usize,
+    ) -> Vec<Stmt> {
+        use crate::kir::{BinOp, CmpOp};
+        let (ci, khv, t) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+        let nc = (rows * self.ow) as i64;
+        let il = (self.h * self.w) as i64;
+        let ih = Expr::add(
+            Expr::mul(Expr::add(oh0, Expr::Var(t)), Expr::Int(self.sh as i64)),
+            Expr::bin(
+                BinOp::Sub,
+                Expr::mul(Expr::Var(khv), Expr::Int(self.dh as i64)),
+                Expr::Int(self.ph),
+            ),
+        );
+        let xrow = Expr::add(
+            Expr::add(
+                Expr::mul(Expr::Var(img), Expr::Int(c as i64 * il)),
+                Expr::mul(Expr::Var(ci), Expr::Int(il)),
+            ),
+            Expr::mul(ih.clone(), Expr::Int(self.w as i64)),
+        );
+        // Row (ci, kh, kw) of the block, at output row t.
+        let drow = |kw: usize| {
+            let r = Expr::add(
+                Expr::mul(Expr::Var(ci), Expr::Int((self.kh * self.kw) as i64)),
+                Expr::add(
+                    Expr::mul(Expr::Var(khv), Expr::Int(self.kw as i64)),
+                    Expr::Int(kw as i64),
+                ),
+            );
+            Expr::add(
+                Expr::mul(r, Expr::Int(nc)),
+                Expr::mul(Expr::Var(t), Expr::Int(self.ow as i64)),
+            )
+        };
+        let fill = |k: &mut Kernel, base: Expr, from: usize, to: usize, src: Option<Expr>| {
+            if to <= from {
+                return None;
+            }
+            let j = k.var(Ty::I64);
+            let dst = Expr::add(base, Expr::add(Expr::Var(j), Expr::Int(from as i64)));
+            let value = match src {
+                Some(s) => Expr::load(
+                    xb,
+                    Expr::add(s, Expr::mul(Expr::Var(j), Expr::Int(self.sw as i64))),
+                ),
+                None => Expr::f(0.0, Ty::F32),
+            };
+            Some(Stmt::For {
+                var: j,
+                extent: (to - from) as u64,
+                body: vec![Stmt::Store {
+                    buf: cb,
+                    index: dst,
+                    value,
+                }],
+            })
+        };
+        let mut copy = Vec::new();
+        let mut zero = Vec::new();
+        for kw in 0..self.kw {
+            let (lo, hi) = Self::valid(self.ow, self.sw, self.pw, kw, self.dw, self.w);
+            let src0 = Expr::add(
+                xrow.clone(),
+                Expr::Int(lo as i64 * self.sw as i64 + (kw * self.dw) as i64 - self.pw),
+            );
+            copy.extend(fill(k, drow(kw), 0, lo, None));
+            copy.extend(fill(k, drow(kw), lo, hi, Some(src0)));
+            copy.extend(fill(k, drow(kw), hi, self.ow, None));
+            zero.extend(fill(k, drow(kw), 0, self.ow, None));
+        }
+        // Every input row inside for every block row and tap: no test.
+        let rows_inside =
+            self.ph == 0 && ((self.oh - 1) * self.sh + (self.kh - 1) * self.dh) < self.h;
+        let inner = if rows_inside {
+            copy
+        } else {
+            let ok = Expr::bin(
+                BinOp::And,
+                Expr::cmp(CmpOp::Ge, ih.clone(), Expr::Int(0)),
+                Expr::cmp(CmpOp::Lt, ih, Expr::Int(self.h as i64)),
+            );
+            vec![Stmt::If {
+                cond: ok,
+                then: copy,
+                els: zero,
+            }]
+        };
+        vec![Stmt::For {
+            var: ci,
+            extent: c as u64,
+            body: vec![Stmt::For {
+                var: khv,
+                extent: self.kh as u64,
+                body: vec![Stmt::For {
+                    var: t,
+                    extent: rows as u64,
+                    body: inner,
+                }],
+            }],
+        }]
+    }
 }
 
 /// `cols[(ci, kk), o] = X[img, ci, o * s - pb + kk * d]` (0 in the padding).
