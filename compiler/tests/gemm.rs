@@ -483,12 +483,7 @@ fn check_calls(target: &str) {
             let cb = p.add_buffer("c", BufKind::Output(0), Ty::F32, (m * n) as u64);
             p.inputs = (0..ins.len()).collect();
             p.outputs = vec![cb];
-            let view = |buf, rs, cs| MatView {
-                buf,
-                offset: Expr::Int(0),
-                rs,
-                cs,
-            };
+            let view = |buf, rs, cs| MatView::strided(buf, Expr::Int(0), rs, cs);
             let mut kern = Kernel::new("g");
             kern.body = vec![Stmt::Gemm(Box::new(GemmCall {
                 m: m as u64,

@@ -95,6 +95,7 @@ impl EpPlan {
             offset: offset(bvars, &st[..b]),
             rs: collapse(&split.shape[b..r], &st[b..r])?,
             cs: collapse(&split.shape[r..], &st[r..])?,
+            panel: None,
         })
     }
 
@@ -196,18 +197,21 @@ pub fn matmul(lw: &mut LowerCtx) -> OpResult<bool> {
                 offset: offset(bv, &abs),
                 rs: kd as i64,
                 cs: 1,
+                panel: None,
             },
             b: MatView {
                 buf: b.buf,
                 offset: offset(bv, &bbs),
                 rs: n as i64,
                 cs: 1,
+                panel: None,
             },
             c: MatView {
                 buf: out.buf,
                 offset: offset(bv, &ost),
                 rs: n as i64,
                 cs: 1,
+                panel: None,
             },
             alpha: 1.0,
             init: plan.init_view(&split, bv),
@@ -273,6 +277,7 @@ pub fn gemm(lw: &mut LowerCtx) -> OpResult<bool> {
                 offset: Expr::Int(0),
                 rs: st[0] as i64,
                 cs: st[1] as i64,
+                panel: None,
             })
         }
         _ => None,
@@ -293,18 +298,21 @@ pub fn gemm(lw: &mut LowerCtx) -> OpResult<bool> {
             offset: Expr::Int(0),
             rs: ars,
             cs: acs,
+            panel: None,
         },
         b: MatView {
             buf: b.buf,
             offset: Expr::Int(0),
             rs: brs,
             cs: bcs,
+            panel: None,
         },
         c: MatView {
             buf: out.buf,
             offset: Expr::Int(0),
             rs: n as i64,
             cs: 1,
+            panel: None,
         },
         alpha,
         init,
@@ -375,6 +383,7 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
                 offset: Expr::Int(0),
                 rs: 1,
                 cs: 0,
+                panel: None,
             }),
             None => plan.init_view(&split, &[nv]).map(|v| MatView {
                 offset: shift(v.offset.clone(), col0, v.cs),
@@ -392,6 +401,7 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
                 offset: Expr::Int(0),
                 rs: kd as i64,
                 cs: 1,
+                panel: None,
             },
             b,
             c: MatView {
@@ -403,6 +413,7 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
                 ),
                 rs: ol as i64,
                 cs: 1,
+                panel: None,
             },
             alpha: 1.0,
             init: init_for(nv, col0),
@@ -418,6 +429,7 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
             offset: Expr::mul(Expr::Var(nv), Expr::Int((c * il) as i64)),
             rs: il as i64,
             cs: 1,
+            panel: None,
         };
         body.push(gemm_call(b, nv, Expr::Int(0), ol));
     } else if let Some(p2) = Plane::of(g) {
@@ -430,16 +442,17 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
             format!("{}/im2col", lw.name),
             BufKind::Arena { offset: 0 },
             Ty::F32,
-            (kd * rb * p2.ow) as u64,
+            (kd * (rb * p2.ow).div_ceil(PANEL) * PANEL) as u64,
         );
         let block = |k: &mut Kernel, oh0: Expr, rows: usize| -> Vec<Stmt> {
-            let mut st = p2.im2col(k, x.buf, cb, nv, c, oh0.clone(), rows);
+            let mut st = p2.im2col(k, x.buf, cb, nv, c, kd, oh0.clone(), rows);
             let col0 = Expr::mul(oh0, Expr::Int(p2.ow as i64));
             let b = MatView {
                 buf: cb,
                 offset: Expr::Int(0),
-                rs: (rows * p2.ow) as i64,
+                rs: PANEL as i64,
                 cs: 1,
+                panel: Some((PANEL as u64, (kd * PANEL) as i64)),
             };
             st.push(gemm_call(b, nv, col0, rows * p2.ow));
             st
@@ -470,6 +483,7 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
             offset: Expr::Int(0),
             rs: ol as i64,
             cs: 1,
+            panel: None,
         };
         body.push(gemm_call(b, nv, Expr::Int(0), ol));
     }
@@ -502,6 +516,10 @@ fn shift(e: Expr, col0: Expr, cs: i64) -> Expr {
 
 /// Bytes of one im2col block (the GEMM's B operand) that should stay in L2.
 const IM2COL_BLOCK_BYTES: usize = 256 * 1024;
+
+/// Columns per panel of an im2col block: the widest microkernel's (AVX-512, 32). Back
+/// ends whose microkernel reads other widths run one call per panel.
+const PANEL: usize = 32;
 
 /// A 1-D or 2-D convolution's geometry as a plane (1-D: one row).
 struct Plane {
@@ -554,13 +572,20 @@ impl Plane {
         }
     }
 
-    /// Output rows per block: about [`IM2COL_BLOCK_BYTES`] of im2col (at least 128
-    /// columns), balanced over the blocks.
+    /// Output rows per block: at most about [`IM2COL_BLOCK_BYTES`] of im2col (but at least
+    /// one row and 4 panels), choosing the count that wastes the fewest padding columns
+    /// (a block costs about half a panel more: its call, and A read once more).
     fn block_rows(&self, kd: usize) -> usize {
-        let cols = (IM2COL_BLOCK_BYTES / (kd * 4)).max(128);
-        let rb = cols.div_ceil(self.ow).clamp(1, self.oh);
-        let nblk = self.oh.div_ceil(rb);
-        self.oh.div_ceil(nblk)
+        let w = PANEL;
+        let max_cols = (IM2COL_BLOCK_BYTES / (kd * 4)).max(4 * w);
+        let rb_max = (max_cols / self.ow).clamp(1, self.oh);
+        let pad = |x: usize| x.div_ceil(w) * w;
+        let cost = |rb: usize| {
+            let nblk = self.oh.div_ceil(rb);
+            let tail = self.oh - (nblk - 1) * rb;
+            (nblk - 1) * pad(rb * self.ow) + pad(tail * self.ow) + nblk * w / 2
+        };
+        (1..=rb_max).rev().min_by_key(|&rb| cost(rb)).unwrap_or(1)
     }
 
     /// The outputs `o` in `0..n` whose input coordinate `o * s - p + t * d` lies in
@@ -580,8 +605,10 @@ impl Plane {
     }
 
     /// `cols[(ci, kh, kw), t * ow + o] = X[img, ci, ih, o * sw - pw + kw * dw]` with
-    /// `ih = (oh0 + t) * sh - ph + kh * dh`, for `t < rows` (0 in the padding): per kernel
-    /// tap, contiguous runs of zeros and copies whose bounds are fixed at compile time.
+    /// `ih = (oh0 + t) * sh - ph + kh * dh`, for `t < rows` (0 in the padding), stored in
+    /// column panels of [`PANEL`] (`[cols / PANEL][kd][PANEL]`, the padding columns of
+    /// the last panel zero). Block rows and kernel columns are unrolled, so every run of
+    /// zeros or copies has bounds fixed at compile time.
     #[allow(clippy::too_many_arguments)]
     fn im2col(
         &self,
@@ -590,106 +617,144 @@ impl Plane {
         cb: usize,
         img: VarId,
         c: usize,
+        kd: usize,
         oh0: Expr,
         rows: usize,
     ) -> Vec<Stmt> {
         use crate::kir::{BinOp, CmpOp};
-        let (ci, khv, t) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
-        let nc = (rows * self.ow) as i64;
+        let w = PANEL;
+        let ps = (kd * w) as i64;
+        let (ci, khv) = (k.var(Ty::I64), k.var(Ty::I64));
         let il = (self.h * self.w) as i64;
-        let ih = Expr::add(
-            Expr::mul(Expr::add(oh0, Expr::Var(t)), Expr::Int(self.sh as i64)),
-            Expr::bin(
-                BinOp::Sub,
-                Expr::mul(Expr::Var(khv), Expr::Int(self.dh as i64)),
-                Expr::Int(self.ph),
-            ),
-        );
-        let xrow = Expr::add(
+        let row = |kw: usize| {
             Expr::add(
-                Expr::mul(Expr::Var(img), Expr::Int(c as i64 * il)),
-                Expr::mul(Expr::Var(ci), Expr::Int(il)),
-            ),
-            Expr::mul(ih.clone(), Expr::Int(self.w as i64)),
-        );
-        // Row (ci, kh, kw) of the block, at output row t.
-        let drow = |kw: usize| {
-            let r = Expr::add(
                 Expr::mul(Expr::Var(ci), Expr::Int((self.kh * self.kw) as i64)),
                 Expr::add(
                     Expr::mul(Expr::Var(khv), Expr::Int(self.kw as i64)),
                     Expr::Int(kw as i64),
                 ),
-            );
-            Expr::add(
-                Expr::mul(r, Expr::Int(nc)),
-                Expr::mul(Expr::Var(t), Expr::Int(self.ow as i64)),
             )
         };
-        let fill = |k: &mut Kernel, base: Expr, from: usize, to: usize, src: Option<Expr>| {
-            if to <= from {
-                return None;
-            }
-            let j = k.var(Ty::I64);
-            let dst = Expr::add(base, Expr::add(Expr::Var(j), Expr::Int(from as i64)));
-            let value = match src {
-                Some(s) => Expr::load(
-                    xb,
-                    Expr::add(s, Expr::mul(Expr::Var(j), Expr::Int(self.sw as i64))),
-                ),
-                None => Expr::f(0.0, Ty::F32),
+        let run = |k: &mut Kernel, kw: usize, from: usize, to: usize, src: Option<Expr>| {
+            let sw = self.sw as i64;
+            // Columns j in from..to: dst (j / w) * ps + r * w + j % w, src base + (j - from) * sw.
+            let rw = Expr::mul(row(kw), Expr::Int(w as i64));
+            let mut out = Vec::new();
+            let mut piece = |k: &mut Kernel, a: usize, len: usize, count: usize| {
+                if len == 0 || count == 0 {
+                    return;
+                }
+                let jj = k.var(Ty::I64);
+                let qv = (count > 1).then(|| k.var(Ty::I64));
+                let q = Expr::Int(((a / w) as i64) * ps + (a % w) as i64);
+                let mut dst = Expr::add(Expr::add(q, rw.clone()), Expr::Var(jj));
+                let mut soff = Expr::add(
+                    Expr::Int((a - from) as i64 * sw),
+                    Expr::mul(Expr::Var(jj), Expr::Int(sw)),
+                );
+                if let Some(qv) = qv {
+                    dst = Expr::add(dst, Expr::mul(Expr::Var(qv), Expr::Int(ps)));
+                    soff = Expr::add(soff, Expr::mul(Expr::Var(qv), Expr::Int(w as i64 * sw)));
+                }
+                let value = match &src {
+                    Some(base) => Expr::load(xb, Expr::add(base.clone(), soff)),
+                    None => Expr::f(0.0, Ty::F32),
+                };
+                let inner = Stmt::For {
+                    var: jj,
+                    extent: len as u64,
+                    body: vec![Stmt::Store {
+                        buf: cb,
+                        index: dst,
+                        value,
+                    }],
+                };
+                out.push(match qv {
+                    None => inner,
+                    Some(qv) => Stmt::For {
+                        var: qv,
+                        extent: count as u64,
+                        body: vec![inner],
+                    },
+                });
             };
-            Some(Stmt::For {
-                var: j,
-                extent: (to - from) as u64,
-                body: vec![Stmt::Store {
-                    buf: cb,
-                    index: dst,
-                    value,
-                }],
-            })
+            if to <= from {
+                return out;
+            }
+            let head_end = to.min(from.div_ceil(w) * w);
+            piece(k, from, head_end - from, 1);
+            if head_end < to {
+                let whole = (to - head_end) / w;
+                piece(k, head_end, w, whole);
+                let t0 = head_end + whole * w;
+                piece(k, t0, to - t0, 1);
+            }
+            out
         };
-        let mut copy = Vec::new();
-        let mut zero = Vec::new();
-        for kw in 0..self.kw {
-            let (lo, hi) = Self::valid(self.ow, self.sw, self.pw, kw, self.dw, self.w);
-            let src0 = Expr::add(
-                xrow.clone(),
-                Expr::Int(lo as i64 * self.sw as i64 + (kw * self.dw) as i64 - self.pw),
+        let mut body = Vec::new();
+        for t in 0..rows {
+            let ih = Expr::add(
+                Expr::mul(
+                    Expr::add(oh0.clone(), Expr::Int(t as i64)),
+                    Expr::Int(self.sh as i64),
+                ),
+                Expr::bin(
+                    BinOp::Sub,
+                    Expr::mul(Expr::Var(khv), Expr::Int(self.dh as i64)),
+                    Expr::Int(self.ph),
+                ),
             );
-            copy.extend(fill(k, drow(kw), 0, lo, None));
-            copy.extend(fill(k, drow(kw), lo, hi, Some(src0)));
-            copy.extend(fill(k, drow(kw), hi, self.ow, None));
-            zero.extend(fill(k, drow(kw), 0, self.ow, None));
+            let xrow = Expr::add(
+                Expr::add(
+                    Expr::mul(Expr::Var(img), Expr::Int(c as i64 * il)),
+                    Expr::mul(Expr::Var(ci), Expr::Int(il)),
+                ),
+                Expr::mul(ih.clone(), Expr::Int(self.w as i64)),
+            );
+            let j0 = t * self.ow;
+            let mut copy = Vec::new();
+            let mut zero = Vec::new();
+            for kw in 0..self.kw {
+                let (lo, hi) = Self::valid(self.ow, self.sw, self.pw, kw, self.dw, self.w);
+                let src0 = Expr::add(
+                    xrow.clone(),
+                    Expr::Int(lo as i64 * self.sw as i64 + (kw * self.dw) as i64 - self.pw),
+                );
+                copy.extend(run(k, kw, j0, j0 + lo, None));
+                copy.extend(run(k, kw, j0 + lo, j0 + hi, Some(src0)));
+                copy.extend(run(k, kw, j0 + hi, j0 + self.ow, None));
+                zero.extend(run(k, kw, j0, j0 + self.ow, None));
+            }
+            // Every input row inside for every output row and tap: no test.
+            let rows_inside =
+                self.ph == 0 && (self.oh - 1) * self.sh + (self.kh - 1) * self.dh < self.h;
+            if rows_inside {
+                body.extend(copy);
+            } else {
+                let ok = Expr::bin(
+                    BinOp::And,
+                    Expr::cmp(CmpOp::Ge, ih.clone(), Expr::Int(0)),
+                    Expr::cmp(CmpOp::Lt, ih, Expr::Int(self.h as i64)),
+                );
+                body.push(Stmt::If {
+                    cond: ok,
+                    then: copy,
+                    els: zero,
+                });
+            }
         }
-        // Every input row inside for every block row and tap: no test.
-        let rows_inside =
-            self.ph == 0 && ((self.oh - 1) * self.sh + (self.kh - 1) * self.dh) < self.h;
-        let inner = if rows_inside {
-            copy
-        } else {
-            let ok = Expr::bin(
-                BinOp::And,
-                Expr::cmp(CmpOp::Ge, ih.clone(), Expr::Int(0)),
-                Expr::cmp(CmpOp::Lt, ih, Expr::Int(self.h as i64)),
-            );
-            vec![Stmt::If {
-                cond: ok,
-                then: copy,
-                els: zero,
-            }]
-        };
+        // The padding columns of the last panel.
+        let nb = rows * self.ow;
+        for kw in 0..self.kw {
+            body.extend(run(k, kw, nb, nb.div_ceil(w) * w, None));
+        }
         vec![Stmt::For {
             var: ci,
             extent: c as u64,
             body: vec![Stmt::For {
                 var: khv,
                 extent: self.kh as u64,
-                body: vec![Stmt::For {
-                    var: t,
-                    extent: rows as u64,
-                    body: inner,
-                }],
+                body,
             }],
         }]
     }
