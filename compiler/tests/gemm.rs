@@ -249,7 +249,9 @@ fn cases() -> Vec<Case> {
         ));
     }
     // Conv: 1x1 (direct), KxK through im2col (pads, strides, dilations), 1-D; with bias.
-    let convs: [ConvCase; 5] = [
+    // Also: output-row blocks with a tail and panels padded (3x3 on 64 channels), one
+    // row spanning many panels (long 1-D), 1x1 stride 2 (a ResNet downsample).
+    let convs: [ConvCase; 8] = [
         (
             "conv1x1",
             vec![2, 17, 9, 11],
@@ -288,6 +290,30 @@ fn cases() -> Vec<Case> {
             vec![9, 6, 3],
             vec![],
             vec![3, 9, 38],
+        ),
+        (
+            "conv3x3_blocks",
+            vec![2, 64, 29, 23],
+            vec![13, 64, 3, 3],
+            vec![
+                ints_attr("pads", &[1, 1, 1, 1]),
+                ints_attr("strides", &[1, 2]),
+            ],
+            vec![2, 13, 29, 12],
+        ),
+        (
+            "conv1d_long",
+            vec![1, 3, 300],
+            vec![4, 3, 5],
+            vec![ints_attr("pads", &[2, 2])],
+            vec![1, 4, 300],
+        ),
+        (
+            "conv1x1_stride2",
+            vec![1, 8, 15, 15],
+            vec![16, 8, 1, 1],
+            vec![ints_attr("strides", &[2, 2])],
+            vec![1, 16, 8, 8],
         ),
     ];
     for (name, xs, ws, attrs, ys) in convs {
