@@ -206,6 +206,9 @@ type R<T> = Result<T, String>;
 /// noise, so the loop stays short.
 const UNROLL: usize = 1;
 
+/// Bytes ahead of the A stream to prefetch.
+const A_PREFETCH: i64 = 1024;
+
 fn e(x: IcedError) -> String {
     format!("x86 gemm assembly: {x}")
 }
@@ -518,6 +521,13 @@ impl Gen<'_> {
     fn kstep(&mut self, rows: usize, nv: usize, masked: bool, da: i64, db: i64) -> R<()> {
         let s = self.s;
         let bmask = |v: usize| masked && v + 1 == nv && !s.b_padded;
+        // A packed as [m/MR][k][MR] is one sequential stream (from memory when the
+        // weights outgrow the caches): fetch it ahead, once per k step.
+        if s.a_row == 4 && s.a_k == s.isa.mr() as i64 * 4 {
+            self.a
+                .prefetcht0(byte_ptr(rax + d32(da + A_PREFETCH)?))
+                .map_err(e)?;
+        }
         match s.isa {
             Isa::Avx512 => {
                 for v in 0..nv {
