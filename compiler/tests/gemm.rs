@@ -250,8 +250,9 @@ fn cases() -> Vec<Case> {
     }
     // Conv: 1x1 (direct), KxK through im2col (pads, strides, dilations), 1-D; with bias.
     // Also: output-row blocks with a tail and panels padded (3x3 on 64 channels), one
-    // row spanning many panels (long 1-D), 1x1 stride 2 (a ResNet downsample).
-    let convs: [ConvCase; 8] = [
+    // row spanning many panels (long 1-D), 1x1 stride 2 (a ResNet downsample), 1x1 with
+    // rows not whole vectors apart and many output channels (copied into panels).
+    let convs: [ConvCase; 9] = [
         (
             "conv1x1",
             vec![2, 17, 9, 11],
@@ -307,6 +308,13 @@ fn cases() -> Vec<Case> {
             vec![4, 3, 5],
             vec![ints_attr("pads", &[2, 2])],
             vec![1, 4, 300],
+        ),
+        (
+            "conv1x1_copied",
+            vec![2, 8, 7, 9],
+            vec![50, 8, 1, 1],
+            vec![],
+            vec![2, 50, 7, 9],
         ),
         (
             "conv1x1_stride2",

@@ -423,7 +423,11 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
     let mut k = lw.kernel("");
     let nv = k.var(Ty::I64);
     let mut body = Vec::new();
-    if direct {
+    // A 1x1 conv reads X in place, unless its rows are not whole vectors apart (the
+    // microkernel's B loads would straddle cache lines) and enough rows of W reuse a
+    // copy in panels.
+    let in_place = direct && (il % 16 == 0 || m < 48 || Plane::of(g).is_none());
+    if in_place {
         let b = MatView {
             buf: x.buf,
             offset: Expr::mul(Expr::Var(nv), Expr::Int((c * il) as i64)),
