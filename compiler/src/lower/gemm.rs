@@ -630,19 +630,12 @@ impl Plane {
         let ps = (kd * w) as i64;
         let (ci, khv) = (k.var(Ty::I64), k.var(Ty::I64));
         let il = (self.h * self.w) as i64;
-        let row = |kw: usize| {
-            Expr::add(
-                Expr::mul(Expr::Var(ci), Expr::Int((self.kh * self.kw) as i64)),
-                Expr::add(
-                    Expr::mul(Expr::Var(khv), Expr::Int(self.kw as i64)),
-                    Expr::Int(kw as i64),
-                ),
-            )
-        };
+        // Loop-invariant bases, set once: `rbv` = the block row of (ci, kh, 0) times the
+        // panel width, `xr` = the input row one block row reads.
+        let (rbv, xr) = (k.var(Ty::I64), k.var(Ty::I64));
         let run = |k: &mut Kernel, kw: usize, from: usize, to: usize, src: Option<Expr>| {
             let sw = self.sw as i64;
             // Columns j in from..to: dst (j / w) * ps + r * w + j % w, src base + (j - from) * sw.
-            let rw = Expr::mul(row(kw), Expr::Int(w as i64));
             let mut out = Vec::new();
             let mut piece = |k: &mut Kernel, a: usize, len: usize, count: usize| {
                 if len == 0 || count == 0 {
@@ -650,8 +643,8 @@ impl Plane {
                 }
                 let jj = k.var(Ty::I64);
                 let qv = (count > 1).then(|| k.var(Ty::I64));
-                let q = Expr::Int(((a / w) as i64) * ps + (a % w) as i64);
-                let mut dst = Expr::add(Expr::add(q, rw.clone()), Expr::Var(jj));
+                let q = Expr::Int(((a / w) as i64) * ps + (a % w + kw * w) as i64);
+                let mut dst = Expr::add(Expr::add(Expr::Var(rbv), q), Expr::Var(jj));
                 let mut soff = Expr::add(
                     Expr::Int((a - from) as i64 * sw),
                     Expr::mul(Expr::Var(jj), Expr::Int(sw)),
@@ -695,7 +688,16 @@ impl Plane {
             }
             out
         };
-        let mut body = Vec::new();
+        let mut body = vec![Stmt::Set {
+            var: rbv,
+            value: Expr::mul(
+                Expr::add(
+                    Expr::mul(Expr::Var(ci), Expr::Int((self.kh * self.kw) as i64)),
+                    Expr::mul(Expr::Var(khv), Expr::Int(self.kw as i64)),
+                ),
+                Expr::Int(w as i64),
+            ),
+        }];
         for t in 0..rows {
             let ih = Expr::add(
                 Expr::mul(
@@ -715,13 +717,17 @@ impl Plane {
                 ),
                 Expr::mul(ih.clone(), Expr::Int(self.w as i64)),
             );
+            body.push(Stmt::Set {
+                var: xr,
+                value: xrow,
+            });
             let j0 = t * self.ow;
             let mut copy = Vec::new();
             let mut zero = Vec::new();
             for kw in 0..self.kw {
                 let (lo, hi) = Self::valid(self.ow, self.sw, self.pw, kw, self.dw, self.w);
                 let src0 = Expr::add(
-                    xrow.clone(),
+                    Expr::Var(xr),
                     Expr::Int(lo as i64 * self.sw as i64 + (kw * self.dw) as i64 - self.pw),
                 );
                 copy.extend(run(k, kw, j0, j0 + lo, None));
