@@ -337,8 +337,11 @@ pub struct ConvGeom<'a> {
 }
 
 /// f32 Conv (group 1) in NCHW as GEMM per image: `Y[co, o] = W[co, ci*kk] * X'[ci*kk, o]`,
-/// where X' is X itself for a 1x1 kernel with stride 1 and no padding, and otherwise an
-/// im2col copy in arena scratch.
+/// where X' is X itself for a 1x1 kernel with stride 1 and no padding (rows of X a whole
+/// number of vectors apart, or few output channels), and otherwise an im2col copy. 1-D
+/// and 2-D convs copy a block of output rows at a time (about [`IM2COL_BLOCK_BYTES`])
+/// into arena scratch in the microkernel's B panel layout, then run the GEMM on that
+/// block; 3-D convs copy the whole image.
 pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
     let (Ok(x), Ok(w)) = (lw.input(0).cloned(), lw.input(1).cloned()) else {
         return Ok(false);

@@ -1,7 +1,9 @@
 //! How the native back end runs `Stmt::Gemm`: on x86_64 with AVX-512 or AVX2+FMA, a call
 //! to a shape-specialised machine-code function (backend/x86/gemm.rs) with constant
 //! operands prepacked into its panel layout at compile time; elsewhere (or for views the
-//! microkernel cannot read), the call expands to a kernel-IR loop nest.
+//! microkernel cannot read), the call expands to a kernel-IR loop nest. A B view in column
+//! panels of the microkernel's width is read in place; other panel widths run as one call
+//! per panel.
 
 use crate::backend::x86::gemm::{self as x86, Isa, Spec};
 use crate::kir::{BinOp, BufKind, CmpOp, Expr, GemmAct, GemmCall, Kernel, MatView, Program};
