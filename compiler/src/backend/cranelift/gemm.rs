@@ -216,9 +216,12 @@ impl GemmCtx {
             }
             None => (mr * g.a.rs * 4, g.a.rs * 4, g.a.cs * 4, Operand::Direct),
         };
+        let mut b_group = 1;
         let (b_panel, b_k, b_padded, b_op) = match (cb, g.b.panel) {
-            // Panels of the microkernel's width, padding included: read in place.
-            (None, Some((w, ps))) if w as i64 == nr && g.b.cs == 1 => {
+            // Panels of a multiple of the microkernel's width, padding included: read in
+            // place.
+            (None, Some((w, ps))) if w > 0 && w as i64 % nr == 0 && g.b.cs == 1 => {
+                b_group = (w as i64 / nr) as usize;
                 (ps * 4, g.b.rs * 4, true, Operand::Direct)
             }
             (_, Some(_)) => return Ok(None),
@@ -233,6 +236,9 @@ impl GemmCtx {
             (None, None) => return Ok(None),
         };
         let (kc, nc) = x86::blocking(isa, k, n, self.l1_kib, self.l2_kib);
+        // Column blocks start at whole B panels.
+        let gw = b_group * nr as usize;
+        let nc = nc.div_ceil(gw) * gw;
         let spec = Spec {
             isa,
             m,
@@ -244,6 +250,7 @@ impl GemmCtx {
             b_panel,
             b_k,
             b_padded,
+            b_group,
             c_rs: g.c.rs * 4,
             init,
             init_is_c,
