@@ -429,7 +429,7 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
     // A 1x1 conv reads X in place, unless its rows are not whole vectors apart (the
     // microkernel's B loads would straddle cache lines) and enough rows of W reuse a
     // copy in panels.
-    let in_place = direct && (il % 16 == 0 || m < 48 || Plane::of(g).is_none());
+    let in_place = direct && (il.is_multiple_of(16) || m < 48 || Plane::of(g).is_none());
     if in_place {
         let b = MatView {
             buf: x.buf,
