@@ -249,7 +249,10 @@ fn cases() -> Vec<Case> {
         ));
     }
     // Conv: 1x1 (direct), KxK through im2col (pads, strides, dilations), 1-D; with bias.
-    let convs: [ConvCase; 5] = [
+    // Also: output-row blocks with a tail and panels padded (3x3 on 64 channels), one
+    // row spanning many panels (long 1-D), 1x1 stride 2 (a ResNet downsample), 1x1 with
+    // rows not whole vectors apart and many output channels (copied into panels).
+    let convs: [ConvCase; 9] = [
         (
             "conv1x1",
             vec![2, 17, 9, 11],
@@ -288,6 +291,37 @@ fn cases() -> Vec<Case> {
             vec![9, 6, 3],
             vec![],
             vec![3, 9, 38],
+        ),
+        (
+            "conv3x3_blocks",
+            vec![2, 64, 29, 23],
+            vec![13, 64, 3, 3],
+            vec![
+                ints_attr("pads", &[1, 1, 1, 1]),
+                ints_attr("strides", &[1, 2]),
+            ],
+            vec![2, 13, 29, 12],
+        ),
+        (
+            "conv1d_long",
+            vec![1, 3, 300],
+            vec![4, 3, 5],
+            vec![ints_attr("pads", &[2, 2])],
+            vec![1, 4, 300],
+        ),
+        (
+            "conv1x1_copied",
+            vec![2, 8, 7, 9],
+            vec![50, 8, 1, 1],
+            vec![],
+            vec![2, 50, 7, 9],
+        ),
+        (
+            "conv1x1_stride2",
+            vec![1, 8, 15, 15],
+            vec![16, 8, 1, 1],
+            vec![ints_attr("strides", &[2, 2])],
+            vec![1, 16, 8, 8],
         ),
     ];
     for (name, xs, ws, attrs, ys) in convs {
@@ -453,8 +487,29 @@ fn check_calls(target: &str) {
             let act = acts[case as usize % 4];
             let alpha = if case.is_multiple_of(3) { 0.5 } else { 1.0 };
             let b_const = case.is_multiple_of(2);
+            // A B input in column panels: of the AVX-512 microkernel's width (read in
+            // place there) or of 8 (one call per panel everywhere).
+            let panel = match (b_const, case % 4) {
+                (false, 1) => Some(32usize),
+                (false, _) => Some(8),
+                _ => None,
+            };
             let a = rand(m * k, case);
             let b = rand(k * n, case + 50);
+            // B as stored: plain, or `[n / w][k][w]` with NaN in the padding columns
+            // (which must not reach the result).
+            let b_stored: Vec<f32> = match panel {
+                None => b.clone(),
+                Some(w) => {
+                    let mut v = vec![f32::NAN; n.div_ceil(w) * k * w];
+                    for p in 0..k {
+                        for j in 0..n {
+                            v[(j / w) * k * w + p * w + j % w] = b[p * n + j];
+                        }
+                    }
+                    v
+                }
+            };
             // init: none, per row (m), per column (n), full (m x n).
             let (ilen, irs, ics) = match init_kind {
                 0 => (0, 0, 0),
@@ -469,11 +524,11 @@ fn check_calls(target: &str) {
                 let data = b.iter().flat_map(|x| x.to_le_bytes()).collect();
                 p.add_buffer("b", BufKind::Const { data }, Ty::F32, (k * n) as u64)
             } else {
-                p.add_buffer("b", BufKind::Input(1), Ty::F32, (k * n) as u64)
+                p.add_buffer("b", BufKind::Input(1), Ty::F32, b_stored.len() as u64)
             };
             let mut ins = vec![(vec![m, k], a.clone())];
             if !b_const {
-                ins.push((vec![k, n], b.clone()));
+                ins.push((vec![b_stored.len()], b_stored.clone()));
             }
             let ib = (ilen > 0).then(|| {
                 let id = p.add_buffer("init", BufKind::Input(ins.len()), Ty::F32, ilen as u64);
@@ -483,19 +538,20 @@ fn check_calls(target: &str) {
             let cb = p.add_buffer("c", BufKind::Output(0), Ty::F32, (m * n) as u64);
             p.inputs = (0..ins.len()).collect();
             p.outputs = vec![cb];
-            let view = |buf, rs, cs| MatView {
-                buf,
-                offset: Expr::Int(0),
-                rs,
-                cs,
-            };
+            let view = |buf, rs, cs| MatView::strided(buf, Expr::Int(0), rs, cs);
             let mut kern = Kernel::new("g");
             kern.body = vec![Stmt::Gemm(Box::new(GemmCall {
                 m: m as u64,
                 n: n as u64,
                 k: k as u64,
                 a: view(ab, k as i64, 1),
-                b: view(bb, n as i64, 1),
+                b: match panel {
+                    None => view(bb, n as i64, 1),
+                    Some(w) => MatView {
+                        panel: Some((w as u64, (k * w) as i64)),
+                        ..view(bb, w as i64, 1)
+                    },
+                },
                 c: view(cb, n as i64, 1),
                 alpha,
                 init: ib.map(|i| view(i, irs, ics)),
@@ -523,6 +579,19 @@ fn check_calls(target: &str) {
                 features: &t.features,
             })
             .unwrap();
+            // The microkernel is taken where the target has one (AVX-512 or AVX2+FMA)
+            // and alpha can go into a packed operand.
+            let has = |f: &str| t.features.iter().any(|x| x == f);
+            let asm = t.is_x86()
+                && (has("avx512f") || (has("avx2") && has("fma")))
+                && (alpha == 1.0 || b_const)
+                && std::env::var_os("ONNXC_NO_ASM_GEMM").is_none();
+            let named = obj.windows(12).any(|w| w == b"model__gemm0");
+            if asm != named {
+                failures.push(format!(
+                    "{m}x{n}x{k} case {case} panel {panel:?}: microkernel expected {asm}, in object {named}"
+                ));
+            }
             let dir = scratch.path().join(format!("k{case}"));
             std::fs::create_dir_all(&dir).unwrap();
             let (o, exe) = (dir.join("model.o"), dir.join("model.exe"));
@@ -565,7 +634,7 @@ fn check_calls(target: &str) {
             let err = rel_err(&got[0], &Tensor::from_vec(&[m, n], want));
             if err.is_nan() || err > 1e-4 {
                 failures.push(format!(
-                    "{m}x{n}x{k} init {init_kind} {act:?} alpha {alpha} b_const {b_const}: {err:e}"
+                    "{m}x{n}x{k} init {init_kind} {act:?} alpha {alpha} b_const {b_const} panel {panel:?}: {err:e}"
                 ));
             }
         }

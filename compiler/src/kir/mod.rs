@@ -351,12 +351,32 @@ pub enum Stmt {
 
 /// A strided 2-D view of a buffer: element `(i, j)` is at `offset + i * rs + j * cs`
 /// (elements, not bytes; `offset` is an i64 expression that may use loop variables).
+///
+/// With `panel: Some((w, ps))` the columns are stored in panels of `w`: element `(i, j)`
+/// is at `offset + (j / w) * ps + i * rs + (j % w) * cs` (e.g. `[n/w][k][w]` with
+/// `rs = w, cs = 1, ps = k * w`, the layout GEMM microkernels read B in). Only a B view
+/// may have panels; the last panel is whole inside the buffer (its columns past `n`, the
+/// padding, may be read but do not affect the result).
 #[derive(Clone, Debug, PartialEq)]
 pub struct MatView {
     pub buf: BufId,
     pub offset: Expr,
     pub rs: i64,
     pub cs: i64,
+    pub panel: Option<(u64, i64)>,
+}
+
+impl MatView {
+    /// A view without panels.
+    pub fn strided(buf: BufId, offset: Expr, rs: i64, cs: i64) -> MatView {
+        MatView {
+            buf,
+            offset,
+            rs,
+            cs,
+            panel: None,
+        }
+    }
 }
 
 /// An activation a [`GemmCall`] applies to each result before storing it.

@@ -75,7 +75,16 @@ fn stmts(body: &[Stmt], depth: usize, s: &mut String) {
 }
 
 fn view(v: &super::MatView) -> String {
-    format!("b{}[{}; {}, {}]", v.buf, expr(&v.offset), v.rs, v.cs)
+    match v.panel {
+        None => format!("b{}[{}; {}, {}]", v.buf, expr(&v.offset), v.rs, v.cs),
+        Some((w, ps)) => format!(
+            "b{}[{}; {}, {}; panels {w} x {ps}]",
+            v.buf,
+            expr(&v.offset),
+            v.rs,
+            v.cs
+        ),
+    }
 }
 
 pub fn expr(e: &Expr) -> String {

@@ -95,6 +95,7 @@ impl EpPlan {
             offset: offset(bvars, &st[..b]),
             rs: collapse(&split.shape[b..r], &st[b..r])?,
             cs: collapse(&split.shape[r..], &st[r..])?,
+            panel: None,
         })
     }
 
@@ -196,18 +197,21 @@ pub fn matmul(lw: &mut LowerCtx) -> OpResult<bool> {
                 offset: offset(bv, &abs),
                 rs: kd as i64,
                 cs: 1,
+                panel: None,
             },
             b: MatView {
                 buf: b.buf,
                 offset: offset(bv, &bbs),
                 rs: n as i64,
                 cs: 1,
+                panel: None,
             },
             c: MatView {
                 buf: out.buf,
                 offset: offset(bv, &ost),
                 rs: n as i64,
                 cs: 1,
+                panel: None,
             },
             alpha: 1.0,
             init: plan.init_view(&split, bv),
@@ -273,6 +277,7 @@ pub fn gemm(lw: &mut LowerCtx) -> OpResult<bool> {
                 offset: Expr::Int(0),
                 rs: st[0] as i64,
                 cs: st[1] as i64,
+                panel: None,
             })
         }
         _ => None,
@@ -293,18 +298,21 @@ pub fn gemm(lw: &mut LowerCtx) -> OpResult<bool> {
             offset: Expr::Int(0),
             rs: ars,
             cs: acs,
+            panel: None,
         },
         b: MatView {
             buf: b.buf,
             offset: Expr::Int(0),
             rs: brs,
             cs: bcs,
+            panel: None,
         },
         c: MatView {
             buf: out.buf,
             offset: Expr::Int(0),
             rs: n as i64,
             cs: 1,
+            panel: None,
         },
         alpha,
         init,
@@ -329,8 +337,11 @@ pub struct ConvGeom<'a> {
 }
 
 /// f32 Conv (group 1) in NCHW as GEMM per image: `Y[co, o] = W[co, ci*kk] * X'[ci*kk, o]`,
-/// where X' is X itself for a 1x1 kernel with stride 1 and no padding, and otherwise an
-/// im2col copy in arena scratch.
+/// where X' is X itself for a 1x1 kernel with stride 1 and no padding (rows of X a whole
+/// number of vectors apart, or few output channels), and otherwise an im2col copy. 1-D
+/// and 2-D convs copy a block of output rows at a time (about [`IM2COL_BLOCK_BYTES`])
+/// into arena scratch in the microkernel's B panel layout, then run the GEMM on that
+/// block; 3-D convs copy the whole image.
 pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
     let (Ok(x), Ok(w)) = (lw.input(0).cloned(), lw.input(1).cloned()) else {
         return Ok(false);
@@ -368,67 +379,121 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
     // Taken: this kernel applies it (the Fused lowering checks).
     let ep = lw.epilogue.take();
     let plan = plan_epilogue(ep.as_ref(), &split, bias.is_none());
-    // Scratch for the im2col matrix of one image.
-    let cols = if direct {
-        None
-    } else {
-        Some(lw.program.add_buffer(
-            format!("{}/im2col", lw.name),
-            BufKind::Arena { offset: 0 },
-            Ty::F32,
-            (kd * ol) as u64,
-        ))
+    let init_for = |nv: VarId, col0: Expr| -> Option<MatView> {
+        match &bias {
+            Some(bt) => Some(MatView {
+                buf: bt.buf,
+                offset: Expr::Int(0),
+                rs: 1,
+                cs: 0,
+                panel: None,
+            }),
+            None => plan.init_view(&split, &[nv]).map(|v| MatView {
+                offset: shift(v.offset.clone(), col0, v.cs),
+                ..v
+            }),
+        }
+    };
+    let gemm_call = |b: MatView, nv: VarId, col0: Expr, n: usize| {
+        Stmt::Gemm(Box::new(GemmCall {
+            m: m as u64,
+            n: n as u64,
+            k: kd as u64,
+            a: MatView {
+                buf: w.buf,
+                offset: Expr::Int(0),
+                rs: kd as i64,
+                cs: 1,
+                panel: None,
+            },
+            b,
+            c: MatView {
+                buf: out.buf,
+                offset: shift(
+                    Expr::mul(Expr::Var(nv), Expr::Int((m * ol) as i64)),
+                    col0.clone(),
+                    1,
+                ),
+                rs: ol as i64,
+                cs: 1,
+                panel: None,
+            },
+            alpha: 1.0,
+            init: init_for(nv, col0),
+            act: plan.act,
+        }))
     };
     let mut k = lw.kernel("");
     let nv = k.var(Ty::I64);
     let mut body = Vec::new();
-    if let Some(cb) = cols {
-        body.extend(im2col(&mut k, g, x.buf, cb, nv, c, il, ol));
-    }
-    let b_view = match cols {
-        None => MatView {
+    // A 1x1 conv reads X in place, unless its rows are not whole vectors apart (the
+    // microkernel's B loads would straddle cache lines) and enough rows of W reuse a
+    // copy in panels.
+    let in_place = direct && (il.is_multiple_of(16) || m < 48 || Plane::of(g).is_none());
+    if in_place {
+        let b = MatView {
             buf: x.buf,
             offset: Expr::mul(Expr::Var(nv), Expr::Int((c * il) as i64)),
             rs: il as i64,
             cs: 1,
-        },
-        Some(cb) => MatView {
+            panel: None,
+        };
+        body.push(gemm_call(b, nv, Expr::Int(0), ol));
+    } else if let Some(p2) = Plane::of(g) {
+        // Output rows in blocks: im2col of one block (its B operand stays in cache),
+        // then the GEMM on that block.
+        let rb = p2.block_rows(kd);
+        let full = p2.oh / rb;
+        let tail = p2.oh - full * rb;
+        let cb = lw.program.add_buffer(
+            format!("{}/im2col", lw.name),
+            BufKind::Arena { offset: 0 },
+            Ty::F32,
+            (kd * (rb * p2.ow).div_ceil(PANEL) * PANEL) as u64,
+        );
+        let block = |k: &mut Kernel, oh0: Expr, rows: usize| -> Vec<Stmt> {
+            let mut st = p2.im2col(k, x.buf, cb, nv, c, kd, oh0.clone(), rows);
+            let col0 = Expr::mul(oh0, Expr::Int(p2.ow as i64));
+            let b = MatView {
+                buf: cb,
+                offset: Expr::Int(0),
+                rs: PANEL as i64,
+                cs: 1,
+                panel: Some((PANEL as u64, (kd * PANEL) as i64)),
+            };
+            st.push(gemm_call(b, nv, col0, rows * p2.ow));
+            st
+        };
+        if full > 0 {
+            let bv = k.var(Ty::I64);
+            let inner = block(&mut k, Expr::mul(Expr::Var(bv), Expr::Int(rb as i64)), rb);
+            body.push(Stmt::For {
+                var: bv,
+                extent: full as u64,
+                body: inner,
+            });
+        }
+        if tail > 0 {
+            body.extend(block(&mut k, Expr::Int((full * rb) as i64), tail));
+        }
+    } else {
+        // Other ranks: the whole im2col matrix of one image.
+        let cb = lw.program.add_buffer(
+            format!("{}/im2col", lw.name),
+            BufKind::Arena { offset: 0 },
+            Ty::F32,
+            (kd * ol) as u64,
+        );
+        body.extend(im2col(&mut k, g, x.buf, cb, nv, c, il, ol));
+        let b = MatView {
             buf: cb,
             offset: Expr::Int(0),
             rs: ol as i64,
             cs: 1,
-        },
-    };
-    let init = match &bias {
-        Some(bt) => Some(MatView {
-            buf: bt.buf,
-            offset: Expr::Int(0),
-            rs: 1,
-            cs: 0,
-        }),
-        None => plan.init_view(&split, &[nv]),
-    };
-    body.push(Stmt::Gemm(Box::new(GemmCall {
-        m: m as u64,
-        n: ol as u64,
-        k: kd as u64,
-        a: MatView {
-            buf: w.buf,
-            offset: Expr::Int(0),
-            rs: kd as i64,
-            cs: 1,
-        },
-        b: b_view,
-        c: MatView {
-            buf: out.buf,
-            offset: Expr::mul(Expr::Var(nv), Expr::Int((m * ol) as i64)),
-            rs: ol as i64,
-            cs: 1,
-        },
-        alpha: 1.0,
-        init,
-        act: plan.act,
-    })));
+            panel: None,
+        };
+        body.push(gemm_call(b, nv, Expr::Int(0), ol));
+    }
     let mut all = vec![Stmt::For {
         var: nv,
         extent: nimg as u64,
@@ -438,6 +503,274 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
     k.body = all;
     lw.push(k);
     Ok(true)
+}
+
+/// `e + col0 * cs`, folding zeros.
+fn shift(e: Expr, col0: Expr, cs: i64) -> Expr {
+    if cs == 0 || col0 == Expr::Int(0) {
+        return e;
+    }
+    let t = if cs == 1 {
+        col0
+    } else {
+        Expr::mul(col0, Expr::Int(cs))
+    };
+    match e {
+        Expr::Int(0) => t,
+        e => Expr::add(e, t),
+    }
+}
+
+/// Bytes of one im2col block (the GEMM's B operand) that should stay in L2.
+const IM2COL_BLOCK_BYTES: usize = 256 * 1024;
+
+/// Columns per panel of an im2col block: the widest microkernel's (AVX-512, 32). Back
+/// ends whose microkernel reads other widths run one call per panel.
+const PANEL: usize = 32;
+
+/// A 1-D or 2-D convolution's geometry as a plane (1-D: one row).
+struct Plane {
+    kh: usize,
+    kw: usize,
+    sh: usize,
+    sw: usize,
+    dh: usize,
+    dw: usize,
+    ph: i64,
+    pw: i64,
+    h: usize,
+    w: usize,
+    oh: usize,
+    ow: usize,
+}
+
+impl Plane {
+    fn of(g: &ConvGeom) -> Option<Plane> {
+        match g.k.len() {
+            1 => Some(Plane {
+                kh: 1,
+                kw: g.k[0],
+                sh: 1,
+                sw: g.s[0],
+                dh: 1,
+                dw: g.d[0],
+                ph: 0,
+                pw: g.pb[0],
+                h: 1,
+                w: g.in_sp[0],
+                oh: 1,
+                ow: g.out_sp[0],
+            }),
+            2 => Some(Plane {
+                kh: g.k[0],
+                kw: g.k[1],
+                sh: g.s[0],
+                sw: g.s[1],
+                dh: g.d[0],
+                dw: g.d[1],
+                ph: g.pb[0],
+                pw: g.pb[1],
+                h: g.in_sp[0],
+                w: g.in_sp[1],
+                oh: g.out_sp[0],
+                ow: g.out_sp[1],
+            }),
+            _ => None,
+        }
+    }
+
+    /// Output rows per block: at most about [`IM2COL_BLOCK_BYTES`] of im2col (but at least
+    /// one row and 4 panels), choosing the count that wastes the fewest padding columns
+    /// (a block costs about half a panel more: its call, and A read once more).
+    fn block_rows(&self, kd: usize) -> usize {
+        let w = PANEL;
+        let max_cols = (IM2COL_BLOCK_BYTES / (kd * 4)).max(4 * w);
+        let rb_max = (max_cols / self.ow).clamp(1, self.oh);
+        let pad = |x: usize| x.div_ceil(w) * w;
+        let cost = |rb: usize| {
+            let nblk = self.oh.div_ceil(rb);
+            let tail = self.oh - (nblk - 1) * rb;
+            (nblk - 1) * pad(rb * self.ow) + pad(tail * self.ow) + nblk * w / 2
+        };
+        (1..=rb_max).rev().min_by_key(|&rb| cost(rb)).unwrap_or(1)
+    }
+
+    /// The outputs `o` in `0..n` whose input coordinate `o * s - p + t * d` lies in
+    /// `0..size`, as `lo..hi` (empty when none).
+    fn valid(n: usize, s: usize, p: i64, t: usize, d: usize, size: usize) -> (usize, usize) {
+        let (s, off, size) = (s as i64, (t * d) as i64 - p, size as i64);
+        // o * s + off >= 0  <=>  o >= ceil(-off / s); o * s + off < size <=> o < ceil((size - off) / s).
+        let lo = (-off).max(0).div_euclid(s) + i64::from((-off).max(0) % s != 0);
+        let hi = if size - off <= 0 {
+            0
+        } else {
+            (size - off + s - 1) / s
+        };
+        let lo = lo.clamp(0, n as i64) as usize;
+        let hi = hi.clamp(0, n as i64) as usize;
+        (lo, hi.max(lo))
+    }
+
+    /// `cols[(ci, kh, kw), t * ow + o] = X[img, ci, ih, o * sw - pw + kw * dw]` with
+    /// `ih = (oh0 + t) * sh - ph + kh * dh`, for `t < rows` (0 in the padding), stored in
+    /// column panels of [`PANEL`] (`[cols / PANEL][kd][PANEL]`, the padding columns of
+    /// the last panel zero). Block rows and kernel columns are unrolled, so every run of
+    /// zeros or copies has bounds fixed at compile time.
+    #[allow(clippy::too_many_arguments)]
+    fn im2col(
+        &self,
+        k: &mut Kernel,
+        xb: usize,
+        cb: usize,
+        img: VarId,
+        c: usize,
+        kd: usize,
+        oh0: Expr,
+        rows: usize,
+    ) -> Vec<Stmt> {
+        use crate::kir::{BinOp, CmpOp};
+        let w = PANEL;
+        let ps = (kd * w) as i64;
+        let (ci, khv) = (k.var(Ty::I64), k.var(Ty::I64));
+        let il = (self.h * self.w) as i64;
+        // Loop-invariant bases, set once: `rbv` = the block row of (ci, kh, 0) times the
+        // panel width, `xr` = the input row one block row reads.
+        let (rbv, xr) = (k.var(Ty::I64), k.var(Ty::I64));
+        let run = |k: &mut Kernel, kw: usize, from: usize, to: usize, src: Option<Expr>| {
+            let sw = self.sw as i64;
+            // Columns j in from..to: dst (j / w) * ps + r * w + j % w, src base + (j - from) * sw.
+            let mut out = Vec::new();
+            let mut piece = |k: &mut Kernel, a: usize, len: usize, count: usize| {
+                if len == 0 || count == 0 {
+                    return;
+                }
+                let jj = k.var(Ty::I64);
+                let qv = (count > 1).then(|| k.var(Ty::I64));
+                let q = Expr::Int(((a / w) as i64) * ps + (a % w + kw * w) as i64);
+                let mut dst = Expr::add(Expr::add(Expr::Var(rbv), q), Expr::Var(jj));
+                let mut soff = Expr::add(
+                    Expr::Int((a - from) as i64 * sw),
+                    Expr::mul(Expr::Var(jj), Expr::Int(sw)),
+                );
+                if let Some(qv) = qv {
+                    dst = Expr::add(dst, Expr::mul(Expr::Var(qv), Expr::Int(ps)));
+                    soff = Expr::add(soff, Expr::mul(Expr::Var(qv), Expr::Int(w as i64 * sw)));
+                }
+                let value = match &src {
+                    Some(base) => Expr::load(xb, Expr::add(base.clone(), soff)),
+                    None => Expr::f(0.0, Ty::F32),
+                };
+                let inner = Stmt::For {
+                    var: jj,
+                    extent: len as u64,
+                    body: vec![Stmt::Store {
+                        buf: cb,
+                        index: dst,
+                        value,
+                    }],
+                };
+                out.push(match qv {
+                    None => inner,
+                    Some(qv) => Stmt::For {
+                        var: qv,
+                        extent: count as u64,
+                        body: vec![inner],
+                    },
+                });
+            };
+            if to <= from {
+                return out;
+            }
+            let head_end = to.min(from.div_ceil(w) * w);
+            piece(k, from, head_end - from, 1);
+            if head_end < to {
+                let whole = (to - head_end) / w;
+                piece(k, head_end, w, whole);
+                let t0 = head_end + whole * w;
+                piece(k, t0, to - t0, 1);
+            }
+            out
+        };
+        let mut body = vec![Stmt::Set {
+            var: rbv,
+            value: Expr::mul(
+                Expr::add(
+                    Expr::mul(Expr::Var(ci), Expr::Int((self.kh * self.kw) as i64)),
+                    Expr::mul(Expr::Var(khv), Expr::Int(self.kw as i64)),
+                ),
+                Expr::Int(w as i64),
+            ),
+        }];
+        for t in 0..rows {
+            let ih = Expr::add(
+                Expr::mul(
+                    Expr::add(oh0.clone(), Expr::Int(t as i64)),
+                    Expr::Int(self.sh as i64),
+                ),
+                Expr::bin(
+                    BinOp::Sub,
+                    Expr::mul(Expr::Var(khv), Expr::Int(self.dh as i64)),
+                    Expr::Int(self.ph),
+                ),
+            );
+            let xrow = Expr::add(
+                Expr::add(
+                    Expr::mul(Expr::Var(img), Expr::Int(c as i64 * il)),
+                    Expr::mul(Expr::Var(ci), Expr::Int(il)),
+                ),
+                Expr::mul(ih.clone(), Expr::Int(self.w as i64)),
+            );
+            body.push(Stmt::Set {
+                var: xr,
+                value: xrow,
+            });
+            let j0 = t * self.ow;
+            let mut copy = Vec::new();
+            let mut zero = Vec::new();
+            for kw in 0..self.kw {
+                let (lo, hi) = Self::valid(self.ow, self.sw, self.pw, kw, self.dw, self.w);
+                let src0 = Expr::add(
+                    Expr::Var(xr),
+                    Expr::Int(lo as i64 * self.sw as i64 + (kw * self.dw) as i64 - self.pw),
+                );
+                copy.extend(run(k, kw, j0, j0 + lo, None));
+                copy.extend(run(k, kw, j0 + lo, j0 + hi, Some(src0)));
+                copy.extend(run(k, kw, j0 + hi, j0 + self.ow, None));
+                zero.extend(run(k, kw, j0, j0 + self.ow, None));
+            }
+            // Every input row inside for every output row and tap: no test.
+            let rows_inside =
+                self.ph == 0 && (self.oh - 1) * self.sh + (self.kh - 1) * self.dh < self.h;
+            if rows_inside {
+                body.extend(copy);
+            } else {
+                let ok = Expr::bin(
+                    BinOp::And,
+                    Expr::cmp(CmpOp::Ge, ih.clone(), Expr::Int(0)),
+                    Expr::cmp(CmpOp::Lt, ih, Expr::Int(self.h as i64)),
+                );
+                body.push(Stmt::If {
+                    cond: ok,
+                    then: copy,
+                    els: zero,
+                });
+            }
+        }
+        // The padding columns of the last panel.
+        let nb = rows * self.ow;
+        for kw in 0..self.kw {
+            body.extend(run(k, kw, nb, nb.div_ceil(w) * w, None));
+        }
+        vec![Stmt::For {
+            var: ci,
+            extent: c as u64,
+            body: vec![Stmt::For {
+                var: khv,
+                extent: self.kh as u64,
+                body,
+            }],
+        }]
+    }
 }
 
 /// `cols[(ci, kk), o] = X[img, ci, o * s - pb + kk * d]` (0 in the padding).

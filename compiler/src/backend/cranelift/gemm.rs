@@ -1,7 +1,9 @@
 //! How the native back end runs `Stmt::Gemm`: on x86_64 with AVX-512 or AVX2+FMA, a call
 //! to a shape-specialised machine-code function (backend/x86/gemm.rs) with constant
 //! operands prepacked into its panel layout at compile time; elsewhere (or for views the
-//! microkernel cannot read), the call expands to a kernel-IR loop nest.
+//! microkernel cannot read), the call expands to a kernel-IR loop nest. A B view in column
+//! panels of the microkernel's width is read in place; other panel widths run as one call
+//! per panel.
 
 use crate::backend::x86::gemm::{self as x86, Isa, Spec};
 use crate::kir::{BinOp, BufKind, CmpOp, Expr, GemmAct, GemmCall, Kernel, MatView, Program};
@@ -110,26 +112,46 @@ impl GemmCtx {
                     then: self.stmts(module, then, vars, p, calls)?,
                     els: self.stmts(module, els, vars, p, calls)?,
                 }),
-                Stmt::Gemm(g) => match self.plan(module, &g, p)? {
-                    Some(c) => {
-                        calls.push(c);
-                        out.push(Stmt::Gemm(g));
-                    }
-                    None => match self.vec4_split(&g) {
-                        Some((main, rest)) => {
-                            calls.push(Plan::Vec4);
-                            out.push(Stmt::Gemm(Box::new(main)));
-                            if let Some(r) = rest {
-                                out.extend(expand(&r, vars));
-                            }
-                        }
-                        None => out.extend(expand(&g, vars)),
-                    },
-                },
+                Stmt::Gemm(g) => self.gemm(module, g, vars, p, calls, &mut out)?,
                 s => out.push(s),
             }
         }
         Ok(out)
+    }
+
+    /// One GEMM: a microkernel call, f32x4 tiles, or loops; a B in panels the microkernel
+    /// cannot read runs as one call per panel.
+    fn gemm(
+        &mut self,
+        module: &mut ObjectModule,
+        g: Box<GemmCall>,
+        vars: &mut Vec<Ty>,
+        p: &Program,
+        calls: &mut Vec<Plan>,
+        out: &mut Vec<Stmt>,
+    ) -> R<()> {
+        if let Some(c) = self.plan(module, &g, p)? {
+            calls.push(c);
+            out.push(Stmt::Gemm(g));
+            return Ok(());
+        }
+        if g.b.panel.is_some() {
+            for part in unpanel(&g) {
+                self.gemm(module, Box::new(part), vars, p, calls, out)?;
+            }
+            return Ok(());
+        }
+        match self.vec4_split(&g) {
+            Some((main, rest)) => {
+                calls.push(Plan::Vec4);
+                out.push(Stmt::Gemm(Box::new(main)));
+                if let Some(r) = rest {
+                    out.extend(expand(&r, vars));
+                }
+            }
+            None => out.extend(expand(&g, vars)),
+        }
+        Ok(())
     }
 
     /// For f32x4 tiles: the columns that fill whole tiles, and the rest (as loops).
@@ -194,18 +216,29 @@ impl GemmCtx {
             }
             None => (mr * g.a.rs * 4, g.a.rs * 4, g.a.cs * 4, Operand::Direct),
         };
-        let (b_panel, b_k, b_padded, b_op) = match cb {
-            Some((data, off)) => {
+        let mut b_group = 1;
+        let (b_panel, b_k, b_padded, b_op) = match (cb, g.b.panel) {
+            // Panels of a multiple of the microkernel's width, padding included: read in
+            // place.
+            (None, Some((w, ps))) if w > 0 && w as i64 % nr == 0 && g.b.cs == 1 => {
+                b_group = (w as i64 / nr) as usize;
+                (ps * 4, g.b.rs * 4, true, Operand::Direct)
+            }
+            (_, Some(_)) => return Ok(None),
+            (Some((data, off)), None) => {
                 let key = (g.b.buf, off, g.b.rs, g.b.cs, k, n, g.alpha.to_bits(), true);
                 let id = self.pack(module, key, || {
                     x86::pack_b(isa, &floats(data), off, g.b.rs, g.b.cs, k, n, g.alpha)
                 })?;
                 (k as i64 * nr * 4, nr * 4, true, Operand::Packed(id))
             }
-            None if g.b.cs == 1 => (nr * 4, g.b.rs * 4, false, Operand::Direct),
-            None => return Ok(None),
+            (None, None) if g.b.cs == 1 => (nr * 4, g.b.rs * 4, false, Operand::Direct),
+            (None, None) => return Ok(None),
         };
         let (kc, nc) = x86::blocking(isa, k, n, self.l1_kib, self.l2_kib);
+        // Column blocks start at whole B panels.
+        let gw = b_group * nr as usize;
+        let nc = nc.div_ceil(gw) * gw;
         let spec = Spec {
             isa,
             m,
@@ -217,6 +250,7 @@ impl GemmCtx {
             b_panel,
             b_k,
             b_padded,
+            b_group,
             c_rs: g.c.rs * 4,
             init,
             init_is_c,
@@ -302,8 +336,43 @@ fn at(v: &MatView, r: usize, c: usize) -> Expr {
     e
 }
 
+/// A GEMM whose B is in panels as one GEMM per panel, each with a plain B view.
+pub fn unpanel(g: &GemmCall) -> Vec<GemmCall> {
+    let Some((w, ps)) = g.b.panel else {
+        return vec![g.clone()];
+    };
+    let shift = |v: &MatView, by: i64| MatView {
+        offset: match (by, &v.offset) {
+            (0, _) => v.offset.clone(),
+            (_, Expr::Int(o)) => Expr::Int(o + by),
+            _ => Expr::add(v.offset.clone(), Expr::Int(by)),
+        },
+        panel: None,
+        ..v.clone()
+    };
+    let w = w.max(1);
+    (0..g.n.div_ceil(w))
+        .map(|q| {
+            let j0 = (q * w) as i64;
+            GemmCall {
+                n: w.min(g.n - q * w),
+                b: shift(&g.b, q as i64 * ps),
+                c: shift(&g.c, j0 * g.c.cs),
+                init: g.init.as_ref().map(|v| shift(v, j0 * v.cs)),
+                ..g.clone()
+            }
+        })
+        .collect()
+}
+
 /// The GEMM as a scalar loop nest (new variables are added to `vars`).
 pub fn expand(g: &GemmCall, vars: &mut Vec<Ty>) -> Vec<Stmt> {
+    if g.b.panel.is_some() {
+        return unpanel(g)
+            .iter()
+            .flat_map(|part| expand(part, vars))
+            .collect();
+    }
     let mut var = |t: Ty| {
         vars.push(t);
         vars.len() - 1

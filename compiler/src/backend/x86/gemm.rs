@@ -72,6 +72,10 @@ pub struct Spec {
     pub b_k: i64,
     /// B is packed with zero padding: edge panels may be loaded whole.
     pub b_padded: bool,
+    /// Register-tile panels per B panel (B panels `b_group * NR` wide: `B(p, j) =
+    /// (j / (g NR)) * b_panel + p * b_k + (j % (g NR)) * 4`); 1 for panels of NR. `nc`
+    /// is then a multiple of `g NR`.
+    pub b_group: usize,
     pub c_rs: i64,
     pub init: Option<(i64, i64)>,
     /// The init view is C itself (accumulate).
@@ -206,6 +210,9 @@ type R<T> = Result<T, String>;
 /// noise, so the loop stays short.
 const UNROLL: usize = 1;
 
+/// Bytes ahead of the A stream to prefetch.
+const A_PREFETCH: i64 = 1024;
+
 fn e(x: IcedError) -> String {
     format!("x86 gemm assembly: {x}")
 }
@@ -336,11 +343,15 @@ impl Gen<'_> {
     ) -> R<()> {
         let s = self.s;
         let nr = s.isa.nr();
-        // r8 = a + p0 * a_k; r9 = b + p0 * b_k + (jc / NR) * b_panel.
+        // r8 = a + p0 * a_k; r9 = b + p0 * b_k + (jc / (g NR)) * b_panel.
+        let gw = s.b_group.max(1) * nr;
         self.a.mov(r8, qword_ptr(rsp)).map_err(e)?;
         self.add_imm(r8, p0 as i64 * s.a_k)?;
         self.a.mov(r9, qword_ptr(rsp + 8)).map_err(e)?;
-        self.add_imm(r9, p0 as i64 * s.b_k + (jc / nr) as i64 * s.b_panel)?;
+        self.add_imm(
+            r9,
+            p0 as i64 * s.b_k + (jc / gw) as i64 * s.b_panel + (jc % gw * 4) as i64,
+        )?;
         let mut top = self.a.create_label();
         if count > 1 {
             self.a.mov(r15, count as u64).map_err(e)?;
@@ -410,18 +421,39 @@ impl Gen<'_> {
         }
         let full = ncb / nr;
         let rem = ncb % nr;
-        if full > 0 {
+        // Whole B panels of g tiles (looped), then the tiles left.
+        let g = s.b_group.max(1);
+        let (loops, left) = (full / g, full % g);
+        // The B step after tile q of a panel: along the panel, or to the next panel.
+        let step = |q: usize| {
+            if q + 1 == g {
+                s.b_panel - ((g - 1) * nr * 4) as i64
+            } else {
+                (nr * 4) as i64
+            }
+        };
+        if loops > 0 {
             let mut top = self.a.create_label();
-            self.a.mov(r10, full as u64).map_err(e)?;
+            self.a.mov(r10, loops as u64).map_err(e)?;
             self.a.set_label(&mut top).map_err(e)?;
+            for q in 0..g {
+                self.tile(rows, nr, kc, first, last)?;
+                self.add_imm(rbx, step(q))?;
+                self.add_imm(rbp, nr as i64 * 4)?;
+                if let Some((_, ics)) = s.init {
+                    self.add_imm(rdi, nr as i64 * ics)?;
+                }
+            }
+            self.a.dec(r10).map_err(e)?;
+            self.a.jne(top).map_err(e)?;
+        }
+        for q in 0..left {
             self.tile(rows, nr, kc, first, last)?;
-            self.add_imm(rbx, s.b_panel)?;
+            self.add_imm(rbx, step(q))?;
             self.add_imm(rbp, nr as i64 * 4)?;
             if let Some((_, ics)) = s.init {
                 self.add_imm(rdi, nr as i64 * ics)?;
             }
-            self.a.dec(r10).map_err(e)?;
-            self.a.jne(top).map_err(e)?;
         }
         if rem > 0 {
             self.tile(rows, rem, kc, first, last)?;
@@ -518,6 +550,13 @@ impl Gen<'_> {
     fn kstep(&mut self, rows: usize, nv: usize, masked: bool, da: i64, db: i64) -> R<()> {
         let s = self.s;
         let bmask = |v: usize| masked && v + 1 == nv && !s.b_padded;
+        // A packed as [m/MR][k][MR] is one sequential stream (from memory when the
+        // weights outgrow the caches): fetch it ahead, once per k step.
+        if s.a_row == 4 && s.a_k == s.isa.mr() as i64 * 4 {
+            self.a
+                .prefetcht0(byte_ptr(rax + d32(da + A_PREFETCH)?))
+                .map_err(e)?;
+        }
         match s.isa {
             Isa::Avx512 => {
                 for v in 0..nv {
