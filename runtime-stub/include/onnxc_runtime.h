@@ -21,6 +21,17 @@
  * ABI versioning: `abi_version` in the descriptor is ONNXC_ABI_VERSION of the compiler
  * that emitted it. A harness must refuse a descriptor whose version it does not know.
  * Fields are only ever added at the end of a struct in a new ABI version.
+ *   1: the first layout.
+ *   2: adds `run_parallel` (threads through the application's parallel_for) at the end
+ *      of onnxc_model_t.
+ *
+ * Threads: the object creates none and calls no OS. A caller that wants a run spread over
+ * several cores passes an onnxc_threads_t to `run_parallel`: the model hands the parts of
+ * its large GEMMs and convolutions to `parallel_for`, which must call task(ctx, i) once
+ * for every i in [0, n_tasks), on any threads, and return only when all have returned.
+ * The parts write disjoint memory, so the results are bit-identical to a serial run.
+ * onnxc_pool.h is a ready pthreads implementation; with a NULL onnxc_threads_t (or a
+ * NULL parallel_for) the model runs on the caller's thread.
  */
 #ifndef ONNXC_RUNTIME_H
 #define ONNXC_RUNTIME_H
@@ -32,7 +43,7 @@ extern "C" {
 #endif
 
 /* Version of the layout of the types below. */
-#define ONNXC_ABI_VERSION 1
+#define ONNXC_ABI_VERSION 2
 
 /* Status codes returned (as int32_t) by a model's run function. */
 typedef enum {
@@ -78,6 +89,21 @@ typedef struct {
  */
 typedef int32_t (*onnxc_run_fn)(const void *const *inputs, void *const *outputs, void *arena);
 
+/* One part of a parallel loop: called with the context the model passed and an index. */
+typedef void (*onnxc_task_fn)(void *ctx, uint32_t index);
+
+/* The application's thread pool, as the model sees it. */
+typedef struct {
+  /* Calls task(ctx, i) for every i in [0, n_tasks), in any order and on any threads, and
+   * returns when all calls have returned. May be NULL: the model then runs serially. */
+  void (*parallel_for)(void *pool, onnxc_task_fn task, void *ctx, uint32_t n_tasks);
+  void *pool;  /* passed back to parallel_for unchanged */
+} onnxc_threads_t;
+
+/* As onnxc_run_fn, spreading the work over `threads` (which may be NULL). */
+typedef int32_t (*onnxc_run_parallel_fn)(const void *const *inputs, void *const *outputs,
+                                         void *arena, const onnxc_threads_t *threads);
+
 /* The generic descriptor that every compiled model exports. */
 typedef struct {
   uint32_t abi_version;   /* ONNXC_ABI_VERSION of the emitting compiler */
@@ -91,6 +117,7 @@ typedef struct {
   uint64_t arena_align;   /* required arena alignment in bytes, a power of two */
   onnxc_run_fn run;                 /* inputs/outputs in graph order */
   int32_t (*cpu_supported)(void);   /* 1 if this CPU has every feature the code assumes */
+  onnxc_run_parallel_fn run_parallel; /* ABI 2: run with the caller's threads */
 } onnxc_model_t;
 
 /*

@@ -23,7 +23,9 @@ use core::ffi::{c_char, c_void, CStr};
 use core::fmt;
 
 /// Version of the layout of [`ModelDesc`] and [`TensorInfo`] (`ONNXC_ABI_VERSION`).
-pub const ABI_VERSION: u32 = 1;
+/// Version 2 added [`ModelDesc::run_parallel`]; descriptors of version 1 are still
+/// accepted (they run serially).
+pub const ABI_VERSION: u32 = 2;
 
 /// The most inputs (and, separately, outputs) the safe [`Model::run`] accepts: it passes
 /// the pointer arrays on the stack, without allocating. Models with more use
@@ -189,6 +191,67 @@ pub type RunFn = unsafe extern "C" fn(
     arena: *mut c_void,
 ) -> i32;
 
+/// One part of a parallel loop (`onnxc_task_fn`): called with the model's context and an
+/// index in `[0, n_tasks)`.
+pub type TaskFn = unsafe extern "C" fn(ctx: *mut c_void, index: u32);
+
+/// The application's `parallel_for` (`onnxc_threads_t.parallel_for`): must call
+/// `task(ctx, i)` exactly once for every `i` in `[0, n_tasks)`, on any threads, and
+/// return only when every call has returned.
+pub type ParallelForFn =
+    unsafe extern "C" fn(pool: *mut c_void, task: TaskFn, ctx: *mut c_void, n_tasks: u32);
+
+/// The application's thread pool as a model sees it (`onnxc_threads_t`). The object never
+/// creates threads; [`Model::run_parallel`] hands the parts of large GEMMs to this hook.
+///
+/// ```
+/// use core::ffi::c_void;
+/// use onnxc_runtime::{TaskFn, Threads};
+/// use std::sync::atomic::{AtomicU32, Ordering};
+///
+/// /// parallel_for over scoped std threads: `pool` points to the thread count.
+/// unsafe extern "C" fn scoped(pool: *mut c_void, task: TaskFn, ctx: *mut c_void, n: u32) {
+///     // SAFETY: `pool` is the `usize` below, alive for the whole run.
+///     let threads = unsafe { *(pool as *const usize) };
+///     let next = AtomicU32::new(0);
+///     let ctx = ctx as usize; // the model's context, valid until we return
+///     let work = || loop {
+///         let i = next.fetch_add(1, Ordering::Relaxed);
+///         if i >= n {
+///             break;
+///         }
+///         // SAFETY: the model's task and context, each index run once.
+///         unsafe { task(ctx as *mut c_void, i) };
+///     };
+///     std::thread::scope(|s| {
+///         for _ in 1..threads {
+///             s.spawn(work);
+///         }
+///         work();
+///     });
+/// }
+/// let mut n_threads: usize = 2;
+/// let threads = Threads {
+///     parallel_for: Some(scoped),
+///     pool: (&raw mut n_threads).cast(),
+/// };
+/// # let _ = threads;
+/// ```
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Threads {
+    pub parallel_for: Option<ParallelForFn>,
+    pub pool: *mut c_void,
+}
+
+/// A model's threaded entry point (`onnxc_run_parallel_fn`, ABI 2).
+pub type RunParallelFn = unsafe extern "C" fn(
+    inputs: *const *const c_void,
+    outputs: *const *mut c_void,
+    arena: *mut c_void,
+    threads: *const Threads,
+) -> i32;
+
 /// The generic descriptor every compiled model exports (`onnxc_model_t`).
 #[repr(C)]
 #[derive(Debug)]
@@ -204,6 +267,9 @@ pub struct ModelDesc {
     pub arena_align: u64,
     pub run: Option<RunFn>,
     pub cpu_supported: Option<unsafe extern "C" fn() -> i32>,
+    /// ABI 2 and later only: read it only when `abi_version >= 2` (a version-1
+    /// descriptor ends before it).
+    pub run_parallel: Option<RunParallelFn>,
 }
 
 // SAFETY: by the ABI contract a descriptor and everything it points to (names, shapes,
@@ -220,7 +286,7 @@ unsafe impl Send for TensorInfo {}
 #[cfg(target_pointer_width = "64")]
 const _: () = {
     assert!(core::mem::size_of::<TensorInfo>() == 40);
-    assert!(core::mem::size_of::<ModelDesc>() == 72);
+    assert!(core::mem::size_of::<ModelDesc>() == 80);
 };
 
 /// Why a call through [`Model`] did not run, or what the model reported.
@@ -483,7 +549,7 @@ impl Model {
             Some(d) => d,
             None => return Err(Error::NullDescriptor),
         };
-        if desc.abi_version != ABI_VERSION {
+        if !(1..=ABI_VERSION).contains(&desc.abi_version) {
             return Err(Error::AbiVersion {
                 expected: ABI_VERSION,
                 found: desc.abi_version,
@@ -585,6 +651,29 @@ impl Model {
         outputs: &mut [&mut [u8]],
         arena: &mut [u8],
     ) -> Result<(), Error> {
+        self.run_bytes(inputs, outputs, arena, None)
+    }
+
+    /// [`Model::run`] with the application's threads: the model's large GEMMs are cut
+    /// into parts that `threads.parallel_for` runs. The results are bit-identical to
+    /// [`Model::run`]'s. A model of ABI version 1 runs serially.
+    pub fn run_parallel(
+        &self,
+        inputs: &[&[u8]],
+        outputs: &mut [&mut [u8]],
+        arena: &mut [u8],
+        threads: &Threads,
+    ) -> Result<(), Error> {
+        self.run_bytes(inputs, outputs, arena, Some(threads))
+    }
+
+    fn run_bytes(
+        &self,
+        inputs: &[&[u8]],
+        outputs: &mut [&mut [u8]],
+        arena: &mut [u8],
+        threads: Option<&Threads>,
+    ) -> Result<(), Error> {
         self.check_counts(inputs.len(), outputs.len())?;
         let mut ip = [core::ptr::null::<c_void>(); MAX_TENSORS];
         let mut op = [core::ptr::null_mut::<c_void>(); MAX_TENSORS];
@@ -596,7 +685,7 @@ impl Model {
             check_buffer(true, index, buf.as_ptr(), buf.len(), t)?;
             op[index] = buf.as_mut_ptr().cast();
         }
-        self.call(&ip, &op, arena)
+        self.call(&ip, &op, arena, threads)
     }
 
     /// Runs the model on typed buffers, all inputs of type `I` and all outputs of type
@@ -606,6 +695,27 @@ impl Model {
         inputs: &[&[I]],
         outputs: &mut [&mut [O]],
         arena: &mut [u8],
+    ) -> Result<(), Error> {
+        self.typed(inputs, outputs, arena, None)
+    }
+
+    /// [`Model::run_typed`] with the application's threads (see [`Model::run_parallel`]).
+    pub fn run_typed_parallel<I: Element, O: Element>(
+        &self,
+        inputs: &[&[I]],
+        outputs: &mut [&mut [O]],
+        arena: &mut [u8],
+        threads: &Threads,
+    ) -> Result<(), Error> {
+        self.typed(inputs, outputs, arena, Some(threads))
+    }
+
+    fn typed<I: Element, O: Element>(
+        &self,
+        inputs: &[&[I]],
+        outputs: &mut [&mut [O]],
+        arena: &mut [u8],
+        threads: Option<&Threads>,
     ) -> Result<(), Error> {
         self.check_counts(inputs.len(), outputs.len())?;
         let mut ip = [core::ptr::null::<c_void>(); MAX_TENSORS];
@@ -644,7 +754,7 @@ impl Model {
             )?;
             op[index] = buf.as_mut_ptr().cast();
         }
-        self.call(&ip, &op, arena)
+        self.call(&ip, &op, arena, threads)
     }
 
     /// [`Model::run_typed`] for the common float32 model.
@@ -672,7 +782,7 @@ impl Model {
     ) -> Result<(), Error> {
         self.check_cpu_and_arena(arena)?;
         // SAFETY: the caller guarantees the pointer arrays; the arena is checked above.
-        unsafe { self.invoke(inputs, outputs, arena) }
+        unsafe { self.invoke(inputs, outputs, arena, None) }
     }
 
     fn check_counts(&self, n_in: usize, n_out: usize) -> Result<(), Error> {
@@ -718,12 +828,13 @@ impl Model {
         ip: &[*const c_void; MAX_TENSORS],
         op: &[*mut c_void; MAX_TENSORS],
         arena: &mut [u8],
+        threads: Option<&Threads>,
     ) -> Result<(), Error> {
         self.check_cpu_and_arena(arena)?;
         // SAFETY: every pointer in `ip`/`op` up to the model's counts comes from a live
         // slice of exactly the tensor's byte size and alignment (checked above); outputs
         // come from `&mut` slices, so they alias nothing; the arena is checked.
-        unsafe { self.invoke(ip.as_ptr(), op.as_ptr(), arena) }
+        unsafe { self.invoke(ip.as_ptr(), op.as_ptr(), arena, threads) }
     }
 
     /// # Safety
@@ -733,13 +844,25 @@ impl Model {
         ip: *const *const c_void,
         op: *const *mut c_void,
         arena: &mut [u8],
+        threads: Option<&Threads>,
     ) -> Result<(), Error> {
         let run = self
             .desc
             .run
             .ok_or(Error::BadDescriptor("no run function"))?;
-        // SAFETY: from_raw's contract on `run`, plus the buffers the caller vouches for.
-        let code = unsafe { run(ip, op, arena.as_mut_ptr().cast()) };
+        // Version 1 descriptors end before `run_parallel`.
+        let parallel = match threads {
+            Some(t) if self.desc.abi_version >= 2 => self.desc.run_parallel.map(|f| (f, t)),
+            _ => None,
+        };
+        let code = match parallel {
+            // SAFETY: from_raw's contract on the descriptor's functions, the buffers the
+            // caller vouches for, and a `Threads` whose hook honours its documented
+            // contract (every index once, return when all are done).
+            Some((f, t)) => unsafe { f(ip, op, arena.as_mut_ptr().cast(), t) },
+            // SAFETY: from_raw's contract on `run`, plus the buffers the caller vouches for.
+            None => unsafe { run(ip, op, arena.as_mut_ptr().cast()) },
+        };
         match Status::from_code(code) {
             Some(Status::Ok) => Ok(()),
             Some(s) => Err(Error::Status(s)),

@@ -77,6 +77,7 @@ const fn desc(run: RunFn, cpu: Option<unsafe extern "C" fn() -> i32>) -> ModelDe
         arena_align: 64,
         run: Some(run),
         cpu_supported: cpu,
+        run_parallel: None,
     }
 }
 
@@ -124,6 +125,180 @@ fn run_typed_computes_through_the_arena() {
     m.run_f32(&[&a, &b], &mut [&mut out], arena.as_mut_slice())
         .unwrap();
     assert_eq!(out, [2.0, 0.0, 3.0, 8.0, 25.0, 0.0]);
+}
+
+/// A threaded add: each of 6 tasks writes one element of `out = a + 2 b`.
+struct AddCtx {
+    a: *const f32,
+    b: *const f32,
+    out: *mut f32,
+}
+
+unsafe extern "C" fn add_task(ctx: *mut c_void, i: u32) {
+    // SAFETY: `ctx` is the AddCtx of add_parallel's frame; index i < 6 is written once.
+    unsafe {
+        let c = &*(ctx as *const AddCtx);
+        let i = i as usize;
+        *c.out.add(i) = *c.a.add(i) + 2.0 * *c.b.add(i);
+    }
+}
+
+unsafe extern "C" fn add_parallel(
+    inputs: *const *const c_void,
+    outputs: *const *mut c_void,
+    _arena: *mut c_void,
+    threads: *const Threads,
+) -> i32 {
+    // SAFETY: the wrapper passes 2 inputs and 1 output of 6 f32 each; `threads` is the
+    // caller's hook.
+    unsafe {
+        let mut c = AddCtx {
+            a: *inputs as *const f32,
+            b: *inputs.add(1) as *const f32,
+            out: *outputs as *mut f32,
+        };
+        match threads
+            .as_ref()
+            .and_then(|t| t.parallel_for.map(|f| (f, t.pool)))
+        {
+            Some((pf, pool)) => pf(pool, add_task, (&raw mut c).cast(), 6),
+            None => return 99,
+        }
+    }
+    0
+}
+
+/// parallel_for over scoped std threads (the pattern the `Threads` docs show); counts
+/// its calls in the AtomicU32 `pool` points to.
+unsafe extern "C" fn scoped_for(pool: *mut c_void, task: TaskFn, ctx: *mut c_void, n: u32) {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    // SAFETY: `pool` is the test's AtomicU32.
+    unsafe { &*(pool as *const AtomicU32) }.fetch_add(1, Ordering::Relaxed);
+    let next = AtomicU32::new(0);
+    let ctx = ctx as usize;
+    let work = || loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= n {
+            break;
+        }
+        // SAFETY: the model's task and context; each index runs once.
+        unsafe { task(ctx as *mut c_void, i) };
+    };
+    std::thread::scope(|s| {
+        s.spawn(work);
+        work();
+    });
+}
+
+#[test]
+fn run_parallel_goes_through_the_hook() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static PAR: ModelDesc = ModelDesc {
+        run_parallel: Some(add_parallel),
+        ..desc(add_run, Some(yes))
+    };
+    static V1: ModelDesc = ModelDesc {
+        abi_version: 1,
+        run_parallel: Some(add_parallel),
+        ..desc(add_run, Some(yes))
+    };
+    let calls = AtomicU32::new(0);
+    let threads = Threads {
+        parallel_for: Some(scoped_for),
+        pool: (&raw const calls).cast_mut().cast(),
+    };
+    let a = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+    let b = [0.5f32, -1.0, 0.0, 2.0, 10.0, -3.0];
+    let mut arena = Arena64::<64>::new();
+    // SAFETY: valid 'static descriptors.
+    let (par, v1) = unsafe {
+        (
+            Model::from_raw(&PAR).unwrap(),
+            Model::from_raw(&V1).unwrap(),
+        )
+    };
+    let mut out = [0f32; 6];
+    par.run_typed_parallel(&[&a, &b], &mut [&mut out], arena.as_mut_slice(), &threads)
+        .unwrap();
+    assert_eq!(out, [2.0, 0.0, 3.0, 8.0, 25.0, 0.0]);
+    assert_eq!(calls.load(Ordering::Relaxed), 1);
+    // A version-1 descriptor has no run_parallel: the serial entry point runs.
+    let mut out = [0f32; 6];
+    v1.run_typed_parallel(&[&a, &b], &mut [&mut out], arena.as_mut_slice(), &threads)
+        .unwrap();
+    assert_eq!(out, [2.0, 0.0, 3.0, 8.0, 25.0, 0.0]);
+    assert_eq!(calls.load(Ordering::Relaxed), 1);
+}
+
+/// onnxc_pool.h: every index of every job runs exactly once, on 1 to 4 threads, over
+/// many back-to-back jobs of varying size (the reuse the model makes of one pool).
+#[test]
+fn c_pool_runs_every_index_once() {
+    use std::process::Command;
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let dir = std::env::temp_dir().join(std::format!("onnxc-pool-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("pool.c");
+    let exe = dir.join("pool");
+    std::fs::write(
+        &src,
+        r#"
+#include <stdio.h>
+#include "onnxc_pool.h"
+typedef struct { atomic_uint *hits; } job_t;
+static void task(void *ctx, uint32_t i) { atomic_fetch_add(&((job_t *)ctx)->hits[i], 1u); }
+int main(void) {
+  static atomic_uint hits[64];
+  for (int t = 1; t <= 4; t++) {
+    onnxc_pool_t *p = onnxc_pool_create(t);
+    if (!p) { printf("no pool\n"); return 1; }
+    onnxc_threads_t th = onnxc_pool_threads(p);
+    for (int rep = 0; rep < 2000; rep++) {
+      uint32_t n = (uint32_t)(rep % 13);
+      for (int i = 0; i < 64; i++) atomic_store(&hits[i], 0u);
+      job_t job = { hits };
+      th.parallel_for(th.pool, task, &job, n);
+      for (uint32_t i = 0; i < 64; i++) {
+        unsigned want = i < n ? 1u : 0u;
+        if (atomic_load(&hits[i]) != want) { printf("threads %d job %d index %u ran %u times\n", t, rep, i, atomic_load(&hits[i])); return 1; }
+      }
+    }
+    onnxc_pool_destroy(p);
+  }
+  printf("ok\n");
+  return 0;
+}
+"#,
+    )
+    .unwrap();
+    let include = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("include");
+    let built = match Command::new(&cc)
+        .args([
+            "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-I",
+        ])
+        .arg(&include)
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+    {
+        Ok(b) => b,
+        Err(e) => {
+            std::eprintln!("skipping: no C compiler ({cc}): {e}");
+            return;
+        }
+    };
+    assert!(
+        built.status.success(),
+        "{}",
+        std::string::String::from_utf8_lossy(&built.stderr)
+    );
+    let run = Command::new(&exe).output().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(
+        std::string::String::from_utf8_lossy(&run.stdout).trim(),
+        "ok"
+    );
 }
 
 #[test]
@@ -268,8 +443,8 @@ fn cpu_and_status_errors() {
 
 #[test]
 fn from_raw_rejects_bad_descriptors() {
-    static OLD: ModelDesc = ModelDesc {
-        abi_version: 2,
+    static NEWER: ModelDesc = ModelDesc {
+        abi_version: ABI_VERSION + 1,
         ..desc(add_run, None)
     };
     static NO_RUN: ModelDesc = ModelDesc {
@@ -291,10 +466,10 @@ fn from_raw_rejects_bad_descriptors() {
             Some(Error::NullDescriptor)
         );
         assert_eq!(
-            Model::from_raw(&OLD).err(),
+            Model::from_raw(&NEWER).err(),
             Some(Error::AbiVersion {
-                expected: 1,
-                found: 2
+                expected: ABI_VERSION,
+                found: ABI_VERSION + 1
             })
         );
         assert!(matches!(
@@ -393,6 +568,8 @@ int main(void) {
     offsetof(onnxc_model_t, name), offsetof(onnxc_model_t, inputs), offsetof(onnxc_model_t, outputs),
     offsetof(onnxc_model_t, arena_bytes), offsetof(onnxc_model_t, arena_align), offsetof(onnxc_model_t, run),
     offsetof(onnxc_model_t, cpu_supported));
+  printf("%zu %zu %zu %zu\n", sizeof(onnxc_threads_t), offsetof(onnxc_threads_t, parallel_for),
+    offsetof(onnxc_threads_t, pool), offsetof(onnxc_model_t, run_parallel));
   for (int s = 0; s <= 4; s++) printf("%s\n", onnxc_status_str(s));
   return 0;
 }
@@ -471,11 +648,20 @@ int main(void) {
             offset_of!(ModelDesc, cpu_supported),
         ]
     );
+    assert_eq!(
+        nums(lines[3]),
+        vec![
+            size_of::<Threads>(),
+            offset_of!(Threads, parallel_for),
+            offset_of!(Threads, pool),
+            offset_of!(ModelDesc, run_parallel),
+        ]
+    );
     for code in 0..4 {
         assert_eq!(
-            lines[3 + code as usize],
+            lines[4 + code as usize],
             Status::from_code(code).unwrap().as_str()
         );
     }
-    assert_eq!(lines[7], "unknown status");
+    assert_eq!(lines[8], "unknown status");
 }

@@ -1,0 +1,164 @@
+/*
+ * onnxc_pool.h: a small pthreads thread pool that implements onnxc_threads_t, so that a
+ * C program can spread a compiled model's run over several cores:
+ *
+ *     onnxc_pool_t *pool = onnxc_pool_create(4);     // the caller plus 3 workers
+ *     onnxc_threads_t threads = onnxc_pool_threads(pool);
+ *     int32_t rc = model_run_parallel(inputs, outputs, arena, &threads);
+ *     ...
+ *     onnxc_pool_destroy(pool);
+ *
+ * Header-only (every function is static inline), C99 plus pthreads and C11 atomics; link with
+ * -pthread. This file is the application's side of the contract: it allocates and creates
+ * threads, which the compiled model itself never does. One pool serves one run at a time
+ * (parallel_for is not reentrant per pool); use a pool per concurrently running thread.
+ */
+#ifndef ONNXC_POOL_H
+#define ONNXC_POOL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include "onnxc_runtime.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct onnxc_pool {
+  pthread_mutex_t mu;
+  pthread_cond_t wake;  /* workers wait here for a new job */
+  pthread_cond_t idle;  /* the caller waits here for the job's end */
+  pthread_t *workers;
+  int n_workers;
+  /* The current job, written under mu. */
+  onnxc_task_fn task;
+  void *ctx;
+  uint32_t n;
+  unsigned long gen;    /* job number; a worker runs each job at most once */
+  int active;           /* workers inside the current job */
+  int stop;
+  atomic_uint next;     /* next index to claim */
+  atomic_uint done;     /* indices finished */
+} onnxc_pool_t;
+
+/* Claims and runs indices of the current job until none is left. */
+static inline void onnxc_pool__drain_(onnxc_pool_t *p, onnxc_task_fn task, void *ctx, uint32_t n) {
+  for (;;) {
+    unsigned i = atomic_fetch_add(&p->next, 1u);
+    if (i >= n) break;
+    task(ctx, i);
+    if (atomic_fetch_add(&p->done, 1u) + 1u == n) {
+      pthread_mutex_lock(&p->mu);
+      pthread_cond_broadcast(&p->idle);
+      pthread_mutex_unlock(&p->mu);
+    }
+  }
+}
+
+static inline void *onnxc_pool__worker_(void *arg) {
+  onnxc_pool_t *p = (onnxc_pool_t *)arg;
+  unsigned long seen = 0;
+  pthread_mutex_lock(&p->mu);
+  for (;;) {
+    while (!p->stop && p->gen == seen) pthread_cond_wait(&p->wake, &p->mu);
+    if (p->stop) break;
+    seen = p->gen;
+    onnxc_task_fn task = p->task;
+    void *ctx = p->ctx;
+    uint32_t n = p->n;
+    p->active++;
+    pthread_mutex_unlock(&p->mu);
+    onnxc_pool__drain_(p, task, ctx, n);
+    pthread_mutex_lock(&p->mu);
+    if (--p->active == 0) pthread_cond_broadcast(&p->idle);
+  }
+  pthread_mutex_unlock(&p->mu);
+  return NULL;
+}
+
+/* The onnxc_threads_t.parallel_for of a pool: the calling thread takes part. */
+static inline void onnxc_pool_parallel_for(void *pool, onnxc_task_fn task, void *ctx, uint32_t n) {
+  onnxc_pool_t *p = (onnxc_pool_t *)pool;
+  if (n == 0) return;
+  if (p->n_workers == 0 || n == 1) {
+    for (uint32_t i = 0; i < n; i++) task(ctx, i);
+    return;
+  }
+  pthread_mutex_lock(&p->mu);
+  /* A worker still inside the previous job (claiming nothing) must leave it before the
+   * counters are reset, or it could run an index of this job with the old task. */
+  while (p->active > 0) pthread_cond_wait(&p->idle, &p->mu);
+  p->task = task;
+  p->ctx = ctx;
+  p->n = n;
+  atomic_store(&p->next, 0u);
+  atomic_store(&p->done, 0u);
+  p->gen++;
+  pthread_cond_broadcast(&p->wake);
+  pthread_mutex_unlock(&p->mu);
+  onnxc_pool__drain_(p, task, ctx, n);
+  pthread_mutex_lock(&p->mu);
+  while (atomic_load(&p->done) < n) pthread_cond_wait(&p->idle, &p->mu);
+  pthread_mutex_unlock(&p->mu);
+}
+
+/* A pool of `threads` threads in all: the caller of parallel_for and threads - 1 workers.
+ * Returns NULL when out of memory or threads cannot be created. */
+static inline onnxc_pool_t *onnxc_pool_create(int threads) {
+  onnxc_pool_t *p = (onnxc_pool_t *)calloc(1, sizeof *p);
+  if (!p) return NULL;
+  int want = threads > 1 ? threads - 1 : 0;
+  p->workers = want ? (pthread_t *)calloc((size_t)want, sizeof(pthread_t)) : NULL;
+  if (want && !p->workers) { free(p); return NULL; }
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->wake, NULL);
+  pthread_cond_init(&p->idle, NULL);
+  atomic_init(&p->next, 0u);
+  atomic_init(&p->done, 0u);
+  for (int i = 0; i < want; i++) {
+    if (pthread_create(&p->workers[i], NULL, onnxc_pool__worker_, p) != 0) break;
+    p->n_workers++;
+  }
+  if (p->n_workers < want) {
+    /* Fewer threads than asked: stop the ones made and fail. */
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->n_workers; i++) pthread_join(p->workers[i], NULL);
+    free(p->workers);
+    free(p);
+    return NULL;
+  }
+  return p;
+}
+
+/* The pool as the model's onnxc_threads_t. */
+static inline onnxc_threads_t onnxc_pool_threads(onnxc_pool_t *p) {
+  onnxc_threads_t t;
+  t.parallel_for = onnxc_pool_parallel_for;
+  t.pool = p;
+  return t;
+}
+
+static inline void onnxc_pool_destroy(onnxc_pool_t *p) {
+  if (!p) return;
+  pthread_mutex_lock(&p->mu);
+  p->stop = 1;
+  pthread_cond_broadcast(&p->wake);
+  pthread_mutex_unlock(&p->mu);
+  for (int i = 0; i < p->n_workers; i++) pthread_join(p->workers[i], NULL);
+  pthread_mutex_destroy(&p->mu);
+  pthread_cond_destroy(&p->wake);
+  pthread_cond_destroy(&p->idle);
+  free(p->workers);
+  free(p);
+}
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ONNXC_POOL_H */
