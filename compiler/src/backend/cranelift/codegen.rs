@@ -88,9 +88,11 @@ struct Gen<'a, 'b> {
     libm: &'a mut HashMap<&'static str, FuncId>,
     /// Machine-code calls for the kernel's `Stmt::Gemm`s, in statement order.
     gemms: std::vec::IntoIter<super::gemm::Plan>,
+    /// The kernel's `const onnxc_threads_t *` (null: run on the caller's thread).
+    threads: Value,
 }
 
-/// Emits kernel `k` into `func` (whose signature is `(inputs, outputs, arena)`).
+/// Emits kernel `k` into `func` (whose signature is `(inputs, outputs, arena, threads)`).
 #[allow(clippy::too_many_arguments)]
 pub fn kernel(
     module: &mut ObjectModule,
@@ -118,9 +120,9 @@ pub fn kernel(
     b.append_block_params_for_function_params(entry);
     b.switch_to_block(entry);
     b.seal_block(entry);
-    let (ins, outs, arena) = {
+    let (ins, outs, arena, threads) = {
         let v = b.block_params(entry);
-        (v[0], v[1], v[2])
+        (v[0], v[1], v[2], v[3])
     };
     // Base address of every buffer the kernel touches, computed once in the entry block.
     let mut used = Vec::new();
@@ -157,6 +159,7 @@ pub fn kernel(
         bases,
         libm,
         gemms: gemms.into_iter(),
+        threads,
     };
     g.stmts(&k.body)?;
     g.b.ins().return_(&[]);
@@ -303,9 +306,9 @@ impl Gen<'_, '_> {
                     .gemms
                     .next()
                     .ok_or_else(|| format!("kernel `{}`: gemm without a plan", self.k.name))?;
-                let (func, pa, pb) = match plan {
+                let (func, pa, pb, split) = match plan {
                     super::gemm::Plan::Vec4 => return self.gemm_vec4(g),
-                    super::gemm::Plan::Asm { func, a, b } => (func, a, b),
+                    super::gemm::Plan::Asm { func, a, b, split } => (func, a, b, split),
                 };
                 let ptr = self.module.isa().pointer_type();
                 let mut args = Vec::new();
@@ -322,11 +325,66 @@ impl Gen<'_, '_> {
                     Some(v) => self.addr(v.buf, &v.offset)?,
                     None => self.b.ins().iconst(ptr, 0),
                 });
-                let fr = self.module.declare_func_in_func(func, self.b.func);
-                self.b.ins().call(fr, &args);
+                match split {
+                    Some(sp) => self.gemm_split(func, sp, &args),
+                    None => {
+                        let fr = self.module.declare_func_in_func(func, self.b.func);
+                        self.b.ins().call(fr, &args);
+                    }
+                }
             }
         }
         Ok(())
+    }
+
+    /// A split microkernel call: with a `parallel_for` hook, the operand pointers go to a
+    /// stack slot and the hook runs the parts; without one, the whole call runs here.
+    fn gemm_split(&mut self, func: FuncId, sp: super::gemm::Split, args: &[Value]) {
+        let ptr = self.module.isa().pointer_type();
+        let (serial, check, par, done) = (
+            self.b.create_block(),
+            self.b.create_block(),
+            self.b.create_block(),
+            self.b.create_block(),
+        );
+        self.b.ins().brif(self.threads, check, &[], serial, &[]);
+        self.b.switch_to_block(check);
+        let pf = self
+            .b
+            .ins()
+            .load(ptr, MemFlagsData::trusted(), self.threads, 0);
+        self.b.ins().brif(pf, par, &[], serial, &[]);
+        self.b.switch_to_block(par);
+        let ss = self
+            .b
+            .create_sized_stack_slot(cranelift_codegen::ir::StackSlotData::new(
+                cranelift_codegen::ir::StackSlotKind::ExplicitSlot,
+                (8 * args.len()) as u32,
+                3,
+            ));
+        for (k, v) in args.iter().enumerate() {
+            self.b.ins().stack_store(ptr, *v, ss, (8 * k) as i32);
+        }
+        let cx = self.b.ins().stack_addr(ptr, ss, 0);
+        let pool = self
+            .b
+            .ins()
+            .load(ptr, MemFlagsData::trusted(), self.threads, 8);
+        let tf = self.module.declare_func_in_func(sp.task, self.b.func);
+        let task = self.b.ins().func_addr(ptr, tf);
+        let n = self.b.ins().iconst(types::I32, i64::from(sp.tasks));
+        let mut sig = Signature::new(self.module.isa().default_call_conv());
+        for t in [ptr, ptr, ptr, types::I32] {
+            sig.params.push(AbiParam::new(t));
+        }
+        let sref = self.b.import_signature(sig);
+        self.b.ins().call_indirect(sref, pf, &[pool, task, cx, n]);
+        self.b.ins().jump(done, &[]);
+        self.b.switch_to_block(serial);
+        let fr = self.module.declare_func_in_func(func, self.b.func);
+        self.b.ins().call(fr, args);
+        self.b.ins().jump(done, &[]);
+        self.b.switch_to_block(done);
     }
 
     /// `for i in 0..n { body(i) }` with an i64 counter.

@@ -30,10 +30,32 @@ pub enum Plan {
         func: FuncId,
         a: Operand,
         b: Operand,
+        /// How the call splits into tasks for the application's `parallel_for`, when it
+        /// is large enough to pay for the dispatch.
+        split: Option<Split>,
     },
     /// f32x4 register tiles in Cranelift IR (NEON); n is a multiple of [`VEC_NR`].
     Vec4,
 }
+
+/// A microkernel call cut into `tasks` equal parts of whole register tiles (the last may
+/// be smaller), by columns or, when C has too few columns, by rows. Part `t` runs `func`
+/// (`last` for the final part) on the operands advanced by `t` times the steps (bytes).
+/// Every part accumulates over k in the same blocks as the whole call, so the results are
+/// bit-identical to the serial call.
+#[derive(Clone, Copy, Debug)]
+pub struct Split {
+    pub tasks: u32,
+    /// The task function `(ctx, index)` that runs part `index` (ctx: the four operand
+    /// pointers a, b, c, init).
+    pub task: FuncId,
+}
+
+/// The least work (multiply-adds) of a GEMM worth handing to threads: below it the
+/// dispatch (tens of microseconds with a sleeping pool) costs more than it saves.
+pub const SPLIT_MIN_MACS: usize = 1 << 20;
+/// The most parts one call is cut into (12: divisible by 2, 3, 4 and 6 threads).
+pub const SPLIT_MAX_TASKS: usize = 12;
 
 /// Columns of a Cranelift f32x4 tile (two vectors) and its rows.
 pub const VEC_NR: u64 = 8;
@@ -49,6 +71,8 @@ pub struct GemmCtx {
     l2_kib: u32,
     prefix: String,
     funcs: HashMap<Spec, FuncId>,
+    /// Task functions made so far (for their names).
+    tasks: usize,
     packs: HashMap<PackKey, DataId>,
 }
 
@@ -72,6 +96,7 @@ impl GemmCtx {
             l2_kib,
             prefix: prefix.to_string(),
             funcs: HashMap::new(),
+            tasks: 0,
             packs: HashMap::new(),
         }
     }
@@ -258,33 +283,104 @@ impl GemmCtx {
             kc,
             nc,
         };
-        let func = match self.funcs.get(&spec) {
-            Some(f) => *f,
-            None => {
-                let code = match x86::generate(&spec) {
-                    Ok(c) => c,
-                    // Shapes the generator refuses (huge strides) run as loops.
-                    Err(_) => return Ok(None),
-                };
-                let mut sig = Signature::new(module.isa().default_call_conv());
-                for _ in 0..4 {
-                    sig.params.push(AbiParam::new(types::I64));
-                }
-                let name = format!("{}__gemm{}", self.prefix, self.funcs.len());
-                let id = module
-                    .declare_function(&name, Linkage::Local, &sig)
-                    .map_err(|e| format!("declare {name}: {e}"))?;
-                module
-                    .define_function_bytes(id, 64, &code, &[])
-                    .map_err(|e| format!("define {name}: {e}"))?;
-                self.funcs.insert(spec, id);
-                id
-            }
+        let Some(func) = self.func(module, &spec)? else {
+            return Ok(None);
         };
+        let split = self.split(module, &spec)?;
         Ok(Some(Plan::Asm {
             func,
             a: a_op,
             b: b_op,
+            split,
+        }))
+    }
+
+    /// The machine-code function of `spec`, generated once per distinct spec.
+    fn func(&mut self, module: &mut ObjectModule, spec: &Spec) -> R<Option<FuncId>> {
+        if let Some(f) = self.funcs.get(spec) {
+            return Ok(Some(*f));
+        }
+        let code = match x86::generate(spec) {
+            Ok(c) => c,
+            // Shapes the generator refuses (huge strides) run as loops.
+            Err(_) => return Ok(None),
+        };
+        let mut sig = Signature::new(module.isa().default_call_conv());
+        for _ in 0..4 {
+            sig.params.push(AbiParam::new(types::I64));
+        }
+        let name = format!("{}__gemm{}", self.prefix, self.funcs.len());
+        let id = module
+            .declare_function(&name, Linkage::Local, &sig)
+            .map_err(|e| format!("declare {name}: {e}"))?;
+        module
+            .define_function_bytes(id, 64, &code, &[])
+            .map_err(|e| format!("define {name}: {e}"))?;
+        self.funcs.insert(spec.clone(), id);
+        Ok(Some(id))
+    }
+
+    /// Cuts a large call into parts for `parallel_for`: by columns in whole B panels when
+    /// there are at least as many as rows tiles, else by rows in whole register tiles.
+    fn split(&mut self, module: &mut ObjectModule, spec: &Spec) -> R<Option<Split>> {
+        if spec.m * spec.n * spec.k < SPLIT_MIN_MACS {
+            return Ok(None);
+        }
+        let isa = spec.isa;
+        let gw = spec.b_group * isa.nr();
+        let col_units = spec.n.div_ceil(gw);
+        let row_units = spec.m.div_ceil(isa.mr());
+        let by_cols = col_units >= row_units;
+        let units = if by_cols { col_units } else { row_units };
+        if units < 2 {
+            return Ok(None);
+        }
+        let per = units.div_ceil(units.min(SPLIT_MAX_TASKS));
+        let tasks = units.div_ceil(per);
+        let part = |size: usize| {
+            let mut s = spec.clone();
+            if by_cols {
+                s.n = size;
+                let (kc, nc) = x86::blocking(isa, s.k, s.n, self.l1_kib, self.l2_kib);
+                s.kc = kc;
+                s.nc = nc.div_ceil(gw) * gw;
+            } else {
+                s.m = size;
+            }
+            s
+        };
+        let (whole, unit) = if by_cols {
+            (spec.n, gw)
+        } else {
+            (spec.m, isa.mr())
+        };
+        let first = part(per * unit);
+        let last = part(whole - (tasks - 1) * per * unit);
+        let (Some(f_first), Some(f_last)) = (self.func(module, &first)?, self.func(module, &last)?)
+        else {
+            return Ok(None);
+        };
+        // Byte steps of a, b, c, init per part.
+        let (ia, ib) = spec.init.unwrap_or((0, 0));
+        let steps: [i64; 4] = if by_cols {
+            let cols = (per * gw) as i64;
+            [0, per as i64 * spec.b_panel, cols * 4, cols * ib]
+        } else {
+            let rows = (per * isa.mr()) as i64;
+            [per as i64 * spec.a_tile, 0, rows * spec.c_rs, rows * ia]
+        };
+        let task = task_function(
+            module,
+            &format!("{}__gemm_task{}", self.prefix, self.tasks),
+            f_first,
+            f_last,
+            tasks as u32,
+            steps,
+        )?;
+        self.tasks += 1;
+        Ok(Some(Split {
+            tasks: tasks as u32,
+            task,
         }))
     }
 
@@ -435,4 +531,69 @@ pub fn act_expr(a: GemmAct, x: Expr) -> Expr {
             x,
         ),
     }
+}
+
+/// `void task(void *ctx, uint32_t index)`, the `onnxc_task_fn` of a split call: reads the
+/// operand pointers a, b, c, init from `ctx`, advances each by `index` steps and calls
+/// `first` (`last` for the final part).
+fn task_function(
+    module: &mut ObjectModule,
+    name: &str,
+    first: FuncId,
+    last: FuncId,
+    tasks: u32,
+    steps: [i64; 4],
+) -> R<FuncId> {
+    use cranelift_codegen::ir::{condcodes::IntCC, InstBuilder, MemFlagsData};
+    use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+    let ptr = module.isa().pointer_type();
+    let mut sig = Signature::new(module.isa().default_call_conv());
+    sig.params.push(AbiParam::new(ptr));
+    sig.params.push(AbiParam::new(types::I32));
+    let id = module
+        .declare_function(name, Linkage::Local, &sig)
+        .map_err(|e| format!("declare {name}: {e}"))?;
+    let mut ctx = module.make_context();
+    ctx.func.signature = sig;
+    let mut fbc = FunctionBuilderContext::new();
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fbc);
+        let entry = b.create_block();
+        b.append_block_params_for_function_params(entry);
+        b.switch_to_block(entry);
+        let (cx, idx) = {
+            let v = b.block_params(entry);
+            (v[0], v[1])
+        };
+        let i = b.ins().uextend(types::I64, idx);
+        let mut args = Vec::new();
+        for (k, step) in steps.iter().enumerate() {
+            let p = b
+                .ins()
+                .load(ptr, MemFlagsData::trusted(), cx, (8 * k) as i32);
+            args.push(if *step == 0 {
+                p
+            } else {
+                let off = b.ins().imul_imm_s(i, *step);
+                b.ins().iadd(p, off)
+            });
+        }
+        let is_last = b.ins().icmp_imm_s(IntCC::Equal, i, i64::from(tasks) - 1);
+        let (lb, fb, done) = (b.create_block(), b.create_block(), b.create_block());
+        b.ins().brif(is_last, lb, &[], fb, &[]);
+        for (blk, f) in [(lb, last), (fb, first)] {
+            b.switch_to_block(blk);
+            let fr = module.declare_func_in_func(f, b.func);
+            b.ins().call(fr, &args);
+            b.ins().jump(done, &[]);
+        }
+        b.switch_to_block(done);
+        b.ins().return_(&[]);
+        b.seal_all_blocks();
+        b.finalize(module.isa().frontend_config());
+    }
+    module
+        .define_function(id, &mut ctx)
+        .map_err(|e| format!("{name}: {e:?}"))?;
+    Ok(id)
 }

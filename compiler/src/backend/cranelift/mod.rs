@@ -1,6 +1,8 @@
 //! Kernel IR -> Cranelift IR -> a relocatable object file (cranelift-object), for x86_64
-//! and aarch64. Each kernel becomes a local function `(inputs, outputs, arena) -> ()`;
+//! and aarch64. Each kernel becomes a local function `(inputs, outputs, arena, threads)`;
 //! the exported entry points check their pointers and call the kernels in order.
+//! `threads` is the caller's `const onnxc_threads_t *` (or null): kernels with large
+//! GEMMs hand their parts to its `parallel_for` (see gemm.rs, [`gemm::Split`]).
 
 mod codegen;
 pub mod gemm;
@@ -135,7 +137,7 @@ pub fn compile_object(spec: &ObjectSpec) -> R<Vec<u8>> {
     let mut ksig = Signature::new(CallConv::SystemV);
     let call_conv = module.isa().default_call_conv();
     ksig.call_conv = call_conv;
-    for _ in 0..3 {
+    for _ in 0..4 {
         ksig.params.push(AbiParam::new(ptr));
     }
     let mut ctx = module.make_context();
@@ -172,25 +174,29 @@ pub fn compile_object(spec: &ObjectSpec) -> R<Vec<u8>> {
         kernel_ids.push(fid);
     }
 
-    // PREFIX_run_v(inputs, outputs, arena) -> status.
-    let mut rsig = Signature::new(call_conv);
-    for _ in 0..3 {
-        rsig.params.push(AbiParam::new(ptr));
+    // PREFIX_run_parallel(inputs, outputs, arena, threads) -> status.
+    let mut psig = Signature::new(call_conv);
+    for _ in 0..4 {
+        psig.params.push(AbiParam::new(ptr));
     }
-    rsig.returns.push(AbiParam::new(types::I32));
-    let run_v = module
-        .declare_function(&format!("{}_run_v", spec.prefix), Linkage::Export, &rsig)
-        .map_err(err("declare run_v"))?;
-    ctx.func.signature = rsig.clone();
+    psig.returns.push(AbiParam::new(types::I32));
+    let run_p = module
+        .declare_function(
+            &format!("{}_run_parallel", spec.prefix),
+            Linkage::Export,
+            &psig,
+        )
+        .map_err(err("declare run_parallel"))?;
+    ctx.func.signature = psig.clone();
     {
         let mut b = FunctionBuilder::new(&mut ctx.func, &mut fbc);
         let entry = b.create_block();
         b.append_block_params_for_function_params(entry);
         b.switch_to_block(entry);
         b.seal_block(entry);
-        let (ins, outs, arena) = {
+        let (ins, outs, arena, threads) = {
             let v = b.block_params(entry);
-            (v[0], v[1], v[2])
+            (v[0], v[1], v[2], v[3])
         };
         let fail = |b: &mut FunctionBuilder, cond, code: i64| {
             let bad = b.create_block();
@@ -232,10 +238,39 @@ pub fn compile_object(spec: &ObjectSpec) -> R<Vec<u8>> {
         }
         for &fid in &kernel_ids {
             let fr = module.declare_func_in_func(fid, b.func);
-            b.ins().call(fr, &[ins, outs, arena]);
+            b.ins().call(fr, &[ins, outs, arena, threads]);
         }
         let zero = b.ins().iconst(types::I32, 0);
         b.ins().return_(&[zero]);
+        b.finalize(fcfg);
+    }
+    module
+        .define_function(run_p, &mut ctx)
+        .map_err(|e| format!("run_parallel: {e:?}"))?;
+    module.clear_context(&mut ctx);
+
+    // PREFIX_run_v(inputs, outputs, arena) -> status: run_parallel without threads.
+    let mut rsig = Signature::new(call_conv);
+    for _ in 0..3 {
+        rsig.params.push(AbiParam::new(ptr));
+    }
+    rsig.returns.push(AbiParam::new(types::I32));
+    let run_v = module
+        .declare_function(&format!("{}_run_v", spec.prefix), Linkage::Export, &rsig)
+        .map_err(err("declare run_v"))?;
+    ctx.func.signature = rsig;
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fbc);
+        let entry = b.create_block();
+        b.append_block_params_for_function_params(entry);
+        b.switch_to_block(entry);
+        b.seal_block(entry);
+        let mut args = b.block_params(entry).to_vec();
+        args.push(b.ins().iconst(ptr, 0));
+        let fr = module.declare_func_in_func(run_p, b.func);
+        let call = b.ins().call(fr, &args);
+        let r = b.inst_results(call)[0];
+        b.ins().return_(&[r]);
         b.finalize(fcfg);
     }
     module
@@ -290,7 +325,7 @@ pub fn compile_object(spec: &ObjectSpec) -> R<Vec<u8>> {
     let cpu = define_cpu_supported(&mut module, spec, &mut ctx, &mut fbc)?;
 
     // The descriptor (onnxc_model_t) and its tensor tables.
-    define_descriptor(&mut module, spec, run_v, cpu)?;
+    define_descriptor(&mut module, spec, run_v, cpu, run_p)?;
 
     let product = module.finish();
     product.emit().map_err(err("emit object"))
@@ -451,12 +486,16 @@ fn x86_cpu_check(features: &[String]) -> Vec<u8> {
     c
 }
 
-/// Writes `PREFIX_model` (onnxc_model_t, ABI version 1) and its tables.
+/// The `onnxc_model_t` layout version written (`ONNXC_ABI_VERSION`).
+pub const ABI_VERSION: u32 = 2;
+
+/// Writes `PREFIX_model` (onnxc_model_t, ABI version 2) and its tables.
 fn define_descriptor(
     module: &mut ObjectModule,
     spec: &ObjectSpec,
     run_v: FuncId,
     cpu: FuncId,
+    run_p: FuncId,
 ) -> R<()> {
     let p = spec.prefix;
     let counter = std::cell::Cell::new(0usize);
@@ -527,9 +566,9 @@ fn define_descriptor(
     let outs = table(module, spec.outputs, "outputs")?;
     let name = cstr(module, p)?;
     // onnxc_model_t: u32 abi, u32 n_in, u32 n_out, u32 reserved, name, inputs, outputs,
-    // u64 arena_bytes, u64 arena_align, run, cpu_supported (72 bytes).
-    let mut bytes = vec![0u8; 72];
-    bytes[0..4].copy_from_slice(&1u32.to_le_bytes());
+    // u64 arena_bytes, u64 arena_align, run, cpu_supported, run_parallel (80 bytes).
+    let mut bytes = vec![0u8; 80];
+    bytes[0..4].copy_from_slice(&ABI_VERSION.to_le_bytes());
     bytes[4..8].copy_from_slice(&(spec.inputs.len() as u32).to_le_bytes());
     bytes[8..12].copy_from_slice(&(spec.outputs.len() as u32).to_le_bytes());
     bytes[40..48].copy_from_slice(&spec.program.arena_bytes.to_le_bytes());
@@ -554,6 +593,8 @@ fn define_descriptor(
     dd.write_function_addr(56, fr);
     let fr = module.declare_func_in_data(cpu, &mut dd);
     dd.write_function_addr(64, fr);
+    let fr = module.declare_func_in_data(run_p, &mut dd);
+    dd.write_function_addr(72, fr);
     module
         .define_data(id, &dd)
         .map_err(err("define descriptor"))?;
