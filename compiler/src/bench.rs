@@ -61,7 +61,7 @@ pub struct BenchReport {
     pub model: String,
     pub target: String,
     pub threads: usize,
-    /// Threads the compiled model used (1 until a `parallel_for` hook exists).
+    /// Threads the compiled model ran on (through `run_parallel` and onnxc_pool.h).
     pub onnxc_threads: usize,
     pub flops: Option<u64>,
     pub onnxc: Timing,
@@ -224,6 +224,7 @@ fn bench_in(
     let obj = dir.join("model.o");
     std::fs::write(&obj, &c.artifacts.object).map_err(io(&obj))?;
     std::fs::write(dir.join("onnxc_runtime.h"), runner::RUNTIME_H).map_err(io(dir))?;
+    std::fs::write(dir.join("onnxc_pool.h"), runner::POOL_H).map_err(io(dir))?;
     let src = dir.join("bench.c");
     std::fs::write(&src, BENCH_C).map_err(io(&src))?;
     let exe = dir.join("bench");
@@ -236,6 +237,7 @@ fn bench_in(
             .arg(&src)
             .arg(&obj)
             .arg("-lm")
+            .arg("-pthread")
             .arg("-o")
             .arg(&exe),
         "linking the benchmark",
@@ -244,7 +246,8 @@ fn bench_in(
         Command::new(&exe)
             .arg(dir)
             .arg(opts.iters.to_string())
-            .arg(opts.warmup.to_string()),
+            .arg(opts.warmup.to_string())
+            .arg(opts.threads.to_string()),
         "running the compiled model",
     )?;
     let onnxc = Timing::from_ns(read_times(&dir.join("times_ns.txt"))?)
@@ -307,7 +310,7 @@ fn bench_in(
         model: model.display().to_string(),
         target: c.target.name.clone(),
         threads: opts.threads,
-        onnxc_threads: 1,
+        onnxc_threads: opts.threads.max(1),
         flops,
         onnxc,
         ort,

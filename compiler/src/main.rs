@@ -614,6 +614,11 @@ fn compile(args: CompileArgs) -> Result<()> {
                 path: rt.clone(),
                 source: e,
             })?;
+            let pool = header.with_file_name("onnxc_pool.h");
+            std::fs::write(&pool, onnxc::runner::POOL_H).map_err(|e| Error::Io {
+                path: pool.clone(),
+                source: e,
+            })?;
             eprintln!(
                 "wrote {} ({} bytes), {} and {} for target {}: arena {} bytes, call {}_run()",
                 out.display(),

@@ -365,6 +365,60 @@ fn rel_err(got: &Tensor, want: &Tensor) -> f64 {
 }
 
 fn check_target(target: &str) {
+    check(target, cases(), &[1]);
+}
+
+/// Products big enough that the microkernel call is split into tasks for the
+/// `parallel_for` hook: by columns (wide N), by rows (tall M, narrow N), with both
+/// operands inputs, with a fused epilogue, as a convolution, and with an uneven N.
+fn split_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for (m, k, n, konst) in [
+        (256, 256, 256, true),
+        (600, 128, 24, true),
+        (200, 300, 150, false),
+        (96, 160, 1000, true),
+    ] {
+        v.push(one_node(
+            &format!("split_matmul_{m}x{k}x{n}_{konst}"),
+            "MatMul",
+            &[("a", &[m, k], false), ("b", &[k, n], konst)],
+            &[m, n],
+            vec![],
+            &[],
+        ));
+    }
+    v.push(one_node(
+        "split_gemm_bias_relu",
+        "Gemm",
+        &[
+            ("a", &[128, 256], false),
+            ("b", &[256, 200], true),
+            ("c", &[200], true),
+        ],
+        &[128, 200],
+        vec![],
+        &["Relu"],
+    ));
+    v.push(one_node(
+        "split_conv3x3",
+        "Conv",
+        &[
+            ("x", &[1, 16, 40, 40], false),
+            ("w", &[32, 16, 3, 3], true),
+            ("bias", &[32], true),
+        ],
+        &[1, 32, 40, 40],
+        vec![ints_attr("pads", &[1, 1, 1, 1])],
+        &["Relu"],
+    ));
+    v
+}
+
+/// Compiles each case for `target`, runs it on a pool of each of `threads` (1 runs the
+/// serial entry point), and checks every run against the reference evaluator (1e-4) and
+/// every threaded run bit for bit against the serial one.
+fn check(target: &str, cases: Vec<Case>, threads: &[usize]) {
     let scratch = tempfile::tempdir().unwrap();
     let env = match CompiledEnv::new(target, scratch.path()) {
         Ok(e) => e,
@@ -377,7 +431,7 @@ fn check_target(target: &str) {
         return;
     }
     let mut failures = Vec::new();
-    for (ci, case) in cases().into_iter().enumerate() {
+    for (ci, case) in cases.into_iter().enumerate() {
         let path = common::write_model(scratch.path(), &format!("{}.onnx", case.name), &case.model);
         let m = onnx::load(&path).unwrap();
         let inputs: Vec<Tensor> = case
@@ -409,6 +463,18 @@ fn check_target(target: &str) {
         let obj = dir.join("model.o");
         let exe = dir.join("model.exe");
         std::fs::write(&obj, &c.artifacts.object).unwrap();
+        if threads.len() > 1
+            && !c
+                .artifacts
+                .object
+                .windows(16)
+                .any(|w| w == b"model__gemm_task")
+        {
+            failures.push(format!(
+                "{}: no split task function in the object",
+                case.name
+            ));
+        }
         onnxc::runner::link(&env.toolchain, &env.harness, &obj, &exe).unwrap();
         let outs: Vec<(DType, Vec<usize>)> = c
             .graph
@@ -419,12 +485,28 @@ fn check_target(target: &str) {
                 (ty.dtype().unwrap(), ty.static_shape().unwrap())
             })
             .collect();
-        let got = onnxc::runner::execute(&env.toolchain, &exe, &dir, &inputs, &outs)
-            .unwrap_or_else(|e| panic!("{}: run: {e}", case.name));
         let want = want[0].clone().into_tensor().unwrap();
-        let err = rel_err(&got[0], &want);
-        if err.is_nan() || err > 1e-4 {
-            failures.push(format!("{}: relative error {err:e}", case.name));
+        let mut serial: Option<Vec<f32>> = None;
+        for &th in threads {
+            let got =
+                onnxc::runner::execute_threads(&env.toolchain, &exe, &dir, &inputs, &outs, th)
+                    .unwrap_or_else(|e| panic!("{} ({th} threads): run: {e}", case.name));
+            let err = rel_err(&got[0], &want);
+            if err.is_nan() || err > 1e-4 {
+                failures.push(format!(
+                    "{} ({th} threads): relative error {err:e}",
+                    case.name
+                ));
+            }
+            let bits = got[0].to_f64().unwrap().iter().map(|&x| x as f32).collect();
+            match &serial {
+                None => serial = Some(bits),
+                Some(s) if *s != bits => failures.push(format!(
+                    "{} ({th} threads): differs from the serial run",
+                    case.name
+                )),
+                Some(_) => {}
+            }
         }
     }
     assert!(
@@ -432,6 +514,22 @@ fn check_target(target: &str) {
         "{target}: wrong results:\n{}",
         failures.join("\n")
     );
+}
+
+/// The split microkernel calls on a pool of 2 and 3 threads, where the microkernel
+/// exists (the task functions must be in the object, or the hook was never used).
+fn check_split(target: &str) {
+    check(target, split_cases(), &[1, 2, 3]);
+}
+
+#[test]
+fn gemm_split_threads_x86_64_avx512() {
+    check_split("x86_64-avx512");
+}
+
+#[test]
+fn gemm_split_threads_x86_64_avx2() {
+    check_split("x86_64-avx2");
 }
 
 #[test]

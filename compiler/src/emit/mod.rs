@@ -226,6 +226,14 @@ pub fn header(
         h,
         "int32_t {prefix}_run_v(const void *const *inputs, void *const *outputs, void *arena);"
     );
+    let _ = writeln!(
+        h,
+        "/* The same on the application's threads: large GEMMs and convolutions are cut into parts\n * that threads->parallel_for runs (see onnxc_runtime.h, onnxc_pool.h); NULL runs serially. */"
+    );
+    let _ = writeln!(
+        h,
+        "int32_t {prefix}_run_parallel(const void *const *inputs, void *const *outputs, void *arena,\n                              const onnxc_threads_t *threads);"
+    );
     let _ = writeln!(h, "int32_t {prefix}_cpu_supported(void);");
     let _ = writeln!(
         h,

@@ -1,6 +1,7 @@
 /* Benchmark harness for any model compiled by onnxc, driven by its descriptor.
- *   bench DIR ITERS WARMUP
+ *   bench DIR ITERS WARMUP [THREADS]
  * reads DIR/in_K.bin, runs the model WARMUP times untimed and ITERS times timed
+ * (on THREADS threads through onnxc_pool.h and run_parallel when THREADS > 1)
  * (CLOCK_MONOTONIC around each call), writes one time in nanoseconds per line to
  * DIR/times_ns.txt and the last run's outputs to DIR/out_K.bin.
  * Built with -DONNXC_MODEL=<prefix>_model. */
@@ -11,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 #include "onnxc_runtime.h"
+#include "onnxc_pool.h"
 
 extern const onnxc_model_t ONNXC_MODEL;
 
@@ -32,8 +34,18 @@ static uint64_t now_ns(void) {
 int main(int argc, char **argv) {
     const onnxc_model_t *m = &ONNXC_MODEL;
     char path[4096];
-    if (argc != 4) { fprintf(stderr, "usage: bench DIR ITERS WARMUP\n"); return 2; }
+    if (argc != 4 && argc != 5) { fprintf(stderr, "usage: bench DIR ITERS WARMUP [THREADS]\n"); return 2; }
     long iters = atol(argv[2]), warmup = atol(argv[3]);
+    int n_threads = argc == 5 ? atoi(argv[4]) : 1;
+    onnxc_pool_t *pool = NULL;
+    onnxc_threads_t threads;
+    if (n_threads > 1) {
+        if (m->abi_version < 2 || !m->run_parallel) { fprintf(stderr, "the model has no run_parallel\n"); return 2; }
+        pool = onnxc_pool_create(n_threads);
+        if (!pool) { fprintf(stderr, "cannot create %d threads\n", n_threads); return 2; }
+        threads = onnxc_pool_threads(pool);
+    }
+#define RUN() (pool ? m->run_parallel(ins, outs, arena, &threads) : m->run(ins, outs, arena))
     if (iters < 1) iters = 1;
     if (!m->cpu_supported()) { fprintf(stderr, "this CPU lacks features the model was compiled for\n"); return 3; }
     const void **ins = calloc(m->n_inputs + 1, sizeof(void *));
@@ -51,13 +63,13 @@ int main(int argc, char **argv) {
     for (uint32_t i = 0; i < m->n_outputs; i++) outs[i] = alloc64(m->outputs[i].bytes);
     void *arena = alloc64(m->arena_bytes);
     for (long r = 0; r < warmup; r++) {
-        int32_t rc = m->run(ins, outs, arena);
+        int32_t rc = RUN();
         if (rc != ONNXC_OK) { fprintf(stderr, "run failed: %s\n", onnxc_status_str(rc)); return 4; }
     }
     uint64_t *t = calloc((size_t)iters, sizeof(uint64_t));
     for (long r = 0; r < iters; r++) {
         uint64_t t0 = now_ns();
-        int32_t rc = m->run(ins, outs, arena);
+        int32_t rc = RUN();
         t[r] = now_ns() - t0;
         if (rc != ONNXC_OK) { fprintf(stderr, "run failed: %s\n", onnxc_status_str(rc)); return 4; }
     }
@@ -66,6 +78,7 @@ int main(int argc, char **argv) {
     if (!f) { fprintf(stderr, "cannot write %s\n", path); return 2; }
     for (long r = 0; r < iters; r++) fprintf(f, "%llu\n", (unsigned long long)t[r]);
     fclose(f);
+    onnxc_pool_destroy(pool);
     for (uint32_t i = 0; i < m->n_outputs; i++) {
         snprintf(path, sizeof path, "%s/out_%u.bin", argv[1], i);
         FILE *o = fopen(path, "wb");

@@ -10,6 +10,7 @@ use std::process::Command;
 
 pub const RUNNER_C: &str = include_str!("runner.c");
 pub const RUNTIME_H: &str = include_str!("../../../runtime-stub/include/onnxc_runtime.h");
+pub const POOL_H: &str = include_str!("../../../runtime-stub/include/onnxc_pool.h");
 
 /// How to build and run programs for one architecture.
 #[derive(Clone, Debug)]
@@ -105,6 +106,7 @@ pub(crate) fn read_outputs(
 pub fn build_harness(tc: &Toolchain, dir: &Path, prefix: &str) -> Result<PathBuf> {
     std::fs::write(dir.join("runner.c"), RUNNER_C).map_err(io(dir))?;
     std::fs::write(dir.join("onnxc_runtime.h"), RUNTIME_H).map_err(io(dir))?;
+    std::fs::write(dir.join("onnxc_pool.h"), POOL_H).map_err(io(dir))?;
     let obj = dir.join("runner.o");
     run_cmd(
         Command::new(&tc.cc)
@@ -128,6 +130,7 @@ pub fn link(tc: &Toolchain, harness: &Path, object: &Path, exe: &Path) -> Result
             .arg(harness)
             .arg(object)
             .arg("-lm")
+            .arg("-pthread")
             .arg("-o")
             .arg(exe),
         "linking",
@@ -143,6 +146,19 @@ pub fn execute(
     inputs: &[Tensor],
     outputs: &[(crate::ir::DType, Vec<usize>)],
 ) -> Result<Vec<Tensor>> {
+    execute_threads(tc, exe, dir, inputs, outputs, 1)
+}
+
+/// [`execute`] on `threads` threads (the harness's onnxc_pool.h pool and `run_parallel`
+/// when above 1).
+pub fn execute_threads(
+    tc: &Toolchain,
+    exe: &Path,
+    dir: &Path,
+    inputs: &[Tensor],
+    outputs: &[(crate::ir::DType, Vec<usize>)],
+    threads: usize,
+) -> Result<Vec<Tensor>> {
     for (k, t) in inputs.iter().enumerate() {
         let bytes = crate::ops::lowering::tensor_bytes(t).map_err(|e| Error::Usage(e.0))?;
         let p = dir.join(format!("in_{k}.bin"));
@@ -155,12 +171,25 @@ pub fn execute(
         c.args(&tc.exec[1..]).arg(exe);
         c
     };
-    run_cmd(cmd.arg(dir), "running the compiled model")?;
+    run_cmd(
+        cmd.arg(dir).env("ONNXC_THREADS", threads.to_string()),
+        "running the compiled model",
+    )?;
     read_outputs(dir, outputs)
 }
 
 /// Compiles, links and runs a compiled model once in a scratch folder.
 pub fn run_compiled(c: &Compiled, inputs: &[Value], dir: &Path) -> Result<Vec<Value>> {
+    run_compiled_threads(c, inputs, dir, 1)
+}
+
+/// [`run_compiled`] on `threads` threads.
+pub fn run_compiled_threads(
+    c: &Compiled,
+    inputs: &[Value],
+    dir: &Path,
+    threads: usize,
+) -> Result<Vec<Value>> {
     let tc = Toolchain::for_triple(&c.target.triple);
     let obj = dir.join("model.o");
     std::fs::write(&obj, &c.artifacts.object).map_err(io(&obj))?;
@@ -187,7 +216,7 @@ pub fn run_compiled(c: &Compiled, inputs: &[Value], dir: &Path) -> Result<Vec<Va
             )
         })
         .collect();
-    Ok(execute(&tc, &exe, dir, &ins, &outs)?
+    Ok(execute_threads(&tc, &exe, dir, &ins, &outs, threads)?
         .into_iter()
         .map(Value::Tensor)
         .collect())

@@ -1,12 +1,14 @@
 /* Generic harness for any model compiled by onnxc: drives it through its descriptor.
  *   runner DIR   reads DIR/in_K.bin (raw little-endian tensors, graph order), runs the
- *                model once, writes DIR/out_K.bin.
+ *                model once, writes DIR/out_K.bin. With ONNXC_THREADS=N (N > 1) in the
+ *                environment it runs through run_parallel on an onnxc_pool.h pool.
  * Built with -DONNXC_MODEL=<prefix>_model. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "onnxc_runtime.h"
+#include "onnxc_pool.h"
 
 extern const onnxc_model_t ONNXC_MODEL;
 
@@ -39,7 +41,18 @@ int main(int argc, char **argv) {
     }
     for (uint32_t i = 0; i < m->n_outputs; i++) outs[i] = alloc64(m->outputs[i].bytes);
     void *arena = alloc64(m->arena_bytes);
-    int32_t rc = m->run(ins, outs, arena);
+    const char *nt = getenv("ONNXC_THREADS");
+    int n_threads = nt ? atoi(nt) : 1;
+    int32_t rc;
+    if (n_threads > 1) {
+        onnxc_pool_t *pool = onnxc_pool_create(n_threads);
+        if (!pool) { fprintf(stderr, "cannot create %d threads\n", n_threads); return 2; }
+        onnxc_threads_t threads = onnxc_pool_threads(pool);
+        rc = m->run_parallel(ins, outs, arena, &threads);
+        onnxc_pool_destroy(pool);
+    } else {
+        rc = m->run(ins, outs, arena);
+    }
     if (rc != ONNXC_OK) { fprintf(stderr, "run failed: %s\n", onnxc_status_str(rc)); return 4; }
     for (uint32_t i = 0; i < m->n_outputs; i++) {
         snprintf(path, sizeof path, "%s/out_%u.bin", argv[1], i);
