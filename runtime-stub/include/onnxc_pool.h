@@ -36,12 +36,28 @@ typedef struct onnxc_pool {
   onnxc_task_fn task;
   void *ctx;
   uint32_t n;
-  unsigned long gen;    /* job number; a worker runs each job at most once */
+  atomic_ulong gen;     /* job number (changed under mu); a worker runs each job once */
   int active;           /* workers inside the current job */
   int stop;
   atomic_uint next;     /* next index to claim */
   atomic_uint done;     /* indices finished */
 } onnxc_pool_t;
+
+/* How many times a thread polls for a new job (workers) or for the job's end (the caller)
+ * before sleeping on a condition variable: a model makes one parallel_for call per split
+ * GEMM, often less than a millisecond apart, and waking a sleeping thread costs tens of
+ * microseconds. About 0.2-1 ms of polling; define it before including to change it. */
+#ifndef ONNXC_POOL_SPIN
+#define ONNXC_POOL_SPIN 8192
+#endif
+
+static inline void onnxc_pool__relax_(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
 
 /* Claims and runs indices of the current job until none is left. */
 static inline void onnxc_pool__drain_(onnxc_pool_t *p, onnxc_task_fn task, void *ctx, uint32_t n) {
@@ -60,11 +76,13 @@ static inline void onnxc_pool__drain_(onnxc_pool_t *p, onnxc_task_fn task, void 
 static inline void *onnxc_pool__worker_(void *arg) {
   onnxc_pool_t *p = (onnxc_pool_t *)arg;
   unsigned long seen = 0;
-  pthread_mutex_lock(&p->mu);
   for (;;) {
-    while (!p->stop && p->gen == seen) pthread_cond_wait(&p->wake, &p->mu);
+    /* Poll for the next job before taking the lock and sleeping. */
+    for (int s = 0; s < ONNXC_POOL_SPIN && atomic_load(&p->gen) == seen; s++) onnxc_pool__relax_();
+    pthread_mutex_lock(&p->mu);
+    while (!p->stop && atomic_load(&p->gen) == seen) pthread_cond_wait(&p->wake, &p->mu);
     if (p->stop) break;
-    seen = p->gen;
+    seen = atomic_load(&p->gen);
     onnxc_task_fn task = p->task;
     void *ctx = p->ctx;
     uint32_t n = p->n;
@@ -73,6 +91,7 @@ static inline void *onnxc_pool__worker_(void *arg) {
     onnxc_pool__drain_(p, task, ctx, n);
     pthread_mutex_lock(&p->mu);
     if (--p->active == 0) pthread_cond_broadcast(&p->idle);
+    pthread_mutex_unlock(&p->mu);
   }
   pthread_mutex_unlock(&p->mu);
   return NULL;
@@ -95,10 +114,11 @@ static inline void onnxc_pool_parallel_for(void *pool, onnxc_task_fn task, void 
   p->n = n;
   atomic_store(&p->next, 0u);
   atomic_store(&p->done, 0u);
-  p->gen++;
+  atomic_fetch_add(&p->gen, 1ul);
   pthread_cond_broadcast(&p->wake);
   pthread_mutex_unlock(&p->mu);
   onnxc_pool__drain_(p, task, ctx, n);
+  for (int s = 0; s < ONNXC_POOL_SPIN && atomic_load(&p->done) < n; s++) onnxc_pool__relax_();
   pthread_mutex_lock(&p->mu);
   while (atomic_load(&p->done) < n) pthread_cond_wait(&p->idle, &p->mu);
   pthread_mutex_unlock(&p->mu);
@@ -117,6 +137,7 @@ static inline onnxc_pool_t *onnxc_pool_create(int threads) {
   pthread_cond_init(&p->idle, NULL);
   atomic_init(&p->next, 0u);
   atomic_init(&p->done, 0u);
+  atomic_init(&p->gen, 0ul);
   for (int i = 0; i < want; i++) {
     if (pthread_create(&p->workers[i], NULL, onnxc_pool__worker_, p) != 0) break;
     p->n_workers++;
