@@ -293,6 +293,7 @@ fn fixtures_compiled(target: &str) {
         .collect();
     names.sort();
     names.push(common::repo_root().join("examples/digits"));
+    let mut tasks = 0;
     for d in names {
         let name = d.file_name().unwrap().to_string_lossy().to_string();
         let model = onnx::load(&d.join("model.onnx")).unwrap();
@@ -331,6 +332,32 @@ fn fixtures_compiled(target: &str) {
         let scratch = tempfile::tempdir().unwrap();
         let got = runner::run_compiled(&c, &inputs, scratch.path())
             .unwrap_or_else(|e| panic!("{name}: {e}"));
+        // On a pool of 2 and 3 threads (parallel loops and split GEMMs through the
+        // parallel_for hook) the outputs are bit for bit the serial ones.
+        let bits = |vs: &[Value]| -> Vec<Vec<u64>> {
+            vs.iter()
+                .map(|v| {
+                    let t = v.as_tensor().unwrap().to_f64().unwrap();
+                    t.iter().map(|x| x.to_bits()).collect()
+                })
+                .collect()
+        };
+        for threads in [2, 3] {
+            let dir = scratch.path().join(format!("t{threads}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            let par = runner::run_compiled_threads(&c, &inputs, &dir, threads)
+                .unwrap_or_else(|e| panic!("{name} on {threads} threads: {e}"));
+            assert!(
+                bits(&par) == bits(&got),
+                "{name} on {target}: {threads} threads differ from the serial run"
+            );
+        }
+        tasks += c
+            .artifacts
+            .object
+            .windows(5)
+            .filter(|w| *w == b"_task")
+            .count();
         for (k, (g, e)) in got.iter().zip(&expected).enumerate() {
             let err = rel_err(g, e);
             println!("{name} [{target}] output {k}: relative error {err:.2e}");
@@ -351,6 +378,11 @@ fn fixtures_compiled(target: &str) {
             plan.lower_bound
         );
     }
+    // Else the threaded runs above never left the calling thread.
+    assert!(
+        tasks > 0,
+        "no fixture has a parallel task function on {target}"
+    );
 }
 
 #[test]

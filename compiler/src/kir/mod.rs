@@ -4,6 +4,7 @@
 //! turns every kernel into one function; buffers are named by id, never by ONNX node.
 
 pub mod build;
+pub mod parallel;
 mod print;
 pub mod verify;
 

@@ -9,7 +9,12 @@ use cranelift_codegen::ir::{
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use cranelift_module::{DataId, FuncId, Linkage, Module};
 use cranelift_object::ObjectModule;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+
+use crate::kir::VarId;
+
+/// A parallel loop is cut into at most this many tasks (runs of whole iterations).
+const MAX_LOOP_TASKS: u64 = 16;
 
 #[path = "vectorize.rs"]
 mod vectorize;
@@ -90,6 +95,12 @@ struct Gen<'a, 'b> {
     gemms: std::vec::IntoIter<super::gemm::Plan>,
     /// The kernel's `const onnxc_threads_t *` (null: run on the caller's thread).
     threads: Value,
+    /// Loops whose iterations may go to the `parallel_for` hook (kir::parallel).
+    par: HashSet<VarId>,
+    /// This function's symbol name, the stem of its task functions' names.
+    fname: String,
+    /// Task functions made so far.
+    ntasks: u32,
 }
 
 /// Emits kernel `k` into `func` (whose signature is `(inputs, outputs, arena, threads)`).
@@ -103,6 +114,7 @@ pub fn kernel(
     consts: &HashMap<usize, DataId>,
     libm: &mut HashMap<&'static str, FuncId>,
     gemms: Vec<super::gemm::Plan>,
+    fname: &str,
 ) -> Result<(), String> {
     if let Err(e) = crate::kir::verify::verify_program(&Program {
         buffers: p.buffers.clone(),
@@ -160,6 +172,9 @@ pub fn kernel(
         libm,
         gemms: gemms.into_iter(),
         threads,
+        par: crate::kir::parallel::parallel_loops(k, p, crate::kir::parallel::MIN_WORK),
+        fname: fname.to_string(),
+        ntasks: 0,
     };
     g.stmts(&k.body)?;
     g.b.ins().return_(&[]);
@@ -241,35 +256,11 @@ impl Gen<'_, '_> {
 
     fn stmt(&mut self, s: &Stmt) -> Result<(), String> {
         match s {
-            Stmt::For { var, extent, body } => {
-                // Innermost loops that qualify run four lanes at a time; the scalar
-                // loop below finishes the remainder.
-                let start = self.vectorize_for(*var, *extent, body)?;
-                if start == *extent {
-                    return Ok(());
-                }
-                let v = self.vars[*var];
-                let zero = self.b.ins().iconst(types::I64, start as i64);
-                self.b.def_var(v, zero);
-                let header = self.b.create_block();
-                let body_blk = self.b.create_block();
-                let exit = self.b.create_block();
-                self.b.ins().jump(header, &[]);
-                self.b.switch_to_block(header);
-                let i = self.b.use_var(v);
-                let c = self
-                    .b
-                    .ins()
-                    .icmp_imm_s(IntCC::UnsignedLessThan, i, *extent as i64);
-                self.b.ins().brif(c, body_blk, &[], exit, &[]);
-                self.b.switch_to_block(body_blk);
-                self.stmts(body)?;
-                let i = self.b.use_var(v);
-                let n = self.b.ins().iadd_imm_s(i, 1);
-                self.b.def_var(v, n);
-                self.b.ins().jump(header, &[]);
-                self.b.switch_to_block(exit);
+            Stmt::For { var, extent, body } if self.par.contains(var) => {
+                let (task, n, args) = self.par_task(*var, *extent, body)?;
+                self.with_hook(task, n, &args, &mut |g| g.serial_for(*var, *extent, body))?;
             }
+            Stmt::For { var, extent, body } => self.serial_for(*var, *extent, body)?,
             Stmt::Store { buf, index, value } if self.p.buffers[*buf].elem.bits() < 8 => {
                 let elem = self.p.buffers[*buf].elem;
                 let v = self.expr(value)?;
@@ -337,29 +328,203 @@ impl Gen<'_, '_> {
         Ok(())
     }
 
-    /// A split microkernel call: with a `parallel_for` hook, the operand pointers go to a
-    /// stack slot and the hook runs the parts; without one, the whole call runs here.
-    fn gemm_split(&mut self, func: FuncId, sp: super::gemm::Split, args: &[Value]) {
+    /// `for var in 0..extent { body }` on this thread.
+    fn serial_for(&mut self, var: VarId, extent: u64, body: &[Stmt]) -> Result<(), String> {
+        // Innermost loops that qualify run four lanes at a time; the scalar loop below
+        // finishes the remainder.
+        let start = self.vectorize_for(var, extent, body)?;
+        if start == extent {
+            return Ok(());
+        }
+        let v = self.vars[var];
+        let zero = self.b.ins().iconst(types::I64, start as i64);
+        self.b.def_var(v, zero);
+        let header = self.b.create_block();
+        let body_blk = self.b.create_block();
+        let exit = self.b.create_block();
+        self.b.ins().jump(header, &[]);
+        self.b.switch_to_block(header);
+        let i = self.b.use_var(v);
+        let c = self
+            .b
+            .ins()
+            .icmp_imm_s(IntCC::UnsignedLessThan, i, extent as i64);
+        self.b.ins().brif(c, body_blk, &[], exit, &[]);
+        self.b.switch_to_block(body_blk);
+        self.stmts(body)?;
+        let i = self.b.use_var(v);
+        let n = self.b.ins().iadd_imm_s(i, 1);
+        self.b.def_var(v, n);
+        self.b.ins().jump(header, &[]);
+        self.b.switch_to_block(exit);
+        Ok(())
+    }
+
+    /// A task function `void task(void *ctx, uint32_t i)` that runs part `i` of the
+    /// parallel loop `for var in 0..extent { body }`, cut into at most [`MAX_LOOP_TASKS`]
+    /// runs of whole iterations. `ctx` holds the base address of every buffer the body
+    /// uses and then the value of every variable it only reads, 8 bytes each, in the
+    /// order of the returned arguments (values in this function).
+    fn par_task(
+        &mut self,
+        var: VarId,
+        extent: u64,
+        body: &[Stmt],
+    ) -> Result<(FuncId, u32, Vec<Value>), String> {
+        use crate::kir::parallel::{captured, subst};
         let ptr = self.module.isa().pointer_type();
-        let (serial, check, par, done) = (
+        let mut bufs = Vec::new();
+        collect_bufs(body, &mut bufs);
+        let caps = captured(var, body);
+        let mut args: Vec<Value> = bufs.iter().map(|b| self.bases[b]).collect();
+        for v in &caps {
+            args.push(self.b.use_var(self.vars[*v]));
+        }
+        let chunk = extent.div_ceil(MAX_LOOP_TASKS.min(extent));
+        let n = extent.div_ceil(chunk);
+        let last = extent - (n - 1) * chunk;
+        // The task's kernel: three more variables (the task index, its first iteration,
+        // the counter) and the body with `var` = first + counter.
+        let mut tk = Kernel {
+            name: format!("{} (task)", self.k.name),
+            vars: self.k.vars.clone(),
+            body: vec![],
+        };
+        let nv = tk.vars.len();
+        let (idx, first, q) = (nv, nv + 1, nv + 2);
+        tk.vars.extend([Ty::I64; 3]);
+        let inner = subst(
+            body,
+            var,
+            &Expr::bin(BinOp::Add, Expr::Var(first), Expr::Var(q)),
+        );
+        let run = |len: u64| Stmt::For {
+            var: q,
+            extent: len,
+            body: inner.clone(),
+        };
+        tk.body.push(Stmt::Set {
+            var: first,
+            value: Expr::bin(BinOp::Mul, Expr::Var(idx), Expr::Int(chunk as i64)),
+        });
+        tk.body.push(if last == chunk {
+            run(chunk)
+        } else {
+            Stmt::If {
+                cond: Expr::cmp(CmpOp::Eq, Expr::Var(idx), Expr::Int(n as i64 - 1)),
+                then: vec![run(last)],
+                els: vec![run(chunk)],
+            }
+        });
+        crate::kir::verify::verify_program(&Program {
+            buffers: self.p.buffers.clone(),
+            kernels: vec![tk.clone()],
+            arena_bytes: self.p.arena_bytes,
+            inputs: vec![],
+            outputs: vec![],
+        })
+        .map_err(|e| format!("parallel task of `{}`: {}", self.k.name, e.join("\n")))?;
+
+        let name = format!("{}_task{}", self.fname, self.ntasks);
+        self.ntasks += 1;
+        let mut sig = Signature::new(self.module.isa().default_call_conv());
+        sig.params.push(AbiParam::new(ptr));
+        sig.params.push(AbiParam::new(types::I32));
+        let id = self
+            .module
+            .declare_function(&name, Linkage::Local, &sig)
+            .map_err(|e| format!("declare {name}: {e}"))?;
+        let mut ctx = self.module.make_context();
+        ctx.func.signature = sig;
+        let mut fbc = FunctionBuilderContext::new();
+        {
+            let mut b = FunctionBuilder::new(&mut ctx.func, &mut fbc);
+            let entry = b.create_block();
+            b.append_block_params_for_function_params(entry);
+            b.switch_to_block(entry);
+            b.seal_block(entry);
+            let (cx, ix) = {
+                let v = b.block_params(entry);
+                (v[0], v[1])
+            };
+            let mut bases = HashMap::new();
+            for (j, id) in bufs.iter().enumerate() {
+                let v = b
+                    .ins()
+                    .load(ptr, MemFlagsData::trusted(), cx, (8 * j) as i32);
+                bases.insert(*id, v);
+            }
+            let vars: Vec<Variable> = tk.vars.iter().map(|t| b.declare_var(clty(*t))).collect();
+            for (i, t) in tk.vars.iter().enumerate() {
+                let z = zero(&mut b, *t);
+                b.def_var(vars[i], z);
+            }
+            for (j, v) in caps.iter().enumerate() {
+                let x = b.ins().load(
+                    clty(tk.vars[*v]),
+                    MemFlagsData::trusted(),
+                    cx,
+                    (8 * (bufs.len() + j)) as i32,
+                );
+                b.def_var(vars[*v], x);
+            }
+            let i = b.ins().uextend(types::I64, ix);
+            b.def_var(vars[idx], i);
+            let null = b.ins().iconst(ptr, 0);
+            let mut g = Gen {
+                b,
+                module: &mut *self.module,
+                k: &tk,
+                p: self.p,
+                vars,
+                bases,
+                libm: &mut *self.libm,
+                gemms: Vec::new().into_iter(),
+                threads: null,
+                par: HashSet::new(),
+                fname: name.clone(),
+                ntasks: 0,
+            };
+            g.stmts(&tk.body)?;
+            g.b.ins().return_(&[]);
+            g.b.seal_all_blocks();
+            g.b.finalize(self.module.isa().frontend_config());
+        }
+        self.module
+            .define_function(id, &mut ctx)
+            .map_err(|e| format!("{name}: {e:?}"))?;
+        Ok((id, n as u32, args))
+    }
+
+    /// Runs `n` tasks of `task` through the kernel's `parallel_for` hook, the `args`
+    /// stored in a stack slot as the tasks' context; without a hook, `serial` instead.
+    fn with_hook(
+        &mut self,
+        task: FuncId,
+        n: u32,
+        args: &[Value],
+        serial: &mut dyn FnMut(&mut Self) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let ptr = self.module.isa().pointer_type();
+        let (ser, check, par, done) = (
             self.b.create_block(),
             self.b.create_block(),
             self.b.create_block(),
             self.b.create_block(),
         );
-        self.b.ins().brif(self.threads, check, &[], serial, &[]);
+        self.b.ins().brif(self.threads, check, &[], ser, &[]);
         self.b.switch_to_block(check);
         let pf = self
             .b
             .ins()
             .load(ptr, MemFlagsData::trusted(), self.threads, 0);
-        self.b.ins().brif(pf, par, &[], serial, &[]);
+        self.b.ins().brif(pf, par, &[], ser, &[]);
         self.b.switch_to_block(par);
         let ss = self
             .b
             .create_sized_stack_slot(cranelift_codegen::ir::StackSlotData::new(
                 cranelift_codegen::ir::StackSlotKind::ExplicitSlot,
-                (8 * args.len()) as u32,
+                (8 * args.len().max(1)) as u32,
                 3,
             ));
         for (k, v) in args.iter().enumerate() {
@@ -370,21 +535,31 @@ impl Gen<'_, '_> {
             .b
             .ins()
             .load(ptr, MemFlagsData::trusted(), self.threads, 8);
-        let tf = self.module.declare_func_in_func(sp.task, self.b.func);
-        let task = self.b.ins().func_addr(ptr, tf);
-        let n = self.b.ins().iconst(types::I32, i64::from(sp.tasks));
+        let tf = self.module.declare_func_in_func(task, self.b.func);
+        let taddr = self.b.ins().func_addr(ptr, tf);
+        let nv = self.b.ins().iconst(types::I32, i64::from(n));
         let mut sig = Signature::new(self.module.isa().default_call_conv());
         for t in [ptr, ptr, ptr, types::I32] {
             sig.params.push(AbiParam::new(t));
         }
         let sref = self.b.import_signature(sig);
-        self.b.ins().call_indirect(sref, pf, &[pool, task, cx, n]);
+        self.b.ins().call_indirect(sref, pf, &[pool, taddr, cx, nv]);
         self.b.ins().jump(done, &[]);
-        self.b.switch_to_block(serial);
-        let fr = self.module.declare_func_in_func(func, self.b.func);
-        self.b.ins().call(fr, args);
+        self.b.switch_to_block(ser);
+        serial(self)?;
         self.b.ins().jump(done, &[]);
         self.b.switch_to_block(done);
+        Ok(())
+    }
+
+    /// A split microkernel call: with a `parallel_for` hook, the operand pointers go to a
+    /// stack slot and the hook runs the parts; without one, the whole call runs here.
+    fn gemm_split(&mut self, func: FuncId, sp: super::gemm::Split, args: &[Value]) {
+        let _ = self.with_hook(sp.task, sp.tasks, args, &mut |g| {
+            let fr = g.module.declare_func_in_func(func, g.b.func);
+            g.b.ins().call(fr, args);
+            Ok(())
+        });
     }
 
     /// `for i in 0..n { body(i) }` with an i64 counter.

@@ -149,12 +149,9 @@ pub fn compile_object(spec: &ObjectSpec) -> R<Vec<u8>> {
     for (ki, k) in p.kernels.iter().enumerate() {
         let (k, calls) = gemms.prepare(&mut module, k, p)?;
         let k = &k;
+        let fname = format!("{}__k{ki}_{}", spec.prefix, sanitize(&k.name));
         let fid = module
-            .declare_function(
-                &format!("{}__k{ki}_{}", spec.prefix, sanitize(&k.name)),
-                Linkage::Local,
-                &ksig,
-            )
+            .declare_function(&fname, Linkage::Local, &ksig)
             .map_err(err("declare kernel"))?;
         ctx.func.signature = ksig.clone();
         codegen::kernel(
@@ -166,6 +163,7 @@ pub fn compile_object(spec: &ObjectSpec) -> R<Vec<u8>> {
             &consts,
             &mut libm,
             calls,
+            &fname,
         )?;
         module
             .define_function(fid, &mut ctx)

@@ -1,0 +1,712 @@
+//! Which loops of a kernel may run their iterations on several threads at once.
+//!
+//! A loop `for p in 0..n { body }` qualifies when no iteration can see another's effects:
+//!
+//! - its body has no GEMM call (those are split on their own) and no store to a buffer of
+//!   sub-byte elements (two iterations could share a byte);
+//! - every variable the body writes is written before it is read in each iteration and is
+//!   not used outside the loop (no value is carried between iterations or out of them);
+//! - every access (load or store) to a buffer the body stores to has an index that is
+//!   affine in the loop variables, `c * p + inv + low (+ H * high)`, where `c > 0` is the
+//!   same for every access to that buffer, `inv` (the variables the body only reads) is the
+//!   same too, `low` stays in `[0, c)` and, when present, `H >= c * n` with `high` any
+//!   integer: then the index determines `p`, so iterations touch disjoint elements. (The
+//!   `H` form covers the panel layouts GEMM operands are packed in.) Buffers that share
+//!   arena bytes count as one buffer, and only when they start at the same byte.
+//!
+//! The analysis is conservative: a loop it cannot prove safe runs serially.
+
+use super::{BinOp, BufId, BufKind, Expr, Kernel, Program, Stmt, VarId};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// Loops doing fewer element operations than this (iterations times statements) stay
+/// serial: handing them to threads would cost more than it saves.
+pub const MIN_WORK: u64 = 1 << 15;
+
+/// The variables of the loops of `k` that may run in parallel: the outermost qualifying
+/// loop on each path (loops inside a chosen loop are not searched).
+pub fn parallel_loops(k: &Kernel, p: &Program, min_work: u64) -> HashSet<VarId> {
+    let mut total = HashMap::new();
+    count_vars(&k.body, &mut total);
+    let mut out = HashSet::new();
+    walk(&k.body, p, min_work, &total, &mut out);
+    out
+}
+
+fn walk(
+    body: &[Stmt],
+    p: &Program,
+    min_work: u64,
+    total: &HashMap<VarId, usize>,
+    out: &mut HashSet<VarId>,
+) {
+    for s in body {
+        match s {
+            Stmt::For { var, extent, body } => {
+                if *extent >= 2
+                    && extent.saturating_mul(work(body)) >= min_work
+                    && safe(*var, *extent, body, p, total)
+                {
+                    out.insert(*var);
+                } else {
+                    walk(body, p, min_work, total, out);
+                }
+            }
+            Stmt::If { then, els, .. } => {
+                walk(then, p, min_work, total, out);
+                walk(els, p, min_work, total, out);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Element operations of one run of `body`, roughly.
+fn work(body: &[Stmt]) -> u64 {
+    body.iter()
+        .map(|s| match s {
+            Stmt::For { extent, body, .. } => extent.saturating_mul(work(body)),
+            Stmt::If { then, els, .. } => work(then).max(work(els)).saturating_add(1),
+            Stmt::Gemm(g) => g.m.saturating_mul(g.n).saturating_mul(g.k),
+            Stmt::Store { .. } | Stmt::Set { .. } => 1,
+        })
+        .fold(0u64, u64::saturating_add)
+}
+
+fn expr_vars(e: &Expr, f: &mut dyn FnMut(VarId)) {
+    match e {
+        Expr::Var(v) => f(*v),
+        Expr::Int(_) | Expr::Float(..) => {}
+        Expr::Load(_, i) | Expr::Un(_, i) | Expr::Cast(_, i) => expr_vars(i, f),
+        Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => {
+            expr_vars(a, f);
+            expr_vars(b, f);
+        }
+        Expr::Select(c, a, b) => {
+            expr_vars(c, f);
+            expr_vars(a, f);
+            expr_vars(b, f);
+        }
+        Expr::Call(_, args) => args.iter().for_each(|a| expr_vars(a, f)),
+    }
+}
+
+/// Every expression directly in `s` (not in nested statements).
+fn stmt_exprs(s: &Stmt) -> Vec<&Expr> {
+    match s {
+        Stmt::For { .. } => vec![],
+        Stmt::Store { index, value, .. } => vec![index, value],
+        Stmt::Set { value, .. } => vec![value],
+        Stmt::If { cond, .. } => vec![cond],
+        Stmt::Gemm(g) => g.views().into_iter().map(|v| &v.offset).collect(),
+    }
+}
+
+fn children(s: &Stmt) -> Vec<&[Stmt]> {
+    match s {
+        Stmt::For { body, .. } => vec![body],
+        Stmt::If { then, els, .. } => vec![then, els],
+        _ => vec![],
+    }
+}
+
+/// Occurrences of each variable (reads, writes and loop headers).
+fn count_vars(body: &[Stmt], n: &mut HashMap<VarId, usize>) {
+    for s in body {
+        match s {
+            Stmt::For { var, .. } | Stmt::Set { var, .. } => *n.entry(*var).or_default() += 1,
+            _ => {}
+        }
+        for e in stmt_exprs(s) {
+            expr_vars(e, &mut |v| *n.entry(v).or_default() += 1);
+        }
+        for c in children(s) {
+            count_vars(c, n);
+        }
+    }
+}
+
+/// The variables `body` reads without writing them (nor being `var`, the loop's own):
+/// the values a task running part of the loop must be given.
+pub fn captured(var: VarId, body: &[Stmt]) -> Vec<VarId> {
+    let (mut read, mut written) = (Vec::new(), HashSet::new());
+    fn go(b: &[Stmt], read: &mut Vec<VarId>, written: &mut HashSet<VarId>) {
+        for s in b {
+            match s {
+                Stmt::For { var, .. } | Stmt::Set { var, .. } => {
+                    written.insert(*var);
+                }
+                _ => {}
+            }
+            for e in stmt_exprs(s) {
+                expr_vars(e, &mut |v| {
+                    if !read.contains(&v) {
+                        read.push(v)
+                    }
+                });
+            }
+            for c in children(s) {
+                go(c, read, written);
+            }
+        }
+    }
+    go(body, &mut read, &mut written);
+    read.retain(|v| *v != var && !written.contains(v));
+    read
+}
+
+fn safe(
+    var: VarId,
+    extent: u64,
+    body: &[Stmt],
+    p: &Program,
+    total: &HashMap<VarId, usize>,
+) -> bool {
+    // Variables: written ones (Set targets, inner loop variables) stay inside.
+    let mut defs: HashMap<VarId, Vec<&Expr>> = HashMap::new();
+    let mut loops: HashMap<VarId, u64> = HashMap::new();
+    let mut gemm = false;
+    fn scan<'a>(
+        b: &'a [Stmt],
+        defs: &mut HashMap<VarId, Vec<&'a Expr>>,
+        loops: &mut HashMap<VarId, u64>,
+        gemm: &mut bool,
+    ) {
+        for s in b {
+            match s {
+                Stmt::For { var, extent, .. } => {
+                    // A variable that heads two loops keeps the larger range.
+                    let e = loops.entry(*var).or_default();
+                    *e = (*e).max(*extent);
+                }
+                Stmt::Set { var, value } => defs.entry(*var).or_default().push(value),
+                Stmt::Gemm(_) => *gemm = true,
+                _ => {}
+            }
+            for c in children(s) {
+                scan(c, defs, loops, gemm);
+            }
+        }
+    }
+    scan(body, &mut defs, &mut loops, &mut gemm);
+    if gemm || defs.contains_key(&var) || loops.contains_key(&var) {
+        return false;
+    }
+    let written: HashSet<VarId> = defs.keys().chain(loops.keys()).copied().collect();
+    let mut inside = HashMap::new();
+    count_vars(body, &mut inside);
+    if written
+        .iter()
+        .any(|v| total.get(v).copied().unwrap_or(0) != inside.get(v).copied().unwrap_or(0))
+    {
+        return false;
+    }
+    let mut defined: HashSet<VarId> = HashSet::from([var]);
+    if !defined_before_use(body, &mut defined, &written) {
+        return false;
+    }
+    // Memory: group the accesses by buffer (arena aliases joined), check each stored one.
+    let mut acc: Vec<(BufId, &Expr, bool)> = Vec::new();
+    collect_accesses(body, &mut acc);
+    let stored: Vec<BufId> = {
+        let mut s: Vec<BufId> = acc.iter().filter(|a| a.2).map(|a| a.0).collect();
+        s.sort_unstable();
+        s.dedup();
+        s
+    };
+    if stored.iter().any(|&b| p.buffers[b].elem.bits() < 8) {
+        return false;
+    }
+    let range = |b: BufId| match p.buffers[b].kind {
+        BufKind::Arena { offset } => Some((offset, offset + p.buffers[b].bytes())),
+        _ => None,
+    };
+    // The stored buffer each accessed buffer is analysed as (None: not stored, no alias).
+    let mut key: HashMap<BufId, BufId> = HashMap::new();
+    let all: HashSet<BufId> = acc.iter().map(|a| a.0).collect();
+    for &b in &all {
+        let mut k = if stored.contains(&b) { Some(b) } else { None };
+        if let Some((lo, hi)) = range(b) {
+            for &s in &stored {
+                if s == b {
+                    continue;
+                }
+                let Some((slo, shi)) = range(s) else { continue };
+                if lo < shi && slo < hi {
+                    if lo != slo || p.buffers[b].elem != p.buffers[s].elem {
+                        return false;
+                    }
+                    k = Some(k.map_or(s, |x: BufId| x.min(s)));
+                }
+            }
+        }
+        if let Some(k) = k {
+            key.insert(b, k);
+        }
+    }
+    let mut groups: BTreeMap<BufId, Vec<&Expr>> = BTreeMap::new();
+    for (b, idx, _) in &acc {
+        if let Some(k) = key.get(b) {
+            groups.entry(*k).or_default().push(idx);
+        }
+    }
+    let cx = AffCtx {
+        var,
+        defs: &defs,
+        loops: &loops,
+    };
+    groups.values().all(|idxs| {
+        let forms: Option<Vec<Aff>> = idxs.iter().map(|e| cx.aff(e, 0)).collect();
+        forms.is_some_and(|f| disjoint(&f, &cx, extent))
+    })
+}
+
+/// Reads of written variables come after a write in the same or an enclosing scope.
+fn defined_before_use(
+    body: &[Stmt],
+    defined: &mut HashSet<VarId>,
+    written: &HashSet<VarId>,
+) -> bool {
+    let ok = |e: &Expr, defined: &HashSet<VarId>| {
+        let mut ok = true;
+        expr_vars(e, &mut |v| {
+            ok &= !written.contains(&v) || defined.contains(&v)
+        });
+        ok
+    };
+    for s in body {
+        if !stmt_exprs(s).into_iter().all(|e| ok(e, defined)) {
+            return false;
+        }
+        match s {
+            Stmt::Set { var, .. } => {
+                defined.insert(*var);
+            }
+            Stmt::For { var, body, .. } => {
+                let mut inner = defined.clone();
+                inner.insert(*var);
+                if !defined_before_use(body, &mut inner, written) {
+                    return false;
+                }
+            }
+            Stmt::If { then, els, .. } => {
+                for b in [then, els] {
+                    if !defined_before_use(b, &mut defined.clone(), written) {
+                        return false;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    true
+}
+
+/// (buffer, index, is a store) for every access in `body`.
+fn collect_accesses<'a>(body: &'a [Stmt], out: &mut Vec<(BufId, &'a Expr, bool)>) {
+    fn loads<'a>(e: &'a Expr, out: &mut Vec<(BufId, &'a Expr, bool)>) {
+        match e {
+            Expr::Load(b, i) => {
+                out.push((*b, i, false));
+                loads(i, out);
+            }
+            Expr::Var(_) | Expr::Int(_) | Expr::Float(..) => {}
+            Expr::Un(_, a) | Expr::Cast(_, a) => loads(a, out),
+            Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => {
+                loads(a, out);
+                loads(b, out);
+            }
+            Expr::Select(c, a, b) => {
+                loads(c, out);
+                loads(a, out);
+                loads(b, out);
+            }
+            Expr::Call(_, args) => args.iter().for_each(|a| loads(a, out)),
+        }
+    }
+    for s in body {
+        if let Stmt::Store { buf, index, .. } = s {
+            out.push((*buf, index, true));
+        }
+        for e in stmt_exprs(s) {
+            loads(e, out);
+        }
+        for c in children(s) {
+            collect_accesses(c, out);
+        }
+    }
+}
+
+/// `sum(coef * var) + k`.
+#[derive(Clone, Debug, PartialEq)]
+struct Aff {
+    terms: BTreeMap<VarId, i64>,
+    k: i64,
+}
+
+impl Aff {
+    fn scale(mut self, s: i64) -> Option<Aff> {
+        for c in self.terms.values_mut() {
+            *c = c.checked_mul(s)?;
+        }
+        self.k = self.k.checked_mul(s)?;
+        Some(self)
+    }
+    fn add(mut self, o: Aff, sign: i64) -> Option<Aff> {
+        for (v, c) in o.terms {
+            let e = self.terms.entry(v).or_default();
+            *e = e.checked_add(c.checked_mul(sign)?)?;
+        }
+        self.terms.retain(|_, c| *c != 0);
+        self.k = self.k.checked_add(o.k.checked_mul(sign)?)?;
+        Some(self)
+    }
+}
+
+struct AffCtx<'a> {
+    var: VarId,
+    defs: &'a HashMap<VarId, Vec<&'a Expr>>,
+    loops: &'a HashMap<VarId, u64>,
+}
+
+impl AffCtx<'_> {
+    /// The affine form of an index, with variables set once in the body replaced by their
+    /// definitions; None when it is not affine.
+    fn aff(&self, e: &Expr, depth: u32) -> Option<Aff> {
+        if depth > 32 {
+            return None;
+        }
+        match e {
+            Expr::Int(k) => Some(Aff {
+                terms: BTreeMap::new(),
+                k: *k,
+            }),
+            Expr::Var(v) => match self.defs.get(v) {
+                Some(d) if d.len() == 1 => self.aff(d[0], depth + 1),
+                Some(_) => None,
+                None => Some(Aff {
+                    terms: BTreeMap::from([(*v, 1)]),
+                    k: 0,
+                }),
+            },
+            Expr::Bin(op, a, b) => {
+                let (x, y) = (self.aff(a, depth + 1)?, self.aff(b, depth + 1)?);
+                match op {
+                    BinOp::Add => x.add(y, 1),
+                    BinOp::Sub => x.add(y, -1),
+                    BinOp::Mul if x.terms.is_empty() => y.scale(x.k),
+                    BinOp::Mul if y.terms.is_empty() => x.scale(y.k),
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Whether accesses with these index forms, in different iterations of the loop (`extent`
+/// iterations), never reach the same element (see the module comment).
+fn disjoint(forms: &[Aff], cx: &AffCtx, extent: u64) -> bool {
+    let c = forms[0].terms.get(&cx.var).copied().unwrap_or(0);
+    let inv = |f: &Aff| -> BTreeMap<VarId, i64> {
+        f.terms
+            .iter()
+            .filter(|(v, _)| **v != cx.var && !cx.loops.contains_key(v))
+            .map(|(v, c)| (*v, *c))
+            .collect()
+    };
+    let inv0 = inv(&forms[0]);
+    if c <= 0
+        || forms
+            .iter()
+            .any(|f| f.terms.get(&cx.var).copied().unwrap_or(0) != c || inv(f) != inv0)
+    {
+        return false;
+    }
+    let Some(span) = c.checked_mul(extent as i64) else {
+        return false;
+    };
+    // Panel strides show up as loop-variable coefficients or inside constants.
+    let mut cands: Vec<Option<i64>> = vec![None, Some(span)];
+    for f in forms {
+        if f.k.abs() >= span {
+            cands.push(Some(f.k.abs()));
+        }
+        for (v, a) in &f.terms {
+            if cx.loops.contains_key(v) && a.abs() >= span {
+                cands.push(Some(a.abs()));
+            }
+        }
+    }
+    cands.into_iter().any(|h| {
+        forms.iter().all(|f| {
+            let mut lo = match h {
+                Some(h) => f.k.rem_euclid(h),
+                None => f.k,
+            } as i128;
+            let mut hi = lo;
+            for (v, a) in &f.terms {
+                let Some(&n) = cx.loops.get(v) else { continue };
+                if h.is_some_and(|h| a % h == 0) {
+                    continue;
+                }
+                let r = (*a as i128) * (n.saturating_sub(1) as i128);
+                if r < 0 {
+                    lo += r;
+                } else {
+                    hi += r;
+                }
+            }
+            lo >= 0 && hi < c as i128
+        })
+    })
+}
+
+/// `body` with every use of `var` replaced by `with`.
+pub fn subst(body: &[Stmt], var: VarId, with: &Expr) -> Vec<Stmt> {
+    fn e(x: &Expr, var: VarId, w: &Expr) -> Expr {
+        let b = |y: &Expr| Box::new(e(y, var, w));
+        match x {
+            Expr::Var(v) if *v == var => w.clone(),
+            Expr::Var(_) | Expr::Int(_) | Expr::Float(..) => x.clone(),
+            Expr::Load(buf, i) => Expr::Load(*buf, b(i)),
+            Expr::Un(op, a) => Expr::Un(*op, b(a)),
+            Expr::Cast(t, a) => Expr::Cast(*t, b(a)),
+            Expr::Bin(op, a, c) => Expr::Bin(*op, b(a), b(c)),
+            Expr::Cmp(op, a, c) => Expr::Cmp(*op, b(a), b(c)),
+            Expr::Select(c, a, d) => Expr::Select(b(c), b(a), b(d)),
+            Expr::Call(f, args) => Expr::Call(*f, args.iter().map(|a| e(a, var, w)).collect()),
+        }
+    }
+    body.iter()
+        .map(|s| match s {
+            Stmt::For {
+                var: v,
+                extent,
+                body,
+            } => Stmt::For {
+                var: *v,
+                extent: *extent,
+                body: subst(body, var, with),
+            },
+            Stmt::Store { buf, index, value } => Stmt::Store {
+                buf: *buf,
+                index: e(index, var, with),
+                value: e(value, var, with),
+            },
+            Stmt::Set { var: v, value } => Stmt::Set {
+                var: *v,
+                value: e(value, var, with),
+            },
+            Stmt::If { cond, then, els } => Stmt::If {
+                cond: e(cond, var, with),
+                then: subst(then, var, with),
+                els: subst(els, var, with),
+            },
+            Stmt::Gemm(g) => {
+                let mut g = g.clone();
+                for v in [&mut g.a, &mut g.b, &mut g.c]
+                    .into_iter()
+                    .chain(g.init.as_mut())
+                {
+                    v.offset = e(&v.offset, var, with);
+                }
+                Stmt::Gemm(g)
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kir::{Ty, UnOp};
+
+    fn v(x: VarId) -> Expr {
+        Expr::Var(x)
+    }
+    fn int(x: i64) -> Expr {
+        Expr::Int(x)
+    }
+    fn add(a: Expr, b: Expr) -> Expr {
+        Expr::bin(BinOp::Add, a, b)
+    }
+    fn mul(a: Expr, b: Expr) -> Expr {
+        Expr::bin(BinOp::Mul, a, b)
+    }
+    fn for_(var: VarId, extent: u64, body: Vec<Stmt>) -> Stmt {
+        Stmt::For { var, extent, body }
+    }
+    fn store(buf: BufId, index: Expr, value: Expr) -> Stmt {
+        Stmt::Store { buf, index, value }
+    }
+
+    /// A program with buffers x (input), y (output), t (arena at 0), u (arena at 0 too,
+    /// an alias of t) and w (arena past them), each of 64 x 64 f32; and a kernel whose
+    /// body `make` builds from two loop variables (i outer, j inner).
+    fn parallel(make: impl Fn(VarId, VarId) -> Vec<Stmt>) -> HashSet<VarId> {
+        let mut p = Program::default();
+        let n = 64 * 64;
+        p.add_buffer("x", BufKind::Input(0), Ty::F32, n);
+        p.add_buffer("y", BufKind::Output(0), Ty::F32, n);
+        p.add_buffer("t", BufKind::Arena { offset: 0 }, Ty::F32, n);
+        p.add_buffer("u", BufKind::Arena { offset: 0 }, Ty::F32, n);
+        p.add_buffer("w", BufKind::Arena { offset: 4 * n }, Ty::F32, n);
+        let mut k = Kernel::new("k");
+        let (i, j) = (k.var(Ty::I64), k.var(Ty::I64));
+        k.body = make(i, j);
+        parallel_loops(&k, &p, 64)
+    }
+    const X: BufId = 0;
+    const Y: BufId = 1;
+    const T: BufId = 2;
+    const U: BufId = 3;
+
+    fn row(i: VarId, j: VarId) -> Expr {
+        add(mul(v(i), int(64)), v(j))
+    }
+
+    #[test]
+    fn elementwise_rows_run_in_parallel() {
+        let got = parallel(|i, j| {
+            vec![for_(
+                i,
+                64,
+                vec![for_(
+                    j,
+                    64,
+                    vec![store(
+                        Y,
+                        row(i, j),
+                        Expr::un(UnOp::Neg, Expr::load(X, row(i, j))),
+                    )],
+                )],
+            )]
+        });
+        assert_eq!(got, HashSet::from([0]));
+    }
+
+    #[test]
+    fn in_place_and_aliased_buffers_at_the_same_index_are_safe() {
+        // t[i, j] = u[i, j] + 1 with u and t the same arena bytes.
+        let got = parallel(|i, j| {
+            let body = vec![store(
+                T,
+                row(i, j),
+                add(Expr::load(U, row(i, j)), Expr::Float(1.0, Ty::F32)),
+            )];
+            vec![for_(i, 64, vec![for_(j, 64, body)])]
+        });
+        assert_eq!(got, HashSet::from([0]));
+    }
+
+    #[test]
+    fn reading_a_neighbour_row_of_an_aliased_buffer_is_not() {
+        // t[i, j] = u[i + 1, j] (u is t): iteration i reads what i + 1 writes.
+        let got = parallel(|i, j| {
+            let body = vec![store(T, row(i, j), Expr::load(U, add(row(i, j), int(64))))];
+            vec![for_(i, 63, vec![for_(j, 64, body)])]
+        });
+        assert!(!got.contains(&0), "{got:?}");
+    }
+
+    #[test]
+    fn the_inner_loop_runs_when_the_outer_one_would_race() {
+        // y[j] accumulates over i: i carries a dependence, j does not.
+        let got = parallel(|i, j| {
+            let s = vec![store(
+                Y,
+                v(j),
+                add(Expr::load(Y, v(j)), Expr::load(X, row(i, j))),
+            )];
+            vec![for_(i, 64, vec![for_(j, 64, s)])]
+        });
+        assert!(!got.contains(&0), "{got:?}");
+        // Inside, j alone is too little work for the threshold of 64 with one statement
+        // per iteration: exactly 64 reaches it.
+        assert!(got.contains(&1), "{got:?}");
+    }
+
+    #[test]
+    fn panel_layouts_are_disjoint_and_overlaps_are_not() {
+        // Packing into panels of 32: element (i, j) goes to (j / 32) * 2048 + i * 32 +
+        // j % 32, written as two stores per i (two panels, constants carry the panel).
+        let packed = |i: VarId, j: VarId, step: i64| {
+            vec![for_(
+                i,
+                64,
+                vec![for_(
+                    j,
+                    32,
+                    vec![
+                        store(Y, add(mul(v(i), int(step)), v(j)), Expr::load(X, row(i, j))),
+                        store(
+                            Y,
+                            add(add(mul(v(i), int(step)), int(2048)), v(j)),
+                            Expr::load(X, add(row(i, j), int(32))),
+                        ),
+                    ],
+                )],
+            )]
+        };
+        assert_eq!(parallel(|i, j| packed(i, j, 32)), HashSet::from([0]));
+        // A row step of 16 overlaps the next row's first half.
+        assert!(!parallel(|i, j| packed(i, j, 16)).contains(&0));
+    }
+
+    #[test]
+    fn a_value_carried_between_iterations_keeps_the_loop_serial() {
+        // acc is set in iteration i and read in i + 1 before being set again.
+        let mut p = Program::default();
+        p.add_buffer("y", BufKind::Output(0), Ty::F32, 4096);
+        let mut k = Kernel::new("k");
+        let (i, j, acc) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::F32));
+        k.body = vec![for_(
+            i,
+            64,
+            vec![for_(
+                j,
+                64,
+                vec![
+                    store(0, row(i, j), v(acc)),
+                    Stmt::Set {
+                        var: acc,
+                        value: Expr::Float(2.0, Ty::F32),
+                    },
+                ],
+            )],
+        )];
+        assert!(parallel_loops(&k, &p, 64).is_empty());
+        // Set first, then used: private to the iteration.
+        if let Stmt::For { body, .. } = &mut k.body[0] {
+            if let Stmt::For { body, .. } = &mut body[0] {
+                body.swap(0, 1);
+            }
+        }
+        assert_eq!(parallel_loops(&k, &p, 64), HashSet::from([i]));
+    }
+
+    #[test]
+    fn small_loops_stay_serial_and_substitution_replaces_uses() {
+        let got = parallel(|i, j| {
+            vec![for_(
+                i,
+                2,
+                vec![for_(
+                    j,
+                    4,
+                    vec![store(Y, row(i, j), Expr::load(X, row(i, j)))],
+                )],
+            )]
+        });
+        assert!(got.is_empty());
+        let body = vec![store(Y, row(0, 1), Expr::load(X, v(0)))];
+        let s = subst(&body, 0, &int(5));
+        assert_eq!(s, vec![store(Y, row_with(5, 1), Expr::load(X, int(5)))]);
+        assert_eq!(captured(0, &body), vec![1]);
+    }
+
+    fn row_with(i: i64, j: VarId) -> Expr {
+        add(mul(int(i), int(64)), v(j))
+    }
+}
