@@ -337,6 +337,19 @@ impl Gen<'_, '_> {
             return Ok(());
         }
         let v = self.vars[var];
+        // One iteration, or a few of a body without loops (the remainder of a vector
+        // loop, say): straight code.
+        let flat = body
+            .iter()
+            .all(|s| matches!(s, Stmt::Store { .. } | Stmt::Set { .. }));
+        if extent - start == 1 || (flat && extent - start <= 3) {
+            for i in start..extent {
+                let i = self.b.ins().iconst(types::I64, i as i64);
+                self.b.def_var(v, i);
+                self.stmts(body)?;
+            }
+            return Ok(());
+        }
         let zero = self.b.ins().iconst(types::I64, start as i64);
         self.b.def_var(v, zero);
         let header = self.b.create_block();

@@ -23,6 +23,8 @@ use std::collections::HashMap;
 
 /// Lanes per vector.
 const W: u64 = 4;
+/// Vector loops of at most this many iterations are emitted as straight code.
+const UNROLL: u64 = 4;
 
 /// A value of the vectorised loop body, four lanes at a time.
 #[derive(Clone, Copy)]
@@ -322,6 +324,39 @@ impl Gen<'_, '_> {
             .any(|f| f.name == "has_sse41" && f.as_bool() == Some(true))
     }
 
+    /// One vector iteration of a qualifying loop body (lanes `cx.i .. cx.i + 4`).
+    fn vbody(
+        &mut self,
+        cx: &mut Cx,
+        body: &[Stmt],
+        accs: &[(Red, cranelift_frontend::Variable)],
+    ) -> Result<(), String> {
+        for s in body {
+            match s {
+                Stmt::Set { var: t, .. } if accs.iter().any(|(r, _)| r.acc == *t) => {
+                    let (r, a) = accs.iter().find(|(r, _)| r.acc == *t).cloned().unwrap();
+                    let x = self.vexpr(cx, &r.e)?;
+                    let x = self.vec4(x)?;
+                    let cur = self.b.use_var(a);
+                    let new = self.combine(r.kind, cur, x);
+                    self.b.def_var(a, new);
+                }
+                Stmt::Set { var: t, value } => {
+                    let x = self.vexpr(cx, value)?;
+                    cx.vals.insert(*t, x);
+                }
+                Stmt::Store { buf, index, value } => {
+                    let x = self.vexpr(cx, value)?;
+                    let x = self.vec4(x)?;
+                    let addr = self.addr(*buf, index)?;
+                    self.b.ins().store(vflags(), x, addr, 0);
+                }
+                _ => return Err("vectorize: unexpected statement".into()),
+            }
+        }
+        Ok(())
+    }
+
     /// Emits `for var in 0..extent` as a vector loop over the first `extent / 4 * 4`
     /// iterations when it qualifies; returns where the scalar loop must start (0 when
     /// nothing was emitted).
@@ -353,53 +388,49 @@ impl Gen<'_, '_> {
             self.b.def_var(a, init);
             accs.push((r.clone(), a));
         }
-        let header = self.b.create_block();
-        let body_blk = self.b.create_block();
-        let exit = self.b.create_block();
-        self.b.ins().jump(header, &[]);
-        self.b.switch_to_block(header);
-        let i = self.b.use_var(v);
-        let c = self
-            .b
-            .ins()
-            .icmp_imm_s(IntCC::UnsignedLessThan, i, n4 as i64);
-        self.b.ins().brif(c, body_blk, &[], exit, &[]);
-        self.b.switch_to_block(body_blk);
-        let i = self.b.use_var(v);
-        let mut cx = Cx {
-            var,
-            i,
-            locals: plan.locals,
-            vals: HashMap::new(),
-            round_ok: self.vec_round_ok(),
-        };
-        for s in body {
-            match s {
-                Stmt::Set { var: t, .. } if accs.iter().any(|(r, _)| r.acc == *t) => {
-                    let (r, a) = accs.iter().find(|(r, _)| r.acc == *t).cloned().unwrap();
-                    let x = self.vexpr(&mut cx, &r.e)?;
-                    let x = self.vec4(x)?;
-                    let cur = self.b.use_var(a);
-                    let new = self.combine(r.kind, cur, x);
-                    self.b.def_var(a, new);
-                }
-                Stmt::Set { var: t, value } => {
-                    let x = self.vexpr(&mut cx, value)?;
-                    cx.vals.insert(*t, x);
-                }
-                Stmt::Store { buf, index, value } => {
-                    let x = self.vexpr(&mut cx, value)?;
-                    let x = self.vec4(x)?;
-                    let addr = self.addr(*buf, index)?;
-                    self.b.ins().store(vflags(), x, addr, 0);
-                }
-                _ => return Err("vectorize: unexpected statement".into()),
+        let round_ok = self.vec_round_ok();
+        if n4 / W <= UNROLL {
+            // Short rows (a convolution's packing of small images has many): straight
+            // code, each copy with a constant index the address arithmetic folds.
+            for j in 0..n4 / W {
+                let i = self.b.ins().iconst(types::I64, (j * W) as i64);
+                self.b.def_var(v, i);
+                let mut cx = Cx {
+                    var,
+                    i,
+                    locals: plan.locals.clone(),
+                    vals: HashMap::new(),
+                    round_ok,
+                };
+                self.vbody(&mut cx, body, &accs)?;
             }
+        } else {
+            let header = self.b.create_block();
+            let body_blk = self.b.create_block();
+            let exit = self.b.create_block();
+            self.b.ins().jump(header, &[]);
+            self.b.switch_to_block(header);
+            let i = self.b.use_var(v);
+            let c = self
+                .b
+                .ins()
+                .icmp_imm_s(IntCC::UnsignedLessThan, i, n4 as i64);
+            self.b.ins().brif(c, body_blk, &[], exit, &[]);
+            self.b.switch_to_block(body_blk);
+            let i = self.b.use_var(v);
+            let mut cx = Cx {
+                var,
+                i,
+                locals: plan.locals.clone(),
+                vals: HashMap::new(),
+                round_ok,
+            };
+            self.vbody(&mut cx, body, &accs)?;
+            let n = self.b.ins().iadd_imm_s(cx.i, W as i64);
+            self.b.def_var(v, n);
+            self.b.ins().jump(header, &[]);
+            self.b.switch_to_block(exit);
         }
-        let n = self.b.ins().iadd_imm_s(cx.i, W as i64);
-        self.b.def_var(v, n);
-        self.b.ins().jump(header, &[]);
-        self.b.switch_to_block(exit);
         for (r, a) in accs {
             let vacc = self.b.use_var(a);
             let mut acc = self.b.use_var(self.vars[r.acc]);
