@@ -93,6 +93,12 @@ fn one_node(
                 inits.push(f32_tensor(bn, &dims(&bs), &rand(bs.iter().product(), 7)));
                 node("Add", &[&last, bn], &[&o])
             }
+            // SiLU as exported before opset 24: Sigmoid, then Mul with its input.
+            "Silu" => {
+                let s = format!("s{}", i + 1);
+                nodes.push(node("Sigmoid", &[&last], &[&s]));
+                node("Mul", &[&s, &last], &[&o])
+            }
             op => node(op, &[&last], &[&o]),
         };
         if *p == "LeakyRelu" {
@@ -209,6 +215,8 @@ fn cases() -> Vec<Case> {
         &["bias_col", "LeakyRelu"],
         &["Relu", "bias_row"],
         &["Sigmoid"],
+        &["bias_row", "Silu"],
+        &["Silu"],
     ] {
         v.push(one_node(
             &format!("matmul_ep_{}", post.join("_")),
@@ -337,7 +345,7 @@ fn cases() -> Vec<Case> {
                 &ins,
                 &ys,
                 attrs.clone(),
-                if bias { &["Relu"] } else { &[] },
+                if bias { &["Relu"] } else { &["Silu"] },
             ));
         }
     }
@@ -411,6 +419,18 @@ fn split_cases() -> Vec<Case> {
         &[1, 32, 40, 40],
         vec![ints_attr("pads", &[1, 1, 1, 1])],
         &["Relu"],
+    ));
+    v.push(one_node(
+        "split_conv1x1_silu",
+        "Conv",
+        &[
+            ("x", &[1, 48, 30, 30], false),
+            ("w", &[64, 48, 1, 1], true),
+            ("bias", &[64], true),
+        ],
+        &[1, 64, 30, 30],
+        vec![],
+        &["Silu"],
     ));
     v
 }
@@ -576,13 +596,14 @@ fn check_calls(target: &str) {
         GemmAct::Relu,
         GemmAct::Clip(-0.3, 0.4),
         GemmAct::Leaky(0.1),
+        GemmAct::Silu,
     ];
     let mut failures = Vec::new();
     let mut case = 0u64;
     for (m, n, k) in [(13, 37, 19), (5, 8, 3), (17, 33, 65), (1, 70, 2)] {
         for init_kind in 0..4 {
             case += 1;
-            let act = acts[case as usize % 4];
+            let act = acts[case as usize % acts.len()];
             let alpha = if case.is_multiple_of(3) { 0.5 } else { 1.0 };
             let b_const = case.is_multiple_of(2);
             // A B input in column panels: of the AVX-512 microkernel's width (read in
@@ -726,6 +747,7 @@ fn check_calls(target: &str) {
                                 x
                             }
                         }
+                        GemmAct::Silu => (x as f64 / (1.0 + (-x as f64).exp())) as f32,
                     };
                 }
             }

@@ -389,6 +389,8 @@ pub enum GemmAct {
     Clip(f32, f32),
     /// `x < 0 ? alpha * x : x`.
     Leaky(f32),
+    /// `x * (1 / (1 + exp(-x)))` (SiLU, Swish).
+    Silu,
 }
 
 /// `C[i, j] = act(init[i, j] + alpha * sum_p A[i, p] * B[p, j])` for `i < m, j < n,

@@ -60,6 +60,7 @@ fn stmts(body: &[Stmt], depth: usize, s: &mut String) {
                     super::GemmAct::Relu => rhs = format!("relu({rhs})"),
                     super::GemmAct::Clip(lo, hi) => rhs = format!("clip({rhs}, {lo:?}, {hi:?})"),
                     super::GemmAct::Leaky(a) => rhs = format!("leaky({rhs}, {a:?})"),
+                    super::GemmAct::Silu => rhs = format!("silu({rhs})"),
                 }
                 let _ = writeln!(
                     s,

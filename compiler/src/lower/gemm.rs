@@ -69,6 +69,7 @@ fn plan_epilogue(ep: Option<&Epilogue>, split: &OutSplit, allow_init: bool) -> E
             Act::Relu => Some(GemmAct::Relu),
             Act::Clip(lo, hi) => Some(GemmAct::Clip(*lo as f32, *hi as f32)),
             Act::LeakyRelu(al) => Some(GemmAct::Leaky(*al as f32)),
+            Act::Silu => Some(GemmAct::Silu),
             _ => None,
         };
         if let Some(g) = g {

@@ -252,8 +252,30 @@ fn anchor_epilogue(
         return Ok(None);
     }
     let mut steps = Vec::new();
-    for &n in &order[1..] {
+    let mut skip = false;
+    for (j, &n) in order.iter().enumerate().skip(1) {
+        if std::mem::take(&mut skip) {
+            continue;
+        }
         let node = &body.nodes[n];
+        // SiLU as two nodes: Sigmoid(cur), then Mul(cur, that) (either order).
+        if node.domain.is_empty() && node.op_type == "Sigmoid" && node.inputs[..] == [Some(cur)] {
+            if let Some(&m) = order.get(j + 1) {
+                let mn = &body.nodes[m];
+                let s = node.outputs[0];
+                if mn.domain.is_empty()
+                    && mn.op_type == "Mul"
+                    && (mn.inputs[..] == [Some(cur), Some(s)]
+                        || mn.inputs[..] == [Some(s), Some(cur)])
+                    && mn.outputs.len() == 1
+                {
+                    steps.push(EpStep::Act(Act::Silu));
+                    cur = mn.outputs[0];
+                    skip = true;
+                    continue;
+                }
+            }
+        }
         if !node.domain.is_empty() || node.outputs.len() != 1 {
             return Ok(None);
         }

@@ -5,7 +5,7 @@
 //! the steps before it stores each output element. A step joins only when the value it
 //! reads has no other consumer and is not a graph output.
 
-use super::fuse_util::{const_scalar, fusible_output, known_values};
+use super::fuse_util::{const_scalar, fusible_output, known_values, users};
 use crate::error::{Error, Result};
 use crate::ir::{broadcast_shapes, DType, Graph, NodeId, ValueId};
 use crate::ops::fused::fuse_nodes;
@@ -38,7 +38,15 @@ pub fn run(g: &mut Graph) -> Result<()> {
         }
         let mut group = vec![n];
         let mut cur = out;
-        while let Some(c) = fusible_output(g, cur) {
+        loop {
+            if let Some((sg, m)) = silu_pair(g, cur) {
+                group.extend([sg, m]);
+                cur = g.nodes[m].outputs[0];
+                continue;
+            }
+            let Some(c) = fusible_output(g, cur) else {
+                break;
+            };
             if !is_step(g, &known, c, cur, dt, &shape) {
                 break;
             }
@@ -51,6 +59,28 @@ pub fn run(g: &mut Graph) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// SiLU as exported before opset 24: `v` read only by `s = Sigmoid(v)` and `Mul(v, s)`
+/// (either order), `s` read only by that Mul. Returns (the Sigmoid, the Mul).
+fn silu_pair(g: &Graph, v: ValueId) -> Option<(NodeId, NodeId)> {
+    if g.outputs.contains(&v) {
+        return None;
+    }
+    let us = users(g, v);
+    let [a, b] = us[..] else { return None };
+    let plain = |n: NodeId, op: &str| g.nodes[n].domain.is_empty() && g.nodes[n].op_type == op;
+    let (sg, m) = if plain(a, "Sigmoid") { (a, b) } else { (b, a) };
+    if !plain(sg, "Sigmoid") || !plain(m, "Mul") || g.nodes[sg].outputs.len() != 1 {
+        return None;
+    }
+    let s = g.nodes[sg].outputs[0];
+    let ins = &g.nodes[m].inputs;
+    let pair = ins.len() == 2
+        && (ins[..] == [Some(v), Some(s)] || ins[..] == [Some(s), Some(v)])
+        && g.nodes[sg].inputs[..] == [Some(v)];
+    (pair && !g.outputs.contains(&s) && users(g, s) == [m] && g.nodes[m].outputs.len() == 1)
+        .then_some((sg, m))
 }
 
 pub(crate) fn fused_name(g: &Graph, n: NodeId) -> String {

@@ -744,6 +744,16 @@ impl Gen<'_, '_> {
                         let y = self.b.ins().fmul(x, a);
                         self.b.ins().bitselect(neg, y, x)
                     }
+                    GemmAct::Silu => {
+                        // The scalar act_expr's arithmetic, four lanes at a time.
+                        let n = self.b.ins().fneg(x);
+                        let e = crate::backend::cranelift::vmath::emit(&mut self.b, MathFn::Exp, n)
+                            .ok_or("vmath: no inline exp")?;
+                        let one = splat_c(self, 1.0);
+                        let d = self.b.ins().fadd(one, e);
+                        let s = self.b.ins().fdiv(one, d);
+                        self.b.ins().fmul(x, s)
+                    }
                 };
                 let addr = self
                     .b

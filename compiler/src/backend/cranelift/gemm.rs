@@ -7,7 +7,7 @@
 
 use crate::backend::x86::gemm::{self as x86, Isa, Spec};
 use crate::kir::{BinOp, BufKind, CmpOp, Expr, GemmAct, GemmCall, Kernel, MatView, Program};
-use crate::kir::{Stmt, Ty};
+use crate::kir::{Stmt, Ty, UnOp};
 use cranelift_codegen::ir::{types, AbiParam, Signature};
 use cranelift_module::{DataDescription, DataId, FuncId, Linkage, Module};
 use cranelift_object::ObjectModule;
@@ -530,6 +530,14 @@ pub fn act_expr(a: GemmAct, x: Expr) -> Expr {
             Expr::mul(x.clone(), f(al)),
             x,
         ),
+        GemmAct::Silu => {
+            let e = Expr::Call(
+                crate::kir::MathFn::Exp,
+                vec![Expr::un(UnOp::Neg, x.clone())],
+            );
+            let s = Expr::bin(BinOp::Div, f(1.0), Expr::bin(BinOp::Add, f(1.0), e));
+            Expr::mul(x, s)
+        }
     }
 }
 

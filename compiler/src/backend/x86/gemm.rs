@@ -93,6 +93,7 @@ pub enum ActBits {
     Relu,
     Clip(u32, u32),
     Leaky(u32),
+    Silu,
 }
 
 impl From<GemmAct> for ActBits {
@@ -102,6 +103,7 @@ impl From<GemmAct> for ActBits {
             GemmAct::Relu => ActBits::Relu,
             GemmAct::Clip(lo, hi) => ActBits::Clip(lo.to_bits(), hi.to_bits()),
             GemmAct::Leaky(a) => ActBits::Leaky(a.to_bits()),
+            GemmAct::Silu => ActBits::Silu,
         }
     }
 }
@@ -226,7 +228,30 @@ struct Gen<'s> {
     a: CodeAssembler,
     s: &'s Spec,
     mask_table: CodeLabel,
+    /// The SiLU epilogue's constants, one vector each ([`SILU_CONSTS`]).
+    consts: CodeLabel,
 }
+
+/// SiLU's constants: Cephes' `expf` (as in the Cranelift back end's vmath) with the
+/// argument clamped to [-87.34, 88] (2^n stays a normal float) and n rounded by the
+/// rounding instruction, FMA for the reduction and the polynomial.
+const SILU_CONSTS: [f32; 13] = [
+    -1.0,                     // 0: negate
+    88.0,                     // 1: clamp high
+    -87.336_54,               // 2: clamp low
+    std::f32::consts::LOG2_E, // 3
+    0.693_359_4,              // 4: ln 2, high part
+    -2.121_944_4e-4,          // 5: ln 2, low part
+    1.987_569_1e-4,           // 6..11: polynomial, highest power first
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    5e-1,
+    1.0, // 12
+];
+/// Slot of the integer 127 (AVX2's 2^n from the exponent bits).
+const SILU_I127: usize = 13;
 
 // Registers: rdi/rsi/rdx/rcx = a/b/c/init on entry (saved to the stack); r8 = A at the k
 // block; r9 = B at the k block and column block; r12 = A row tile; r13 = C row tile;
@@ -270,8 +295,10 @@ pub fn generate(s: &Spec) -> R<Vec<u8>> {
         a: CodeAssembler::new(64).map_err(e)?,
         s,
         mask_table: CodeLabel::default(),
+        consts: CodeLabel::default(),
     };
     g.mask_table = g.a.create_label();
+    g.consts = g.a.create_label();
     g.body()?;
     g.a.assemble(0).map_err(e)
 }
@@ -327,6 +354,14 @@ impl Gen<'_> {
         let mut t = [0u32; 16];
         t[..8].fill(u32::MAX);
         self.a.dd(&t).map_err(e)?;
+        if self.s.act == ActBits::Silu {
+            self.a.set_label(&mut self.consts).map_err(e)?;
+            let lanes = self.s.isa.lanes();
+            for c in SILU_CONSTS {
+                self.a.dd(&vec![c.to_bits(); lanes]).map_err(e)?;
+            }
+            self.a.dd(&vec![127u32; lanes]).map_err(e)?;
+        }
         Ok(())
     }
 
@@ -671,6 +706,10 @@ impl Gen<'_> {
                     .map_err(e)?;
                 }
             }
+            ActBits::Silu => match self.s.isa {
+                Isa::Avx512 => self.silu512(&regs)?,
+                Isa::Avx2 => self.silu256(&regs)?,
+            },
             ActBits::Leaky(alpha) => {
                 self.splat(c0, alpha)?;
                 match self.s.isa {
@@ -693,6 +732,68 @@ impl Gen<'_> {
                     }
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// `x / (1 + exp(-x))` on each accumulator, zmm26..28 as temporaries.
+    fn silu512(&mut self, regs: &[usize]) -> R<()> {
+        let (t1, t2, t3) = (ZMM[26], ZMM[27], ZMM[28]);
+        self.a.lea(rax, ptr(self.consts)).map_err(e)?;
+        let c = |i: usize| zmmword_ptr(rax + (64 * i) as i32);
+        for &r in regs {
+            let x = ZMM[r];
+            let a = &mut self.a;
+            a.vmulps(t1, x, c(0)).map_err(e)?;
+            a.vminps(t1, t1, c(1)).map_err(e)?;
+            a.vmaxps(t1, t1, c(2)).map_err(e)?;
+            a.vmulps(t2, t1, c(3)).map_err(e)?;
+            a.vrndscaleps(t2, t2, 0).map_err(e)?;
+            a.vfnmadd231ps(t1, t2, c(4)).map_err(e)?;
+            a.vfnmadd231ps(t1, t2, c(5)).map_err(e)?;
+            a.vmovups(t3, c(6)).map_err(e)?;
+            for i in 7..12 {
+                a.vfmadd213ps(t3, t1, c(i)).map_err(e)?;
+            }
+            // e^r = 1 + r + r^2 P(r), then times 2^n.
+            a.vmulps(t3, t3, t1).map_err(e)?;
+            a.vfmadd213ps(t3, t1, t1).map_err(e)?;
+            a.vaddps(t3, t3, c(12)).map_err(e)?;
+            a.vscalefps(t3, t3, t2).map_err(e)?;
+            a.vaddps(t3, t3, c(12)).map_err(e)?;
+            a.vdivps(x, x, t3).map_err(e)?;
+        }
+        Ok(())
+    }
+
+    /// As [`silu512`](Self::silu512) on ymm12..14, 2^n built in the exponent bits.
+    fn silu256(&mut self, regs: &[usize]) -> R<()> {
+        let (t1, t2, t3) = (ymm12, ymm13, ymm14);
+        self.a.lea(rax, ptr(self.consts)).map_err(e)?;
+        let c = |i: usize| ymmword_ptr(rax + (32 * i) as i32);
+        for &r in regs {
+            let x = YMM[r];
+            let a = &mut self.a;
+            a.vmulps(t1, x, c(0)).map_err(e)?;
+            a.vminps(t1, t1, c(1)).map_err(e)?;
+            a.vmaxps(t1, t1, c(2)).map_err(e)?;
+            a.vmulps(t2, t1, c(3)).map_err(e)?;
+            a.vroundps(t2, t2, 0).map_err(e)?;
+            a.vfnmadd231ps(t1, t2, c(4)).map_err(e)?;
+            a.vfnmadd231ps(t1, t2, c(5)).map_err(e)?;
+            a.vmovups(t3, c(6)).map_err(e)?;
+            for i in 7..12 {
+                a.vfmadd213ps(t3, t1, c(i)).map_err(e)?;
+            }
+            a.vmulps(t3, t3, t1).map_err(e)?;
+            a.vfmadd213ps(t3, t1, t1).map_err(e)?;
+            a.vaddps(t3, t3, c(12)).map_err(e)?;
+            a.vcvtps2dq(t2, t2).map_err(e)?;
+            a.vpaddd(t2, t2, c(SILU_I127)).map_err(e)?;
+            a.vpslld(t2, t2, 23).map_err(e)?;
+            a.vmulps(t3, t3, t2).map_err(e)?;
+            a.vaddps(t3, t3, c(12)).map_err(e)?;
+            a.vdivps(x, x, t3).map_err(e)?;
         }
         Ok(())
     }
