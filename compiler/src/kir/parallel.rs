@@ -164,20 +164,18 @@ fn safe(
 ) -> bool {
     // Variables: written ones (Set targets, inner loop variables) stay inside.
     let mut defs: HashMap<VarId, Vec<&Expr>> = HashMap::new();
-    let mut loops: HashMap<VarId, u64> = HashMap::new();
+    let mut loops: HashSet<VarId> = HashSet::new();
     let mut gemm = false;
     fn scan<'a>(
         b: &'a [Stmt],
         defs: &mut HashMap<VarId, Vec<&'a Expr>>,
-        loops: &mut HashMap<VarId, u64>,
+        loops: &mut HashSet<VarId>,
         gemm: &mut bool,
     ) {
         for s in b {
             match s {
-                Stmt::For { var, extent, .. } => {
-                    // A variable that heads two loops keeps the larger range.
-                    let e = loops.entry(*var).or_default();
-                    *e = (*e).max(*extent);
+                Stmt::For { var, .. } => {
+                    loops.insert(*var);
                 }
                 Stmt::Set { var, value } => defs.entry(*var).or_default().push(value),
                 Stmt::Gemm(_) => *gemm = true,
@@ -189,10 +187,10 @@ fn safe(
         }
     }
     scan(body, &mut defs, &mut loops, &mut gemm);
-    if gemm || defs.contains_key(&var) || loops.contains_key(&var) {
+    if gemm || defs.contains_key(&var) || loops.contains(&var) {
         return false;
     }
-    let written: HashSet<VarId> = defs.keys().chain(loops.keys()).copied().collect();
+    let written: HashSet<VarId> = defs.keys().chain(loops.iter()).copied().collect();
     let mut inside = HashMap::new();
     count_vars(body, &mut inside);
     if written
@@ -206,8 +204,8 @@ fn safe(
         return false;
     }
     // Memory: group the accesses by buffer (arena aliases joined), check each stored one.
-    let mut acc: Vec<(BufId, &Expr, bool)> = Vec::new();
-    collect_accesses(body, &mut acc);
+    let mut acc: Vec<Access> = Vec::new();
+    access_forms(body, &mut HashMap::new(), &mut HashMap::new(), &mut acc);
     let stored: Vec<BufId> = {
         let mut s: Vec<BufId> = acc.iter().filter(|a| a.2).map(|a| a.0).collect();
         s.sort_unstable();
@@ -244,19 +242,15 @@ fn safe(
             key.insert(b, k);
         }
     }
-    let mut groups: BTreeMap<BufId, Vec<&Expr>> = BTreeMap::new();
-    for (b, idx, _) in &acc {
-        if let Some(k) = key.get(b) {
-            groups.entry(*k).or_default().push(idx);
+    let mut groups: BTreeMap<BufId, Vec<Option<(Aff, Scope)>>> = BTreeMap::new();
+    for (b, form, _) in acc {
+        if let Some(k) = key.get(&b) {
+            groups.entry(*k).or_default().push(form);
         }
     }
-    let cx = AffCtx {
-        var,
-        defs: &defs,
-        loops: &loops,
-    };
-    groups.values().all(|idxs| {
-        let forms: Option<Vec<Aff>> = idxs.iter().map(|e| cx.aff(e, 0)).collect();
+    let cx = AffCtx { var };
+    groups.into_values().all(|forms| {
+        let forms: Option<Vec<(Aff, Scope)>> = forms.into_iter().collect();
         forms.is_some_and(|f| disjoint(&f, &cx, extent))
     })
 }
@@ -302,38 +296,109 @@ fn defined_before_use(
     true
 }
 
-/// (buffer, index, is a store) for every access in `body`.
-fn collect_accesses<'a>(body: &'a [Stmt], out: &mut Vec<(BufId, &'a Expr, bool)>) {
-    fn loads<'a>(e: &'a Expr, out: &mut Vec<(BufId, &'a Expr, bool)>) {
+/// Variables set in the body: the affine form of their current value (None: unknown,
+/// such as after a scope that may or may not have set them).
+type Env = HashMap<VarId, Option<Aff>>;
+
+/// The extents of the loops (inside the body) around an access.
+type Scope = HashMap<VarId, u64>;
+
+/// (buffer, index form and the loops around it, is a store).
+type Access = (BufId, Option<(Aff, Scope)>, bool);
+
+/// Every access in `body`, in program order, with each variable replaced by the
+/// definition that reaches the access.
+fn access_forms(body: &[Stmt], env: &mut Env, scope: &mut Scope, out: &mut Vec<Access>) {
+    fn loads(e: &Expr, env: &Env, scope: &Scope, out: &mut Vec<Access>) {
         match e {
             Expr::Load(b, i) => {
-                out.push((*b, i, false));
-                loads(i, out);
+                out.push((*b, aff(i, env).map(|f| (f, scope.clone())), false));
+                loads(i, env, scope, out);
             }
             Expr::Var(_) | Expr::Int(_) | Expr::Float(..) => {}
-            Expr::Un(_, a) | Expr::Cast(_, a) => loads(a, out),
+            Expr::Un(_, a) | Expr::Cast(_, a) => loads(a, env, scope, out),
             Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => {
-                loads(a, out);
-                loads(b, out);
+                loads(a, env, scope, out);
+                loads(b, env, scope, out);
             }
             Expr::Select(c, a, b) => {
-                loads(c, out);
-                loads(a, out);
-                loads(b, out);
+                loads(c, env, scope, out);
+                loads(a, env, scope, out);
+                loads(b, env, scope, out);
             }
-            Expr::Call(_, args) => args.iter().for_each(|a| loads(a, out)),
+            Expr::Call(_, args) => args.iter().for_each(|a| loads(a, env, scope, out)),
+        }
+    }
+    // Variables a scope may set are unknown after it.
+    fn forget(b: &[Stmt], env: &mut Env) {
+        for s in b {
+            if let Stmt::Set { var, .. } = s {
+                env.insert(*var, None);
+            }
+            for c in children(s) {
+                forget(c, env);
+            }
         }
     }
     for s in body {
-        if let Stmt::Store { buf, index, .. } = s {
-            out.push((*buf, index, true));
-        }
         for e in stmt_exprs(s) {
-            loads(e, out);
+            loads(e, env, scope, out);
         }
-        for c in children(s) {
-            collect_accesses(c, out);
+        match s {
+            Stmt::Store { buf, index, .. } => {
+                out.push((*buf, aff(index, env).map(|f| (f, scope.clone())), true))
+            }
+            Stmt::Set { var, value } => {
+                let f = aff(value, env);
+                env.insert(*var, f);
+            }
+            Stmt::For { var, extent, body } => {
+                let prev = scope.insert(*var, *extent);
+                access_forms(body, env, scope, out);
+                match prev {
+                    Some(p) => scope.insert(*var, p),
+                    None => scope.remove(var),
+                };
+                forget(body, env);
+            }
+            Stmt::If { then, els, .. } => {
+                for b in [then, els] {
+                    access_forms(b, &mut env.clone(), scope, out);
+                    forget(b, env);
+                }
+            }
+            Stmt::Gemm(_) => {}
         }
+    }
+}
+
+/// The affine form of an index, variables set in the body replaced by their current
+/// forms (others, loop variables and values from outside, stay symbols); None when it
+/// is not affine.
+fn aff(e: &Expr, env: &Env) -> Option<Aff> {
+    match e {
+        Expr::Int(k) => Some(Aff {
+            terms: BTreeMap::new(),
+            k: *k,
+        }),
+        Expr::Var(v) => match env.get(v) {
+            Some(f) => f.clone(),
+            None => Some(Aff {
+                terms: BTreeMap::from([(*v, 1)]),
+                k: 0,
+            }),
+        },
+        Expr::Bin(op, a, b) => {
+            let (x, y) = (aff(a, env)?, aff(b, env)?);
+            match op {
+                BinOp::Add => x.add(y, 1),
+                BinOp::Sub => x.add(y, -1),
+                BinOp::Mul if x.terms.is_empty() => y.scale(x.k),
+                BinOp::Mul if y.terms.is_empty() => x.scale(y.k),
+                _ => None,
+            }
+        }
+        _ => None,
     }
 }
 
@@ -363,55 +428,18 @@ impl Aff {
     }
 }
 
-struct AffCtx<'a> {
+struct AffCtx {
     var: VarId,
-    defs: &'a HashMap<VarId, Vec<&'a Expr>>,
-    loops: &'a HashMap<VarId, u64>,
-}
-
-impl AffCtx<'_> {
-    /// The affine form of an index, with variables set once in the body replaced by their
-    /// definitions; None when it is not affine.
-    fn aff(&self, e: &Expr, depth: u32) -> Option<Aff> {
-        if depth > 32 {
-            return None;
-        }
-        match e {
-            Expr::Int(k) => Some(Aff {
-                terms: BTreeMap::new(),
-                k: *k,
-            }),
-            Expr::Var(v) => match self.defs.get(v) {
-                Some(d) if d.len() == 1 => self.aff(d[0], depth + 1),
-                Some(_) => None,
-                None => Some(Aff {
-                    terms: BTreeMap::from([(*v, 1)]),
-                    k: 0,
-                }),
-            },
-            Expr::Bin(op, a, b) => {
-                let (x, y) = (self.aff(a, depth + 1)?, self.aff(b, depth + 1)?);
-                match op {
-                    BinOp::Add => x.add(y, 1),
-                    BinOp::Sub => x.add(y, -1),
-                    BinOp::Mul if x.terms.is_empty() => y.scale(x.k),
-                    BinOp::Mul if y.terms.is_empty() => x.scale(y.k),
-                    _ => None,
-                }
-            }
-            _ => None,
-        }
-    }
 }
 
 /// Whether accesses with these index forms, in different iterations of the loop (`extent`
 /// iterations), never reach the same element (see the module comment).
-fn disjoint(forms: &[Aff], cx: &AffCtx, extent: u64) -> bool {
-    let c = forms[0].terms.get(&cx.var).copied().unwrap_or(0);
-    let inv = |f: &Aff| -> BTreeMap<VarId, i64> {
+fn disjoint(forms: &[(Aff, Scope)], cx: &AffCtx, extent: u64) -> bool {
+    let c = forms[0].0.terms.get(&cx.var).copied().unwrap_or(0);
+    let inv = |(f, sc): &(Aff, Scope)| -> BTreeMap<VarId, i64> {
         f.terms
             .iter()
-            .filter(|(v, _)| **v != cx.var && !cx.loops.contains_key(v))
+            .filter(|(v, _)| **v != cx.var && !sc.contains_key(v))
             .map(|(v, c)| (*v, *c))
             .collect()
     };
@@ -419,7 +447,7 @@ fn disjoint(forms: &[Aff], cx: &AffCtx, extent: u64) -> bool {
     if c <= 0
         || forms
             .iter()
-            .any(|f| f.terms.get(&cx.var).copied().unwrap_or(0) != c || inv(f) != inv0)
+            .any(|x| x.0.terms.get(&cx.var).copied().unwrap_or(0) != c || inv(x) != inv0)
     {
         return false;
     }
@@ -428,25 +456,25 @@ fn disjoint(forms: &[Aff], cx: &AffCtx, extent: u64) -> bool {
     };
     // Panel strides show up as loop-variable coefficients or inside constants.
     let mut cands: Vec<Option<i64>> = vec![None, Some(span)];
-    for f in forms {
+    for (f, sc) in forms {
         if f.k.abs() >= span {
             cands.push(Some(f.k.abs()));
         }
         for (v, a) in &f.terms {
-            if cx.loops.contains_key(v) && a.abs() >= span {
+            if sc.contains_key(v) && a.abs() >= span {
                 cands.push(Some(a.abs()));
             }
         }
     }
     cands.into_iter().any(|h| {
-        forms.iter().all(|f| {
+        forms.iter().all(|(f, sc)| {
             let mut lo = match h {
                 Some(h) => f.k.rem_euclid(h),
                 None => f.k,
             } as i128;
             let mut hi = lo;
             for (v, a) in &f.terms {
-                let Some(&n) = cx.loops.get(v) else { continue };
+                let Some(&n) = sc.get(v) else { continue };
                 if h.is_some_and(|h| a % h == 0) {
                     continue;
                 }
@@ -704,6 +732,38 @@ mod tests {
         let s = subst(&body, 0, &int(5));
         assert_eq!(s, vec![store(Y, row_with(5, 1), Expr::load(X, int(5)))]);
         assert_eq!(captured(0, &body), vec![1]);
+    }
+
+    #[test]
+    fn variables_set_twice_and_loop_variables_reused_are_tracked_per_access() {
+        // t = 64 i; y[t + j] for j < 32; t = 64 i + 32; y[t + j] for j < 31, then
+        // y[t + 31 + j] for j < 1 (j heads loops of 32, 31 and 1 iterations).
+        let mut p = Program::default();
+        p.add_buffer("y", BufKind::Output(0), Ty::F32, 4096);
+        let mut k = Kernel::new("k");
+        let (i, j, t) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+        let st = |off: i64| store(0, add(add(v(t), int(off)), v(j)), Expr::Float(1.0, Ty::F32));
+        let set = |c: i64| Stmt::Set {
+            var: t,
+            value: add(mul(v(i), int(64)), int(c)),
+        };
+        k.body = vec![for_(
+            i,
+            64,
+            vec![
+                set(0),
+                for_(j, 32, vec![st(0)]),
+                set(32),
+                for_(j, 31, vec![st(0)]),
+                for_(j, 1, vec![st(31)]),
+            ],
+        )];
+        assert_eq!(parallel_loops(&k, &p, 64), HashSet::from([i]));
+        // One element further and the last store reaches the next row.
+        if let Stmt::For { body, .. } = &mut k.body[0] {
+            body[4] = for_(j, 1, vec![st(32)]);
+        }
+        assert!(parallel_loops(&k, &p, 64).is_empty());
     }
 
     fn row_with(i: i64, j: VarId) -> Expr {
