@@ -18,6 +18,10 @@ const MAX_LOOP_TASKS: u64 = 16;
 
 #[path = "vectorize.rs"]
 mod vectorize;
+#[path = "wide.rs"]
+mod wide;
+
+pub use wide::WideFuncs;
 
 pub fn clty(t: Ty) -> Type {
     match t {
@@ -101,6 +105,8 @@ struct Gen<'a, 'b> {
     fname: String,
     /// Task functions made so far.
     ntasks: u32,
+    /// The object's AVX-512 loop functions (see wide.rs).
+    wide: &'a mut WideFuncs,
 }
 
 /// Emits kernel `k` into `func` (whose signature is `(inputs, outputs, arena, threads)`).
@@ -115,6 +121,7 @@ pub fn kernel(
     libm: &mut HashMap<&'static str, FuncId>,
     gemms: Vec<super::gemm::Plan>,
     fname: &str,
+    wide: &mut WideFuncs,
 ) -> Result<(), String> {
     if let Err(e) = crate::kir::verify::verify_program(&Program {
         buffers: p.buffers.clone(),
@@ -175,6 +182,7 @@ pub fn kernel(
         par: crate::kir::parallel::parallel_loops(k, p, crate::kir::parallel::MIN_WORK),
         fname: fname.to_string(),
         ntasks: 0,
+        wide,
     };
     g.stmts(&k.body)?;
     g.b.ins().return_(&[]);
@@ -330,6 +338,10 @@ impl Gen<'_, '_> {
 
     /// `for var in 0..extent { body }` on this thread.
     fn serial_for(&mut self, var: VarId, extent: u64, body: &[Stmt]) -> Result<(), String> {
+        // Rows of a loop nest as one AVX-512 call.
+        if self.wide_rows(var, extent, body)? {
+            return Ok(());
+        }
         // Innermost loops that qualify run four lanes at a time; the scalar loop below
         // finishes the remainder.
         let start = self.vectorize_for(var, extent, body)?;
@@ -497,6 +509,7 @@ impl Gen<'_, '_> {
                 par: HashSet::new(),
                 fname: name.clone(),
                 ntasks: 0,
+                wide: &mut *self.wide,
             };
             g.stmts(&tk.body)?;
             g.b.ins().return_(&[]);

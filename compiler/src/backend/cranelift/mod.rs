@@ -6,7 +6,7 @@
 
 mod codegen;
 pub mod gemm;
-mod vmath;
+pub(crate) mod vmath;
 
 use crate::kir::{BufKind, Program};
 use cranelift_codegen::ir::{types, AbiParam, InstBuilder, MemFlagsData, Signature};
@@ -146,6 +146,7 @@ pub fn compile_object(spec: &ObjectSpec) -> R<Vec<u8>> {
     let mut libm: HashMap<&'static str, FuncId> = HashMap::new();
     // Cache sizes for GEMM blocking (KiB): a current x86 core's L1d and per-core L2.
     let mut gemms = gemm::GemmCtx::new(spec.prefix, spec.triple, spec.features, 48, 1024);
+    let mut wide = codegen::WideFuncs::new(spec.prefix, spec.triple, spec.features);
     for (ki, k) in p.kernels.iter().enumerate() {
         let (k, calls) = gemms.prepare(&mut module, k, p)?;
         let k = &k;
@@ -164,6 +165,7 @@ pub fn compile_object(spec: &ObjectSpec) -> R<Vec<u8>> {
             &mut libm,
             calls,
             &fname,
+            &mut wide,
         )?;
         module
             .define_function(fid, &mut ctx)

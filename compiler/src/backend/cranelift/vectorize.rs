@@ -41,17 +41,17 @@ enum V {
 }
 
 /// What the loop body may touch, found by [`qualifies`].
-struct Plan {
+pub(super) struct Plan {
     /// Variables set in the body (loop-local).
-    locals: Vec<VarId>,
+    pub(super) locals: Vec<VarId>,
     /// Accumulators carried across iterations (see [`reduction`]).
-    reds: Vec<Red>,
+    pub(super) reds: Vec<Red>,
 }
 
 /// How an accumulator combines: `acc + e`, `max(acc, e)`, `min(acc, e)`, or the
 /// NaN-skipping `e > acc ? e : acc` / `e < acc ? e : acc`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum RedKind {
+pub(super) enum RedKind {
     Add,
     Max,
     Min,
@@ -65,10 +65,10 @@ enum RedKind {
 /// loop; the scalar remainder then goes on from there. Sums are thereby added in a
 /// different order than the scalar loop would.
 #[derive(Clone, Debug)]
-struct Red {
-    acc: VarId,
-    kind: RedKind,
-    e: Expr,
+pub(super) struct Red {
+    pub(super) acc: VarId,
+    pub(super) kind: RedKind,
+    pub(super) e: Expr,
 }
 
 /// `value` as a reduction of `t`, when it is one.
@@ -126,7 +126,7 @@ fn reads(e: &Expr, out: &mut Vec<VarId>) {
 }
 
 /// Reads of `var` anywhere in `body` (expressions, conditions, GEMM offsets).
-fn count_reads(body: &[Stmt], var: VarId) -> usize {
+pub(super) fn count_reads(body: &[Stmt], var: VarId) -> usize {
     let in_expr = |e: &Expr| {
         let mut r = Vec::new();
         reads(e, &mut r);
@@ -167,7 +167,7 @@ fn loads<'e>(e: &'e Expr, out: &mut Vec<(usize, &'e Expr)>) {
 }
 
 /// Whether `e` reads the loop variable or a loop-local variable.
-fn varies(e: &Expr, var: VarId, locals: &[VarId]) -> bool {
+pub(super) fn varies(e: &Expr, var: VarId, locals: &[VarId]) -> bool {
     let mut r = Vec::new();
     reads(e, &mut r);
     r.iter().any(|v| *v == var || locals.contains(v))
@@ -175,7 +175,7 @@ fn varies(e: &Expr, var: VarId, locals: &[VarId]) -> bool {
 
 /// The coefficient of `var` when `e` is affine in it (other variables invariant, no
 /// loop-local variables), else None.
-fn stride(e: &Expr, var: VarId, locals: &[VarId]) -> Option<i64> {
+pub(super) fn stride(e: &Expr, var: VarId, locals: &[VarId]) -> Option<i64> {
     if !varies(e, var, locals) {
         return Some(0);
     }
@@ -193,7 +193,7 @@ fn stride(e: &Expr, var: VarId, locals: &[VarId]) -> Option<i64> {
 
 impl Gen<'_, '_> {
     /// Whether `body` of `for var` can be vectorised (see the module doc).
-    fn qualifies(&self, var: VarId, body: &[Stmt]) -> Option<Plan> {
+    pub(super) fn qualifies(&self, var: VarId, body: &[Stmt]) -> Option<Plan> {
         let mut locals = Vec::new();
         let mut reds: Vec<Red> = Vec::new();
         for s in body {
@@ -372,6 +372,9 @@ impl Gen<'_, '_> {
         let Some(plan) = self.qualifies(var, body) else {
             return Ok(0);
         };
+        if self.wide_for(var, extent, body, &plan)? {
+            return Ok(extent);
+        }
         let n4 = extent / W * W;
         let v = self.vars[var];
         let zero = self.b.ins().iconst(types::I64, 0);
@@ -453,7 +456,7 @@ impl Gen<'_, '_> {
     }
 
     /// One step of a reduction, on f32 or f32x4 values.
-    fn combine(&mut self, kind: RedKind, acc: Value, x: Value) -> Value {
+    pub(super) fn combine(&mut self, kind: RedKind, acc: Value, x: Value) -> Value {
         let ins = self.b.ins();
         match kind {
             RedKind::Add => ins.fadd(acc, x),

@@ -44,7 +44,7 @@ struct M<'a, 'b> {
 }
 
 /// Cephes `expf` polynomial for `e^r - 1 - r` over `r^2`, highest power first.
-const EXP_P: [f32; 6] = [
+pub(super) const EXP_P: [f32; 6] = [
     1.987_569_1e-4,
     1.398_199_9e-3,
     8.333_452e-3,
@@ -53,15 +53,15 @@ const EXP_P: [f32; 6] = [
     5e-1,
 ];
 /// `ln 2` split so that `n * LN2_HI` is exact.
-const LN2_HI: f32 = 0.693_359_4;
-const LN2_LO: f32 = -2.121_944_4e-4;
+pub(super) const LN2_HI: f32 = 0.693_359_4;
+pub(super) const LN2_LO: f32 = -2.121_944_4e-4;
 /// ln of the smallest normal f32 (2^-126), rounded up: exp is 0 below it.
-const EXP_MIN: f32 = -87.336_54;
+pub(super) const EXP_MIN: f32 = -87.336_54;
 /// 1.5 * 2^23: adding it rounds to an integer, kept in the low mantissa bits.
-const MAGIC: f32 = 12_582_912.0;
+pub(super) const MAGIC: f32 = 12_582_912.0;
 
 /// erf(x) = x P(x^2) / Q(x^2) on [-4, 4] (Eigen, XLA), highest power first.
-const ERF_P: [f32; 7] = [
+pub(super) const ERF_P: [f32; 7] = [
     -2.726_142_3e-10,
     2.770_681_4e-8,
     -2.101_024e-6,
@@ -70,7 +70,7 @@ const ERF_P: [f32; 7] = [
     -2.954_6e-3,
     -1.609_603_3e-2,
 ];
-const ERF_Q: [f32; 5] = [
+pub(super) const ERF_Q: [f32; 5] = [
     -1.456_607_2e-5,
     -2.133_740_5e-4,
     -1.682_827e-3,
@@ -79,7 +79,7 @@ const ERF_Q: [f32; 5] = [
 ];
 
 /// tanh(x) = x P(x^2) / Q(x^2) on [-7.905, 7.905] (Eigen), highest power first.
-const TANH_P: [f32; 7] = [
+pub(super) const TANH_P: [f32; 7] = [
     -2.760_768_5e-16,
     2.000_188e-13,
     -8.604_672e-11,
@@ -88,8 +88,8 @@ const TANH_P: [f32; 7] = [
     6.372_619_3e-4,
     4.893_524_6e-3,
 ];
-const TANH_Q: [f32; 4] = [1.198_258_4e-6, 1.185_347_1e-4, 2.268_434_6e-3, 4.893_525e-3];
-const TANH_CLAMP: f32 = 7.905_311;
+pub(super) const TANH_Q: [f32; 4] = [1.198_258_4e-6, 1.185_347_1e-4, 2.268_434_6e-3, 4.893_525e-3];
+pub(super) const TANH_CLAMP: f32 = 7.905_311;
 
 impl M<'_, '_> {
     fn ity(&self) -> Type {

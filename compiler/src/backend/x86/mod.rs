@@ -3,3 +3,4 @@
 //! `iced-x86` and placed in the object as ordinary functions.
 
 pub mod gemm;
+pub mod wide;

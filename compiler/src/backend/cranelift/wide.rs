@@ -1,0 +1,602 @@
+//! Innermost loops as AVX-512 machine code: a loop the f32x4 vectoriser accepts
+//! ([`Gen::qualifies`]) whose loads are all unit-stride f32 streams or loop-invariant,
+//! and whose operations the x86 loop generator knows (`backend/x86/wide.rs`), becomes a
+//! call to a generated function that runs it 16 lanes at a time with a masked tail.
+//! Anything else keeps the 128-bit code.
+//!
+//! Streams: each access is `buf[var + key + c]` with `key` loop-invariant; accesses of one
+//! buffer with the same `key` share a base pointer (computed here at iteration 0) and
+//! differ by the displacement `c`, so a depthwise convolution row's nine taps are one
+//! stream. Loop-invariant f32 subexpressions ("uniforms") are computed here and read by
+//! the loop as broadcast memory operands.
+
+use super::vectorize::{count_reads, stride, varies, Plan, RedKind};
+use super::Gen;
+use crate::backend::x86::wide::{self as x, Builder, Inst, V};
+use crate::kir::{BinOp, BufId, CmpOp, Expr, MathFn, Stmt, Ty, UnOp, VarId};
+use cranelift_codegen::ir::{types, AbiParam, InstBuilder, Signature, StackSlotData};
+use cranelift_codegen::ir::{StackSlotKind, Value};
+use cranelift_module::{FuncId, Linkage, Module};
+use cranelift_object::ObjectModule;
+use std::collections::HashMap;
+
+/// Loops shorter than this keep the 128-bit code (the call costs about what two 128-bit
+/// iterations do).
+const MIN_EXTENT: u64 = 8;
+/// Rows shorter than this keep the 128-bit code when a loop over rows is made one call.
+const MIN_ROW: u64 = 4;
+
+/// Per object: whether the target takes the wide loops, and the functions made so far
+/// (identical loops share one).
+pub struct WideFuncs {
+    enabled: bool,
+    prefix: String,
+    funcs: HashMap<Vec<u8>, FuncId>,
+}
+
+impl WideFuncs {
+    /// Enabled for x86_64 targets with AVX-512F, unless `ONNXC_NO_WIDE` is set (for
+    /// comparisons).
+    pub fn new(prefix: &str, triple: &str, features: &[String]) -> WideFuncs {
+        let enabled = triple.starts_with("x86_64")
+            && features.iter().any(|f| f == "avx512f")
+            && std::env::var_os("ONNXC_NO_WIDE").is_none();
+        WideFuncs {
+            enabled,
+            prefix: prefix.to_string(),
+            funcs: HashMap::new(),
+        }
+    }
+
+    /// The function for `code`, made (named after the kernel `user`, for profiles) the
+    /// first time.
+    fn func(
+        &mut self,
+        module: &mut ObjectModule,
+        code: Vec<u8>,
+        user: &str,
+    ) -> Result<FuncId, String> {
+        if let Some(f) = self.funcs.get(&code) {
+            return Ok(*f);
+        }
+        let mut sig = Signature::new(module.isa().default_call_conv());
+        sig.params.push(AbiParam::new(module.isa().pointer_type()));
+        let user = user
+            .strip_prefix(&format!("{}__", self.prefix))
+            .unwrap_or(user);
+        let name = format!("{}__wide{}_{user}", self.prefix, self.funcs.len());
+        let id = module
+            .declare_function(&name, Linkage::Local, &sig)
+            .map_err(|e| format!("declare {name}: {e}"))?;
+        module
+            .define_function_bytes(id, 64, &code, &[])
+            .map_err(|e| format!("define {name}: {e}"))?;
+        self.funcs.insert(code, id);
+        Ok(id)
+    }
+}
+
+/// A loop body being translated.
+struct Tr {
+    b: Builder,
+    var: VarId,
+    locals: Vec<VarId>,
+    vals: HashMap<VarId, V>,
+    /// (buffer, loop-invariant part of the index) per stream.
+    streams: Vec<(BufId, Expr)>,
+    unis: Vec<Expr>,
+}
+
+/// `e` with the loop variable replaced by 0.
+fn at_zero(e: &Expr, var: VarId) -> Expr {
+    match e {
+        Expr::Var(v) if *v == var => Expr::Int(0),
+        Expr::Bin(op, a, b) => Expr::bin(*op, at_zero(a, var), at_zero(b, var)),
+        Expr::Un(op, a) => Expr::un(*op, at_zero(a, var)),
+        Expr::Cast(t, a) => Expr::cast(*t, at_zero(a, var)),
+        e => e.clone(),
+    }
+}
+
+/// `e` with each variable defined in `defs` replaced by its definition.
+fn inline(e: &Expr, defs: &[(VarId, Expr)]) -> Expr {
+    match e {
+        Expr::Var(v) => match defs.iter().find(|(d, _)| d == v) {
+            Some((_, x)) => x.clone(),
+            None => e.clone(),
+        },
+        Expr::Bin(op, a, b) => Expr::bin(*op, inline(a, defs), inline(b, defs)),
+        Expr::Un(op, a) => Expr::un(*op, inline(a, defs)),
+        Expr::Cast(t, a) => Expr::cast(*t, inline(a, defs)),
+        Expr::Cmp(op, a, b) => Expr::cmp(*op, inline(a, defs), inline(b, defs)),
+        Expr::Select(c, a, b) => Expr::select(inline(c, defs), inline(a, defs), inline(b, defs)),
+        Expr::Load(buf, i) => Expr::load(*buf, inline(i, defs)),
+        Expr::Call(f, args) => Expr::call(*f, args.iter().map(|a| inline(a, defs)).collect()),
+        Expr::Int(_) | Expr::Float(..) => e.clone(),
+    }
+}
+
+/// `e` as (the rest, an integer constant added to it).
+fn split_const(e: &Expr) -> (Option<Expr>, i64) {
+    match e {
+        Expr::Int(c) => (None, *c),
+        Expr::Bin(BinOp::Add, a, b) => {
+            let (ea, ca) = split_const(a);
+            let (eb, cb) = split_const(b);
+            let rest = match (ea, eb) {
+                (None, x) | (x, None) => x,
+                (Some(a), Some(b)) => Some(Expr::add(a, b)),
+            };
+            (rest, ca.wrapping_add(cb))
+        }
+        Expr::Bin(BinOp::Sub, a, b) => {
+            let (ea, ca) = split_const(a);
+            let (eb, cb) = split_const(b);
+            let rest = match (ea, eb) {
+                (x, None) => x,
+                (a, Some(b)) => Some(Expr::bin(BinOp::Sub, a.unwrap_or(Expr::Int(0)), b)),
+            };
+            (rest, ca.wrapping_sub(cb))
+        }
+        Expr::Bin(BinOp::Mul, a, b) => match (&**a, &**b) {
+            (x, Expr::Int(k)) | (Expr::Int(k), x) => {
+                let (ex, cx) = split_const(x);
+                (ex.map(|x| Expr::mul(x, Expr::Int(*k))), cx.wrapping_mul(*k))
+            }
+            _ => (Some(e.clone()), 0),
+        },
+        e => (Some(e.clone()), 0),
+    }
+}
+
+impl Tr {
+    /// The stream and displacement of `buf[idx]` (idx of stride 1 in the loop variable).
+    fn stream(&mut self, buf: BufId, idx: &Expr) -> Option<(u16, i32)> {
+        let (rest, c) = split_const(&at_zero(idx, self.var));
+        let key = rest.unwrap_or(Expr::Int(0));
+        let s = match self
+            .streams
+            .iter()
+            .position(|(b, k)| *b == buf && *k == key)
+        {
+            Some(s) => s,
+            None => {
+                self.streams.push((buf, key));
+                self.streams.len() - 1
+            }
+        };
+        let disp = i32::try_from(c.checked_mul(4)?).ok()?;
+        Some((u16::try_from(s).ok()?, disp))
+    }
+
+    fn is_mask(&self, v: V) -> bool {
+        matches!(
+            self.b.lp.insts[v as usize],
+            Inst::Cmp(..) | Inst::MAnd(..) | Inst::MOr(..)
+        )
+    }
+
+    fn clamp(&mut self, v: V, lo: f32, hi: f32) -> V {
+        let h = self.b.c(hi);
+        let l = self.b.c(lo);
+        let above = self.b.cmp(x::Cmp::Gt, v, h);
+        let v = self.b.select(above, h, v);
+        let below = self.b.cmp(x::Cmp::Lt, v, l);
+        self.b.select(below, l, v)
+    }
+
+    fn poly(&mut self, v: V, cs: &[f32]) -> V {
+        let mut p = self.b.c(cs[0]);
+        for &k in &cs[1..] {
+            let t = self.b.mul(p, v);
+            let k = self.b.c(k);
+            p = self.b.add(t, k);
+        }
+        p
+    }
+
+    /// 2^n for i32 lanes n in [-126, 127].
+    fn pow2(&mut self, n: V) -> V {
+        let bias = self.b.ci(127);
+        let e = self.b.push(Inst::IAdd(n, bias));
+        self.b.push(Inst::Shl(e, 23))
+    }
+
+    /// vmath's `exp`, operation for operation.
+    fn exp(&mut self, v: V) -> V {
+        use crate::backend::cranelift::vmath::{EXP_MIN, EXP_P, LN2_HI, LN2_LO, MAGIC};
+        let lim = self.b.c(EXP_MIN);
+        let tiny = self.b.cmp(x::Cmp::Lt, v, lim);
+        let v = self.clamp(v, EXP_MIN, 89.0);
+        let log2e = self.b.c(std::f32::consts::LOG2_E);
+        let magic = self.b.c(MAGIC);
+        let t = self.b.mul(v, log2e);
+        let t = self.b.add(t, magic);
+        let nf = self.b.sub(t, magic);
+        let hi = self.b.c(LN2_HI);
+        let lo = self.b.c(LN2_LO);
+        let a = self.b.mul(nf, hi);
+        let r = self.b.sub(v, a);
+        let a = self.b.mul(nf, lo);
+        let r = self.b.sub(r, a);
+        let p = self.poly(r, &EXP_P);
+        let r2 = self.b.mul(r, r);
+        let y = self.b.mul(p, r2);
+        let y = self.b.add(y, r);
+        let one = self.b.c(1.0);
+        let y = self.b.add(y, one);
+        let mb = self.b.ci(MAGIC.to_bits() as i32);
+        let n = self.b.push(Inst::ISub(t, mb));
+        let n1 = self.b.push(Inst::Sra(n, 1));
+        let n2 = self.b.push(Inst::ISub(n, n1));
+        let s1 = self.pow2(n1);
+        let s2 = self.pow2(n2);
+        let y = self.b.mul(y, s1);
+        let y = self.b.mul(y, s2);
+        let zero = self.b.c(0.0);
+        self.b.select(tiny, zero, y)
+    }
+
+    /// vmath's `erf` / `tanh`: `x (P(x^2) / Q(x^2))` on the clamped argument, clamped.
+    fn rational(&mut self, v: V, lim: f32, p: &[f32], q: &[f32]) -> V {
+        let v = self.clamp(v, -lim, lim);
+        let v2 = self.b.mul(v, v);
+        let p = self.poly(v2, p);
+        let q = self.poly(v2, q);
+        let r = self.b.bin(x::Bin::Div, p, q);
+        let y = self.b.mul(v, r);
+        self.clamp(y, -1.0, 1.0)
+    }
+}
+
+impl Gen<'_, '_> {
+    /// Emits `for var in 0..extent` (which [`Gen::qualifies`] accepted as `plan`) as a call
+    /// to an AVX-512 loop when the target has one and the body translates; returns whether
+    /// it did.
+    pub(super) fn wide_for(
+        &mut self,
+        var: VarId,
+        extent: u64,
+        body: &[Stmt],
+        plan: &Plan,
+    ) -> Result<bool, String> {
+        if !self.wide.enabled || extent < MIN_EXTENT {
+            return Ok(false);
+        }
+        let Some(tr) = self.wide_translate(var, extent, body, plan) else {
+            return Ok(false);
+        };
+        // A body the generator cannot take (too many registers live, say) stays narrow.
+        let Ok(code) = x::generate(&tr.b.lp) else {
+            return Ok(false);
+        };
+        let func = self.wide.func(self.module, code, &self.fname)?;
+        self.wide_call(func, &tr.b.lp, &tr.streams, &tr.unis, plan)?;
+        Ok(true)
+    }
+
+    /// `for r in 0..rows { var = ...; for q in 0..n { inner } }` (sets of loop-local
+    /// variables, then one inner loop the 1-D path takes without reductions) as one call
+    /// that walks the rows: each stream's index must be affine in `r` once the sets are
+    /// substituted, and the uniforms must not depend on `r`.
+    pub(super) fn wide_rows(&mut self, r: VarId, rows: u64, body: &[Stmt]) -> Result<bool, String> {
+        if !self.wide.enabled || rows < 2 {
+            return Ok(false);
+        }
+        let Some((
+            Stmt::For {
+                var: q,
+                extent: n,
+                body: inner,
+            },
+            sets,
+        )) = body.split_last()
+        else {
+            return Ok(false);
+        };
+        if *n < MIN_ROW {
+            return Ok(false);
+        }
+        // The sets, each in terms of what was defined before the outer loop.
+        let mut defs: Vec<(VarId, Expr)> = Vec::new();
+        for st in sets {
+            let Stmt::Set { var: t, value } = st else {
+                return Ok(false);
+            };
+            if *t == r || *t == *q || count_reads(&self.k.body, *t) != count_reads(body, *t) {
+                return Ok(false);
+            }
+            let value = inline(value, &defs);
+            defs.retain(|(u, _)| u != t);
+            defs.push((*t, value));
+        }
+        let Some(plan) = self.qualifies(*q, inner) else {
+            return Ok(false);
+        };
+        if !plan.reds.is_empty() || plan.locals.iter().any(|l| defs.iter().any(|(d, _)| d == l)) {
+            return Ok(false);
+        }
+        let Some(mut tr) = self.wide_translate(*q, *n, inner, &plan) else {
+            return Ok(false);
+        };
+        let mut steps = Vec::new();
+        for (_, key) in tr.streams.iter_mut() {
+            let k = inline(key, &defs);
+            let Some(step) = stride(&k, r, &[]) else {
+                return Ok(false);
+            };
+            let Some(bytes) = step.checked_mul(4) else {
+                return Ok(false);
+            };
+            steps.push(bytes);
+            *key = at_zero(&k, r);
+        }
+        for u in tr.unis.iter_mut() {
+            let e = inline(u, &defs);
+            if varies(&e, r, &[]) {
+                return Ok(false);
+            }
+            *u = e;
+        }
+        tr.b.lp.rows = rows;
+        tr.b.lp.row_step = steps;
+        let Ok(code) = x::generate(&tr.b.lp) else {
+            return Ok(false);
+        };
+        let func = self.wide.func(self.module, code, &self.fname)?;
+        self.wide_call(func, &tr.b.lp, &tr.streams, &tr.unis, &plan)?;
+        Ok(true)
+    }
+
+    /// Calls `func` (made for `lp`) with its args block: the streams' base addresses, the
+    /// uniforms, the reductions' starting values; then folds the reductions.
+    fn wide_call(
+        &mut self,
+        func: FuncId,
+        lp: &x::Loop,
+        streams: &[(BufId, Expr)],
+        unis: &[Expr],
+        plan: &Plan,
+    ) -> Result<(), String> {
+        let lay = lp.layout();
+        let ptr = self.module.isa().pointer_type();
+        let ss = self.b.create_sized_stack_slot(StackSlotData::new(
+            StackSlotKind::ExplicitSlot,
+            lay.bytes.max(8) as u32,
+            6,
+        ));
+        for (s, (buf, key)) in streams.iter().enumerate() {
+            let a = self.addr(*buf, key)?;
+            self.b.ins().stack_store(ptr, a, ss, lay.stream(s) as i32);
+        }
+        for (u, e) in unis.iter().enumerate() {
+            let v = self.expr(e)?;
+            self.b.ins().stack_store(ptr, v, ss, lay.uni(u) as i32);
+        }
+        for (r, red) in plan.reds.iter().enumerate() {
+            let init = if red.kind == RedKind::Add {
+                self.b.ins().f32const(0.0)
+            } else {
+                self.b.use_var(self.vars[red.acc])
+            };
+            self.b.ins().stack_store(ptr, init, ss, lay.red(r) as i32);
+        }
+        let args = self.b.ins().stack_addr(ptr, ss, 0);
+        let fr = self.module.declare_func_in_func(func, self.b.func);
+        self.b.ins().call(fr, &[args]);
+        // Fold each reduction's 16 partial accumulators into its variable.
+        for (r, red) in plan.reds.iter().enumerate() {
+            let lanes: Vec<Value> = (0..x::LANES as i32)
+                .map(|l| {
+                    self.b
+                        .ins()
+                        .stack_load(ptr, types::F32, ss, lay.red(r) as i32 + 4 * l)
+                })
+                .collect();
+            let mut acc = self.b.use_var(self.vars[red.acc]);
+            if red.kind == RedKind::Add {
+                // Pairwise, then into the incoming value.
+                let mut level = lanes;
+                while level.len() > 1 {
+                    level = level
+                        .chunks(2)
+                        .map(|p| self.b.ins().fadd(p[0], p[1]))
+                        .collect();
+                }
+                acc = self.b.ins().fadd(acc, level[0]);
+            } else {
+                for l in lanes {
+                    acc = self.combine(red.kind, acc, l);
+                }
+            }
+            self.b.def_var(self.vars[red.acc], acc);
+        }
+        Ok(())
+    }
+
+    fn wide_translate(&self, var: VarId, extent: u64, body: &[Stmt], plan: &Plan) -> Option<Tr> {
+        let mut t = Tr {
+            b: Builder::new(extent),
+            var,
+            locals: plan.locals.clone(),
+            vals: HashMap::new(),
+            streams: Vec::new(),
+            unis: Vec::new(),
+        };
+        for s in body {
+            match s {
+                Stmt::Set { var: acc, .. } if plan.reds.iter().any(|r| r.acc == *acc) => {
+                    let r = plan.reds.iter().position(|r| r.acc == *acc)?;
+                    let red = &plan.reds[r];
+                    let v = self.wexpr(&mut t, &red.e)?;
+                    if t.is_mask(v) {
+                        return None;
+                    }
+                    // Reductions are numbered in plan order.
+                    while t.b.lp.reds.len() <= r {
+                        t.b.lp.reds.push(x::Red::Add);
+                    }
+                    t.b.lp.reds[r] = match red.kind {
+                        RedKind::Add => x::Red::Add,
+                        RedKind::Max => x::Red::Max,
+                        RedKind::Min => x::Red::Min,
+                        RedKind::SelGt => x::Red::SelGt,
+                        RedKind::SelLt => x::Red::SelLt,
+                    };
+                    t.b.push(Inst::Reduce { r: r as u16, v });
+                }
+                Stmt::Set { var: local, value } => {
+                    let v = self.wexpr(&mut t, value)?;
+                    t.vals.insert(*local, v);
+                }
+                Stmt::Store { buf, index, value } => {
+                    if self.p.buffers[*buf].elem != Ty::F32 {
+                        return None;
+                    }
+                    let v = self.wexpr(&mut t, value)?;
+                    if t.is_mask(v) {
+                        return None;
+                    }
+                    let (s, disp) = t.stream(*buf, index)?;
+                    t.b.push(Inst::Store { s, disp, v });
+                }
+                _ => return None,
+            }
+        }
+        // Every reduction of the plan must have been met (it always is: qualifies found
+        // them in this body).
+        if t.b.lp.reds.len() != plan.reds.len() {
+            return None;
+        }
+        t.b.lp.streams = u16::try_from(t.streams.len()).ok()?;
+        t.b.lp.unis = u16::try_from(t.unis.len()).ok()?;
+        Some(t)
+    }
+
+    /// `e` as a wide value: f32 vectors, masks for f32 comparisons; `None` for what the
+    /// generator does not do (gathers, integer arithmetic, libm calls).
+    fn wexpr(&self, t: &mut Tr, e: &Expr) -> Option<V> {
+        if !varies(e, t.var, &t.locals) {
+            if let Expr::Float(c, Ty::F32) = e {
+                return Some(t.b.c(*c as f32));
+            }
+            if self.ty(e).ok()? != Ty::F32 {
+                return None;
+            }
+            let u = match t.unis.iter().position(|x| x == e) {
+                Some(u) => u,
+                None => {
+                    t.unis.push(e.clone());
+                    t.unis.len() - 1
+                }
+            };
+            return Some(t.b.push(Inst::Uni(u16::try_from(u).ok()?)));
+        }
+        let ty = self.ty(e).ok()?;
+        Some(match e {
+            Expr::Var(v) => *t.vals.get(v)?,
+            Expr::Load(buf, idx) => {
+                if ty != Ty::F32 || self.p.buffers[*buf].elem != Ty::F32 {
+                    return None;
+                }
+                match stride(idx, t.var, &t.locals)? {
+                    1 => {
+                        let (s, disp) = t.stream(*buf, idx)?;
+                        t.b.load(s, disp)
+                    }
+                    2 => {
+                        let (s, disp) = t.stream(*buf, idx)?;
+                        t.b.load2(s, disp)
+                    }
+                    _ => return None,
+                }
+            }
+            Expr::Un(op, a) if ty == Ty::F32 => {
+                let op = match op {
+                    UnOp::Neg => x::Un::Neg,
+                    UnOp::Abs => x::Un::Abs,
+                    UnOp::Sqrt => x::Un::Sqrt,
+                    UnOp::Floor => x::Un::Floor,
+                    UnOp::Ceil => x::Un::Ceil,
+                    UnOp::Nearest => x::Un::Nearest,
+                    UnOp::Trunc => x::Un::Trunc,
+                    UnOp::Not => return None,
+                };
+                let v = self.wexpr(t, a)?;
+                if t.is_mask(v) {
+                    return None;
+                }
+                t.b.push(Inst::Un(op, v))
+            }
+            Expr::Bin(op, a, b) if ty == Ty::F32 => {
+                let op = match op {
+                    BinOp::Add => x::Bin::Add,
+                    BinOp::Sub => x::Bin::Sub,
+                    BinOp::Mul => x::Bin::Mul,
+                    BinOp::Div => x::Bin::Div,
+                    BinOp::Min => x::Bin::Min,
+                    BinOp::Max => x::Bin::Max,
+                    _ => return None,
+                };
+                let va = self.wexpr(t, a)?;
+                let vb = self.wexpr(t, b)?;
+                if t.is_mask(va) || t.is_mask(vb) {
+                    return None;
+                }
+                t.b.bin(op, va, vb)
+            }
+            Expr::Cmp(op, a, b) if self.ty(a).ok()? == Ty::F32 => {
+                let op = match op {
+                    CmpOp::Eq => x::Cmp::Eq,
+                    CmpOp::Ne => x::Cmp::Ne,
+                    CmpOp::Lt => x::Cmp::Lt,
+                    CmpOp::Le => x::Cmp::Le,
+                    CmpOp::Gt => x::Cmp::Gt,
+                    CmpOp::Ge => x::Cmp::Ge,
+                };
+                let va = self.wexpr(t, a)?;
+                let vb = self.wexpr(t, b)?;
+                if t.is_mask(va) || t.is_mask(vb) {
+                    return None;
+                }
+                t.b.cmp(op, va, vb)
+            }
+            Expr::Bin(op @ (BinOp::And | BinOp::Or), a, b) if ty == Ty::U8 => {
+                let va = self.wexpr(t, a)?;
+                let vb = self.wexpr(t, b)?;
+                if !t.is_mask(va) || !t.is_mask(vb) {
+                    return None;
+                }
+                t.b.push(if *op == BinOp::And {
+                    Inst::MAnd(va, vb)
+                } else {
+                    Inst::MOr(va, vb)
+                })
+            }
+            Expr::Select(c, a, b) if ty == Ty::F32 => {
+                let vc = self.wexpr(t, c)?;
+                let va = self.wexpr(t, a)?;
+                let vb = self.wexpr(t, b)?;
+                if !t.is_mask(vc) || t.is_mask(va) || t.is_mask(vb) {
+                    return None;
+                }
+                t.b.select(vc, va, vb)
+            }
+            Expr::Cast(Ty::F32, a) if self.ty(a).ok()? == Ty::F32 => self.wexpr(t, a)?,
+            Expr::Call(f, args) if ty == Ty::F32 && args.len() == 1 => {
+                use crate::backend::cranelift::vmath::{ERF_P, ERF_Q, TANH_CLAMP, TANH_P, TANH_Q};
+                let v = self.wexpr(t, &args[0])?;
+                if t.is_mask(v) {
+                    return None;
+                }
+                match f {
+                    MathFn::Exp => t.exp(v),
+                    MathFn::Erf => t.rational(v, 4.0, &ERF_P, &ERF_Q),
+                    MathFn::Tanh => t.rational(v, TANH_CLAMP, &TANH_P, &TANH_Q),
+                    _ => return None,
+                }
+            }
+            _ => return None,
+        })
+    }
+}

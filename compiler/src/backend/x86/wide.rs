@@ -1,0 +1,885 @@
+//! Innermost loops as AVX-512 machine code: 16 f32 lanes in zmm registers, the last
+//! partial vector under a k-mask (no scalar remainder).
+//!
+//! Cranelift emits only 128-bit vectors on x86. The loops its f32x4 vectoriser takes
+//! (elementwise chains, depthwise convolution and pooling rows, softmax and normalisation
+//! passes) run four times wider here: the Cranelift back end translates a qualifying
+//! kernel-IR loop into a [`Loop`], straight-line SSA over one vector of iterations, and
+//! calls the function [`generate`] assembles for it:
+//!
+//! ```c
+//! void loop(void *args);
+//! ```
+//!
+//! `args` (see [`Loop::layout`]) holds one base pointer per stream (the address of the
+//! stream's element at iteration 0, displacement 0), the loop-invariant f32 values
+//! ("uniforms", used as `{1to16}` memory operands) and one 64-byte slot per reduction:
+//! the caller writes the accumulator's starting value in its first 4 bytes, the loop
+//! writes back the 16 partial accumulators for the caller to fold.
+//!
+//! Every operation is the IEEE operation kernel IR names, in the same order (no FMA
+//! contraction), min/max propagate NaN and order -0 below +0 as Cranelift's do, and the
+//! inline `exp`/`erf`/`tanh` are expanded by the caller into the same operations as the
+//! f32x4 code: a loop computes the same bits here as in 128-bit code, reductions aside
+//! (their partial sums are added in another order).
+
+use iced_x86::code_asm::*;
+use std::collections::HashMap;
+
+/// A value of the loop body: the index of the instruction that makes it.
+pub type V = u32;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Un {
+    Neg,
+    Abs,
+    Sqrt,
+    Floor,
+    Ceil,
+    /// Round half to even.
+    Nearest,
+    Trunc,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Bin {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    /// NaN if either is NaN; -0 < +0.
+    Min,
+    Max,
+}
+
+/// An ordered comparison (false on NaN), except `Ne` (true on NaN).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Cmp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+/// How a reduction combines a value into its accumulator: `acc + v`, [`Bin::Min`] /
+/// [`Bin::Max`], or the NaN-skipping `v > acc ? v : acc` / `v < acc ? v : acc`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Red {
+    Add,
+    Max,
+    Min,
+    SelGt,
+    SelLt,
+}
+
+/// One instruction of the loop body. Values are f32 vectors unless noted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Inst {
+    /// The lanes of stream `s` at elements `i + disp` (i: the iteration of lane 0).
+    /// `epoch` counts the stores before it, so a load is never merged across a store.
+    Load {
+        s: u16,
+        disp: i32,
+        epoch: u32,
+    },
+    /// The lanes of stream `s` at elements `2 (i + l) + disp` for lane `l` (every other
+    /// element: the even or odd phase of a row).
+    Load2 {
+        s: u16,
+        disp: i32,
+        epoch: u32,
+    },
+    /// Uniform `u` of the args block in every lane.
+    Uni(u16),
+    /// A constant (f32 or i32 bits) in every lane.
+    Const(u32),
+    Un(Un, V),
+    Bin(Bin, V, V),
+    /// A mask.
+    Cmp(Cmp, V, V),
+    /// Masks.
+    MAnd(V, V),
+    MOr(V, V),
+    /// `mask ? a : b`.
+    Select(V, V, V),
+    /// i32 lanes (the same registers, reinterpreted).
+    IAdd(V, V),
+    ISub(V, V),
+    /// Arithmetic shift right, shift left, by a constant.
+    Sra(V, u8),
+    Shl(V, u8),
+    Store {
+        s: u16,
+        disp: i32,
+        v: V,
+    },
+    /// Reduction `r` takes in `v`.
+    Reduce {
+        r: u16,
+        v: V,
+    },
+}
+
+impl Inst {
+    fn operands(&self) -> Vec<V> {
+        match *self {
+            Inst::Load { .. } | Inst::Load2 { .. } | Inst::Uni(_) | Inst::Const(_) => vec![],
+            Inst::Un(_, a) | Inst::Sra(a, _) | Inst::Shl(a, _) => vec![a],
+            Inst::Bin(_, a, b)
+            | Inst::Cmp(_, a, b)
+            | Inst::MAnd(a, b)
+            | Inst::MOr(a, b)
+            | Inst::IAdd(a, b)
+            | Inst::ISub(a, b) => vec![a, b],
+            Inst::Select(m, a, b) => vec![m, a, b],
+            Inst::Store { v, .. } | Inst::Reduce { v, .. } => vec![v],
+        }
+    }
+
+    /// Whether the value lives in memory (a broadcast operand), not in a register.
+    fn is_mem(&self) -> bool {
+        matches!(self, Inst::Uni(_) | Inst::Const(_))
+    }
+
+    fn is_mask(&self) -> bool {
+        matches!(self, Inst::Cmp(..) | Inst::MAnd(..) | Inst::MOr(..))
+    }
+}
+
+/// A loop `for i in 0..n` whose body is `insts`, evaluated 16 iterations at a time;
+/// with `rows > 1`, inside `for row in 0..rows`, each stream's base advancing by its
+/// `row_step` (bytes) from one row to the next.
+#[derive(Clone, Debug, Default)]
+pub struct Loop {
+    pub n: u64,
+    pub rows: u64,
+    /// Per stream (empty when `rows <= 1`).
+    pub row_step: Vec<i64>,
+    pub streams: u16,
+    pub unis: u16,
+    pub reds: Vec<Red>,
+    pub insts: Vec<Inst>,
+}
+
+/// Byte offsets of the args block.
+#[derive(Clone, Copy, Debug)]
+pub struct Layout {
+    pub uni0: usize,
+    pub red0: usize,
+    pub bytes: usize,
+}
+
+impl Layout {
+    pub fn stream(&self, s: usize) -> usize {
+        8 * s
+    }
+    pub fn uni(&self, u: usize) -> usize {
+        self.uni0 + 4 * u
+    }
+    pub fn red(&self, r: usize) -> usize {
+        self.red0 + 64 * r
+    }
+}
+
+/// Lanes per vector.
+pub const LANES: u64 = 16;
+
+impl Loop {
+    pub fn layout(&self) -> Layout {
+        let uni0 = 8 * self.streams as usize;
+        let red0 = (uni0 + 4 * self.unis as usize).div_ceil(8) * 8;
+        Layout {
+            uni0,
+            red0,
+            bytes: red0 + 64 * self.reds.len(),
+        }
+    }
+}
+
+/// Builds a [`Loop`] with structural sharing: an instruction equal to an earlier one
+/// (same operation on the same values) is that value, so repeated subexpressions are
+/// computed once.
+#[derive(Default)]
+pub struct Builder {
+    pub lp: Loop,
+    memo: HashMap<Inst, V>,
+    epoch: u32,
+}
+
+impl Builder {
+    pub fn new(n: u64) -> Builder {
+        Builder {
+            lp: Loop {
+                n,
+                rows: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    pub fn push(&mut self, i: Inst) -> V {
+        if !matches!(i, Inst::Store { .. } | Inst::Reduce { .. }) {
+            if let Some(v) = self.memo.get(&i) {
+                return *v;
+            }
+        }
+        let v = self.lp.insts.len() as V;
+        self.lp.insts.push(i);
+        match i {
+            Inst::Store { .. } => self.epoch += 1,
+            Inst::Reduce { .. } => {}
+            _ => {
+                self.memo.insert(i, v);
+            }
+        }
+        v
+    }
+
+    pub fn load(&mut self, s: u16, disp: i32) -> V {
+        let epoch = self.epoch;
+        self.push(Inst::Load { s, disp, epoch })
+    }
+
+    pub fn load2(&mut self, s: u16, disp: i32) -> V {
+        let epoch = self.epoch;
+        self.push(Inst::Load2 { s, disp, epoch })
+    }
+
+    pub fn c(&mut self, x: f32) -> V {
+        self.push(Inst::Const(x.to_bits()))
+    }
+
+    pub fn ci(&mut self, x: i32) -> V {
+        self.push(Inst::Const(x as u32))
+    }
+
+    pub fn bin(&mut self, op: Bin, a: V, b: V) -> V {
+        self.push(Inst::Bin(op, a, b))
+    }
+
+    pub fn add(&mut self, a: V, b: V) -> V {
+        self.bin(Bin::Add, a, b)
+    }
+
+    pub fn sub(&mut self, a: V, b: V) -> V {
+        self.bin(Bin::Sub, a, b)
+    }
+
+    pub fn mul(&mut self, a: V, b: V) -> V {
+        self.bin(Bin::Mul, a, b)
+    }
+
+    pub fn cmp(&mut self, op: Cmp, a: V, b: V) -> V {
+        self.push(Inst::Cmp(op, a, b))
+    }
+
+    pub fn select(&mut self, m: V, a: V, b: V) -> V {
+        self.push(Inst::Select(m, a, b))
+    }
+}
+
+type R<T> = Result<T, String>;
+
+fn e(x: IcedError) -> String {
+    format!("x86 loop assembly: {x}")
+}
+
+const ZMM: [AsmRegisterZmm; 32] = [
+    zmm0, zmm1, zmm2, zmm3, zmm4, zmm5, zmm6, zmm7, zmm8, zmm9, zmm10, zmm11, zmm12, zmm13, zmm14,
+    zmm15, zmm16, zmm17, zmm18, zmm19, zmm20, zmm21, zmm22, zmm23, zmm24, zmm25, zmm26, zmm27,
+    zmm28, zmm29, zmm30, zmm31,
+];
+/// Mask registers for values (k6 is a temporary, k7 the tail mask).
+const KVAL: [AsmRegisterK; 5] = [k1, k2, k3, k4, k5];
+/// Stream base pointers, then: rdi = args, rax = element index, r11 = constant pool.
+const STREAMS: [AsmRegister64; 12] = [rsi, rdx, rcx, r8, r9, r10, rbx, rbp, r12, r13, r14, r15];
+const CALLEE_SAVED: [AsmRegister64; 6] = [rbx, rbp, r12, r13, r14, r15];
+
+/// Where a value is while the body is emitted.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Loc {
+    Z(usize),
+    K(usize),
+    /// A broadcast memory operand: args + offset, or constant pool + offset.
+    Uni(i32),
+    Pool(i32),
+    /// Stores and reductions make no value.
+    None,
+}
+
+struct Gen<'l> {
+    a: CodeAssembler,
+    lp: &'l Loop,
+    lay: Layout,
+    pool: CodeLabel,
+    consts: Vec<u32>,
+    /// Last instruction reading each value.
+    last: Vec<usize>,
+}
+
+/// Assembles `lp` for AVX-512F. Fails (and the caller keeps its 128-bit code) when the
+/// body needs more registers than there are, or the loop is out of the supported range.
+pub fn generate(lp: &Loop) -> R<Vec<u8>> {
+    if lp.n == 0 || lp.n >= 1 << 28 {
+        return Err("x86 loop: trip count out of range".into());
+    }
+    // With rows, the register after the streams counts them.
+    let gprs = lp.streams as usize + usize::from(lp.rows > 1);
+    if gprs > STREAMS.len() {
+        return Err("x86 loop: too many streams".into());
+    }
+    if lp.rows > 1 && lp.row_step.len() != lp.streams as usize {
+        return Err("x86 loop: a row step per stream".into());
+    }
+    if lp.rows == 0 || lp.rows >= 1 << 31 {
+        return Err("x86 loop: row count out of range".into());
+    }
+    if lp.reds.len() > 8 {
+        return Err("x86 loop: too many reductions".into());
+    }
+    let mut last = vec![usize::MAX; lp.insts.len()];
+    for (j, i) in lp.insts.iter().enumerate() {
+        for o in i.operands() {
+            let o = o as usize;
+            if o >= j {
+                return Err("x86 loop: a value used before it is made".into());
+            }
+            last[o] = j;
+        }
+    }
+    let mut g = Gen {
+        a: CodeAssembler::new(64).map_err(e)?,
+        lp,
+        lay: lp.layout(),
+        pool: CodeLabel::default(),
+        consts: Vec::new(),
+        last,
+    };
+    g.pool = g.a.create_label();
+    g.body()?;
+    g.a.assemble(0).map_err(e)
+}
+
+impl Gen<'_> {
+    fn body(&mut self) -> R<()> {
+        let lp = self.lp;
+        let rows = lp.rows > 1;
+        let gprs = lp.streams as usize + usize::from(rows);
+        let saved: Vec<AsmRegister64> = STREAMS[..gprs]
+            .iter()
+            .copied()
+            .filter(|r| CALLEE_SAVED.contains(r))
+            .collect();
+        for r in &saved {
+            self.a.push(*r).map_err(e)?;
+        }
+        for (s, &reg) in STREAMS.iter().enumerate().take(lp.streams as usize) {
+            let off = self.lay.stream(s) as i32;
+            self.a.mov(reg, qword_ptr(rdi + off)).map_err(e)?;
+        }
+        self.a.lea(r11, ptr(self.pool)).map_err(e)?;
+        // Accumulators from the top register down.
+        for r in 0..lp.reds.len() {
+            let off = self.lay.red(r) as i32;
+            self.a
+                .vbroadcastss(ZMM[31 - r], dword_ptr(rdi + off))
+                .map_err(e)?;
+        }
+        let full = lp.n / LANES;
+        let rem = lp.n % LANES;
+        if rem > 0 {
+            self.a.mov(eax, (1u32 << rem) - 1).map_err(e)?;
+            self.a.kmovw(k7, eax).map_err(e)?;
+        }
+        let counter = STREAMS[lp.streams as usize];
+        let mut row_top = self.a.create_label();
+        if rows {
+            self.a.mov(counter, lp.rows).map_err(e)?;
+            self.a.set_label(&mut row_top).map_err(e)?;
+        }
+        self.a.xor(eax, eax).map_err(e)?;
+        if full > 1 {
+            let mut top = self.a.create_label();
+            self.a.set_label(&mut top).map_err(e)?;
+            self.iteration(false)?;
+            self.a.add(rax, LANES as i32).map_err(e)?;
+            self.a.cmp(rax, (full * LANES) as i32).map_err(e)?;
+            self.a.jne(top).map_err(e)?;
+        } else if full == 1 {
+            self.iteration(false)?;
+            if rem > 0 {
+                self.a.add(rax, LANES as i32).map_err(e)?;
+            }
+        }
+        if rem > 0 {
+            self.iteration(true)?;
+        }
+        if rows {
+            for (s, &step) in lp.row_step.iter().enumerate() {
+                let step = i32::try_from(step).map_err(|_| "x86 loop: row step too large")?;
+                if step != 0 {
+                    self.a.add(STREAMS[s], step).map_err(e)?;
+                }
+            }
+            self.a.dec(counter).map_err(e)?;
+            self.a.jne(row_top).map_err(e)?;
+        }
+        for r in 0..lp.reds.len() {
+            let off = self.lay.red(r) as i32;
+            self.a
+                .vmovups(zmmword_ptr(rdi + off), ZMM[31 - r])
+                .map_err(e)?;
+        }
+        self.a.vzeroupper().map_err(e)?;
+        for r in saved.iter().rev() {
+            self.a.pop(*r).map_err(e)?;
+        }
+        self.a.ret().map_err(e)?;
+        self.a.set_label(&mut self.pool).map_err(e)?;
+        // The pool needs at least one entry for its label to name data.
+        if self.consts.is_empty() {
+            self.consts.push(0);
+        }
+        let consts = self.consts.clone();
+        self.a.dd(&consts).map_err(e)?;
+        Ok(())
+    }
+
+    /// Offset of constant `bits` in the pool.
+    fn pool_off(&mut self, bits: u32) -> i32 {
+        self.pool_slice(&[bits])
+    }
+
+    /// Offset of the dwords `ws` (contiguous) in the pool.
+    fn pool_slice(&mut self, ws: &[u32]) -> i32 {
+        let k = match self.consts.windows(ws.len()).position(|w| w == ws) {
+            Some(k) => k,
+            None => {
+                self.consts.extend_from_slice(ws);
+                self.consts.len() - ws.len()
+            }
+        };
+        4 * k as i32
+    }
+
+    fn bcst(&self, l: Loc) -> AsmMemoryOperand {
+        match l {
+            Loc::Uni(off) => dword_bcst(rdi + off),
+            Loc::Pool(off) => dword_bcst(r11 + off),
+            _ => unreachable!("not a memory value"),
+        }
+    }
+
+    fn scalar(&self, l: Loc) -> AsmMemoryOperand {
+        match l {
+            Loc::Uni(off) => dword_ptr(rdi + off),
+            Loc::Pool(off) => dword_ptr(r11 + off),
+            _ => unreachable!("not a memory value"),
+        }
+    }
+
+    /// One vector of iterations at element rax; `masked`: only the lanes in k7.
+    fn iteration(&mut self, masked: bool) -> R<()> {
+        let lp = self.lp;
+        let nred = lp.reds.len();
+        let mut loc: Vec<Loc> = vec![Loc::None; lp.insts.len()];
+        let mut zfree: Vec<usize> = (0..32 - nred).rev().collect();
+        let mut kfree: Vec<usize> = (0..KVAL.len()).rev().collect();
+        for (j, inst) in lp.insts.iter().enumerate() {
+            let ops = inst.operands();
+            // Memory operands need no register.
+            match *inst {
+                Inst::Uni(u) => {
+                    loc[j] = Loc::Uni(self.lay.uni(u as usize) as i32);
+                    continue;
+                }
+                Inst::Const(bits) => {
+                    loc[j] = Loc::Pool(self.pool_off(bits));
+                    continue;
+                }
+                _ => {}
+            }
+            // Registers whose value dies here (an operand may appear twice).
+            let mut dying: Vec<Loc> = Vec::new();
+            for &o in &ops {
+                if self.last[o as usize] == j && !dying.contains(&loc[o as usize]) {
+                    dying.push(loc[o as usize]);
+                }
+            }
+            // A single instruction may write a dying operand's register; min/max and
+            // reductions write before they have read everything, so they take fresh ones.
+            let minmax_red = matches!(inst, Inst::Reduce { r, .. }
+                if matches!(lp.reds[*r as usize], Red::Max | Red::Min));
+            let fresh = matches!(inst, Inst::Bin(Bin::Min | Bin::Max, ..)) || minmax_red;
+            let any_mem = ops.iter().any(|&o| lp.insts[o as usize].is_mem());
+            let ntmp = if minmax_red || matches!(inst, Inst::Load2 { .. }) {
+                2
+            } else {
+                usize::from(any_mem || matches!(inst, Inst::Bin(Bin::Min | Bin::Max, ..)))
+            };
+            if !fresh {
+                release(&dying, &mut zfree, &mut kfree);
+            }
+            let out = if inst.is_mask() {
+                Loc::K(kfree.pop().ok_or("x86 loop: out of mask registers")?)
+            } else if matches!(inst, Inst::Store { .. } | Inst::Reduce { .. }) {
+                Loc::None
+            } else {
+                Loc::Z(zfree.pop().ok_or("x86 loop: out of vector registers")?)
+            };
+            let mut tmp = Vec::new();
+            for _ in 0..ntmp {
+                tmp.push(zfree.pop().ok_or("x86 loop: out of vector registers")?);
+            }
+            self.emit(inst, &ops, &loc, out, &tmp, masked)?;
+            for t in tmp {
+                zfree.push(t);
+            }
+            if fresh {
+                release(&dying, &mut zfree, &mut kfree);
+            }
+            loc[j] = out;
+            // A value nobody reads frees its register at once.
+            if self.last[j] == usize::MAX {
+                release(&[out], &mut zfree, &mut kfree);
+            }
+        }
+        Ok(())
+    }
+
+    /// A register holding `l` (a memory value is broadcast into scratch `tmp`).
+    fn reg(&mut self, l: Loc, tmp: Option<usize>) -> R<AsmRegisterZmm> {
+        Ok(match l {
+            Loc::Z(r) => ZMM[r],
+            Loc::Uni(_) | Loc::Pool(_) => {
+                let t = tmp.ok_or("x86 loop: no scratch register")?;
+                let m = self.scalar(l);
+                self.a.vbroadcastss(ZMM[t], m).map_err(e)?;
+                ZMM[t]
+            }
+            _ => return Err("x86 loop: a mask used as a vector".into()),
+        })
+    }
+
+    fn kreg(l: Loc) -> R<AsmRegisterK> {
+        match l {
+            Loc::K(k) => Ok(KVAL[k]),
+            _ => Err("x86 loop: a vector used as a mask".into()),
+        }
+    }
+
+    fn stream_at(&self, s: u16, disp: i32) -> AsmMemoryOperand {
+        zmmword_ptr(STREAMS[s as usize] + rax * 4 + disp)
+    }
+
+    /// `d = max(x, y)` (or min) with NaN propagated and -0 < +0: x86's max returns its
+    /// second operand on NaN or on equal zeros, so both orders are combined (and for max,
+    /// or for min, picks +0 or -0), and unordered lanes get `x + y` (a NaN). `d` and `t`
+    /// must differ from `x` and `y`.
+    fn minmax(
+        &mut self,
+        max: bool,
+        d: AsmRegisterZmm,
+        x: AsmRegisterZmm,
+        y: Loc,
+        t: AsmRegisterZmm,
+    ) -> R<()> {
+        let (yr, ym) = match y {
+            Loc::Z(r) => (Some(ZMM[r]), None),
+            m => (None, Some(m)),
+        };
+        if let Some(m) = ym {
+            let sc = self.scalar(m);
+            self.a.vbroadcastss(t, sc).map_err(e)?;
+        }
+        let y = yr.unwrap_or(t);
+        if max {
+            self.a.vmaxps(d, x, y).map_err(e)?;
+            self.a.vmaxps(t, y, x).map_err(e)?;
+            self.a.vpandd(d, d, t).map_err(e)?;
+        } else {
+            self.a.vminps(d, x, y).map_err(e)?;
+            self.a.vminps(t, y, x).map_err(e)?;
+            self.a.vpord(d, d, t).map_err(e)?;
+        }
+        // t may have been y: compare against the operands as they were.
+        match (yr, ym) {
+            (Some(y), _) => {
+                self.a.vcmpps(k6, x, y, 3).map_err(e)?;
+                self.a.vaddps(d.k6(), x, y).map_err(e)?;
+            }
+            (None, Some(m)) => {
+                let b = self.bcst(m);
+                self.a.vcmpps(k6, x, b, 3).map_err(e)?;
+                let b = self.bcst(m);
+                self.a.vaddps(d.k6(), x, b).map_err(e)?;
+            }
+            _ => unreachable!(),
+        }
+        Ok(())
+    }
+
+    fn emit(
+        &mut self,
+        inst: &Inst,
+        ops: &[V],
+        loc: &[Loc],
+        out: Loc,
+        tmp: &[usize],
+        masked: bool,
+    ) -> R<()> {
+        let l = |k: usize| loc[ops[k] as usize];
+        let t0 = tmp.first().copied();
+        let d = match out {
+            Loc::Z(r) => ZMM[r],
+            _ => zmm0,
+        };
+        let is_mem = |l: Loc| matches!(l, Loc::Uni(_) | Loc::Pool(_));
+        match *inst {
+            Inst::Load { s, disp, .. } => {
+                let m = self.stream_at(s, disp);
+                if masked {
+                    self.a.vmovups(d.k7().z(), m).map_err(e)?;
+                } else {
+                    self.a.vmovups(d, m).map_err(e)?;
+                }
+            }
+            Inst::Load2 { s, disp, .. } => {
+                // Lanes 0..16 of the result are elements 0, 2, .., 30 of the two vectors
+                // at the lane-0 address.
+                let idx: Vec<u32> = (0..16).map(|l| 2 * l).collect();
+                let io = self.pool_slice(&idx);
+                let (lo, hi) = (ZMM[tmp[0]], ZMM[tmp[1]]);
+                let at = |d: i32| zmmword_ptr(STREAMS[s as usize] + rax * 8 + d);
+                if masked {
+                    // Only the even elements of the valid lanes are read.
+                    let rem = (self.lp.n % LANES) as u32;
+                    let last = 2 * rem - 2;
+                    let bits = |from: u32| -> u32 {
+                        (0..16)
+                            .filter(|e| from + e <= last)
+                            .fold(0, |m, e| m | 1 << e)
+                    };
+                    let (ma, mb) = (bits(0), bits(16));
+                    let oa = self.pool_off(ma);
+                    self.a.kmovw(k6, word_ptr(r11 + oa)).map_err(e)?;
+                    self.a.vmovups(lo.k6().z(), at(disp)).map_err(e)?;
+                    let ob = self.pool_off(mb);
+                    self.a.kmovw(k6, word_ptr(r11 + ob)).map_err(e)?;
+                    self.a.vmovups(hi.k6().z(), at(disp + 64)).map_err(e)?;
+                    self.a.vmovups(d, zmmword_ptr(r11 + io)).map_err(e)?;
+                    self.a.vpermi2ps(d, lo, hi).map_err(e)?;
+                } else {
+                    self.a.vmovups(lo, at(disp)).map_err(e)?;
+                    self.a.vmovups(d, zmmword_ptr(r11 + io)).map_err(e)?;
+                    self.a.vpermi2ps(d, lo, at(disp + 64)).map_err(e)?;
+                }
+            }
+            Inst::Uni(_) | Inst::Const(_) => {}
+            Inst::Un(op, _) => {
+                let x = self.reg(l(0), t0)?;
+                match op {
+                    Un::Neg => {
+                        let off = self.pool_off(0x8000_0000);
+                        self.a.vpxord(d, x, dword_bcst(r11 + off)).map_err(e)?;
+                    }
+                    Un::Abs => {
+                        let off = self.pool_off(0x7fff_ffff);
+                        self.a.vpandd(d, x, dword_bcst(r11 + off)).map_err(e)?;
+                    }
+                    Un::Sqrt => self.a.vsqrtps(d, x).map_err(e)?,
+                    // Rounding mode in imm[1:0], precision exception suppressed (bit 3).
+                    Un::Nearest => self.a.vrndscaleps(d, x, 8).map_err(e)?,
+                    Un::Floor => self.a.vrndscaleps(d, x, 9).map_err(e)?,
+                    Un::Ceil => self.a.vrndscaleps(d, x, 10).map_err(e)?,
+                    Un::Trunc => self.a.vrndscaleps(d, x, 11).map_err(e)?,
+                }
+            }
+            Inst::Bin(op, _, _) => {
+                let (mut x, mut y) = (l(0), l(1));
+                let symmetric = matches!(op, Bin::Add | Bin::Mul | Bin::Min | Bin::Max);
+                if symmetric && is_mem(x) {
+                    std::mem::swap(&mut x, &mut y);
+                }
+                if matches!(op, Bin::Min | Bin::Max) {
+                    let xr = match x {
+                        Loc::Z(r) => ZMM[r],
+                        _ => return Err("x86 loop: min/max of two uniforms".into()),
+                    };
+                    let t = ZMM[t0.ok_or("x86 loop: no scratch register")?];
+                    return self.minmax(op == Bin::Max, d, xr, y, t);
+                }
+                let xr = self.reg(x, t0)?;
+                macro_rules! op3 {
+                    ($m:ident) => {
+                        match y {
+                            Loc::Z(yr) => self.a.$m(d, xr, ZMM[yr]),
+                            m => {
+                                let b = self.bcst(m);
+                                self.a.$m(d, xr, b)
+                            }
+                        }
+                    };
+                }
+                match op {
+                    Bin::Add => op3!(vaddps),
+                    Bin::Sub => op3!(vsubps),
+                    Bin::Mul => op3!(vmulps),
+                    _ => op3!(vdivps),
+                }
+                .map_err(e)?;
+            }
+            Inst::Cmp(op, _, _) => {
+                let (mut x, mut y) = (l(0), l(1));
+                let mut op = op;
+                if is_mem(x) {
+                    std::mem::swap(&mut x, &mut y);
+                    op = match op {
+                        Cmp::Lt => Cmp::Gt,
+                        Cmp::Gt => Cmp::Lt,
+                        Cmp::Le => Cmp::Ge,
+                        Cmp::Ge => Cmp::Le,
+                        o => o,
+                    };
+                }
+                // EQ_OQ, NEQ_UQ, LT_OQ, LE_OQ, GT_OQ, GE_OQ.
+                let pred = match op {
+                    Cmp::Eq => 0x00,
+                    Cmp::Ne => 0x04,
+                    Cmp::Lt => 0x11,
+                    Cmp::Le => 0x12,
+                    Cmp::Gt => 0x1e,
+                    Cmp::Ge => 0x1d,
+                };
+                let k = Self::kreg(out)?;
+                let xr = self.reg(x, t0)?;
+                match y {
+                    Loc::Z(yr) => self.a.vcmpps(k, xr, ZMM[yr], pred),
+                    m => {
+                        let b = self.bcst(m);
+                        self.a.vcmpps(k, xr, b, pred)
+                    }
+                }
+                .map_err(e)?;
+            }
+            Inst::MAnd(..) | Inst::MOr(..) => {
+                let (x, y) = (Self::kreg(l(0))?, Self::kreg(l(1))?);
+                let k = Self::kreg(out)?;
+                if matches!(inst, Inst::MAnd(..)) {
+                    self.a.kandw(k, x, y).map_err(e)?;
+                } else {
+                    self.a.korw(k, x, y).map_err(e)?;
+                }
+            }
+            Inst::Select(..) => {
+                // vblendmps d{m}, b, a: d = m ? a : b.
+                let m = match l(0) {
+                    Loc::K(k) => k,
+                    _ => return Err("x86 loop: a vector used as a mask".into()),
+                };
+                let (a, b) = (l(1), l(2));
+                let br = self.reg(b, t0)?;
+                let dm = match m {
+                    0 => d.k1(),
+                    1 => d.k2(),
+                    2 => d.k3(),
+                    3 => d.k4(),
+                    _ => d.k5(),
+                };
+                match a {
+                    Loc::Z(ar) => self.a.vblendmps(dm, br, ZMM[ar]),
+                    m => {
+                        let b = self.bcst(m);
+                        self.a.vblendmps(dm, br, b)
+                    }
+                }
+                .map_err(e)?;
+            }
+            Inst::IAdd(..) | Inst::ISub(..) => {
+                let add = matches!(inst, Inst::IAdd(..));
+                let (mut x, mut y) = (l(0), l(1));
+                if add && is_mem(x) {
+                    std::mem::swap(&mut x, &mut y);
+                }
+                let xr = self.reg(x, t0)?;
+                match (y, add) {
+                    (Loc::Z(yr), true) => self.a.vpaddd(d, xr, ZMM[yr]),
+                    (Loc::Z(yr), false) => self.a.vpsubd(d, xr, ZMM[yr]),
+                    (m, true) => {
+                        let b = self.bcst(m);
+                        self.a.vpaddd(d, xr, b)
+                    }
+                    (m, false) => {
+                        let b = self.bcst(m);
+                        self.a.vpsubd(d, xr, b)
+                    }
+                }
+                .map_err(e)?;
+            }
+            Inst::Sra(_, n) | Inst::Shl(_, n) => {
+                let xr = self.reg(l(0), t0)?;
+                if matches!(inst, Inst::Sra(..)) {
+                    self.a.vpsrad(d, xr, n as u32).map_err(e)?;
+                } else {
+                    self.a.vpslld(d, xr, n as u32).map_err(e)?;
+                }
+            }
+            Inst::Store { s, disp, .. } => {
+                let x = self.reg(l(0), t0)?;
+                let m = self.stream_at(s, disp);
+                if masked {
+                    self.a.vmovups(m.k7(), x).map_err(e)?;
+                } else {
+                    self.a.vmovups(m, x).map_err(e)?;
+                }
+            }
+            Inst::Reduce { r, .. } => {
+                let acc = ZMM[31 - r as usize];
+                let kind = self.lp.reds[r as usize];
+                match kind {
+                    Red::Add => {
+                        let xr = self.reg(l(0), t0)?;
+                        if masked {
+                            self.a.vaddps(acc.k7(), acc, xr).map_err(e)?;
+                        } else {
+                            self.a.vaddps(acc, acc, xr).map_err(e)?;
+                        }
+                    }
+                    Red::Max | Red::Min => {
+                        let (t1, t2) = (ZMM[tmp[0]], ZMM[tmp[1]]);
+                        self.minmax(kind == Red::Max, t1, acc, l(0), t2)?;
+                        if masked {
+                            self.a.vmovaps(acc.k7(), t1).map_err(e)?;
+                        } else {
+                            self.a.vmovaps(acc, t1).map_err(e)?;
+                        }
+                    }
+                    Red::SelGt | Red::SelLt => {
+                        let xr = self.reg(l(0), t0)?;
+                        let pred = if kind == Red::SelGt { 0x1e } else { 0x11 };
+                        if masked {
+                            self.a.vcmpps(k6.k7(), xr, acc, pred).map_err(e)?;
+                        } else {
+                            self.a.vcmpps(k6, xr, acc, pred).map_err(e)?;
+                        }
+                        self.a.vmovaps(acc.k6(), xr).map_err(e)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn release(locs: &[Loc], zfree: &mut Vec<usize>, kfree: &mut Vec<usize>) {
+    for l in locs {
+        match *l {
+            Loc::Z(r) if !zfree.contains(&r) => zfree.push(r),
+            Loc::K(k) if !kfree.contains(&k) => kfree.push(k),
+            _ => {}
+        }
+    }
+}
