@@ -978,6 +978,9 @@ mod lower {
                 return Ok(());
             }
         }
+        if mode == Mode::Float && group > 1 && dw_flat(lw, &x, &w, group, &win)? {
+            return Ok(());
+        }
         if mode == Mode::Float && group > 1 && dw_rows(lw, &x, &w, group, &win)? {
             return Ok(());
         }
@@ -1126,6 +1129,259 @@ mod lower {
         k_.body = loops(&outer, body);
         lw.push(k_);
         Ok(())
+    }
+
+    /// Most phase planes (`sh * sw`) `dw_flat` splits an input plane into.
+    const DW_FLAT_PHASES: i64 = 16;
+    /// Most scratch slots (groups computed at once) of `dw_flat`: scratch per group for
+    /// a whole layer outgrows the caches (a 96-channel 112x112 layer measured 14% slower
+    /// than the row-by-row lowering with it).
+    const DW_FLAT_SLOTS: usize = 8;
+
+    /// 2-D depthwise f32 convolution over whole planes: each input plane is copied into
+    /// zero-padded scratch, split into its `sh x sw` row and column phases, so that every
+    /// tap of every output reads `phase[i + const]` where `i = oh * wp + ow` runs over
+    /// the output rows laid out at the phase planes' width `wp` (the columns `ow >= ow_n`
+    /// are padding, computed and dropped). One unit-stride loop of `oh_n * wp`
+    /// iterations per channel, with no borders and no bounds tests, is what the back
+    /// ends vectorise best; a second loop copies the rows out (applying the parts of the
+    /// epilogue that read other tensors). Groups run in blocks of up to
+    /// [`DW_FLAT_SLOTS`], each group of a block in its own scratch slot: the scratch stays
+    /// in cache from one block to the next, and the groups of a block may run in
+    /// parallel. Returns false (nothing lowered) when it does not fit.
+    fn dw_flat(
+        lw: &mut LowerCtx,
+        x: &TensorRef,
+        w: &TensorRef,
+        group: usize,
+        win: &super::Window,
+    ) -> OpResult<bool> {
+        let out = lw.outputs[0].clone();
+        let bias = lw.opt_input(2).cloned();
+        if win.k.len() != 2
+            || x.ty() != Ty::F32
+            || w.ty() != Ty::F32
+            || out.ty() != Ty::F32
+            || bias.as_ref().is_some_and(|b| b.ty() != Ty::F32)
+            || win.kernel_len() > DW_TAPS
+            || (win.s[0] * win.s[1]) as i64 > DW_FLAT_PHASES
+            || win.out.contains(&0)
+            || win.in_sp.contains(&0)
+        {
+            return Ok(false);
+        }
+        let (n, c, m) = (x.shape[0], x.shape[1], out.shape[1]);
+        if c != group || m % group != 0 {
+            return Ok(false);
+        }
+        let mg = m / group;
+        let (kh_n, kw_n) = (win.k[0] as i64, win.k[1] as i64);
+        let (oh_n, ow_n) = (win.out[0] as i64, win.out[1] as i64);
+        let (ih, iw) = (win.in_sp[0] as i64, win.in_sp[1] as i64);
+        let (sh, sw) = (win.s[0] as i64, win.s[1] as i64);
+        let (dh, dw) = (win.d[0] as i64, win.d[1] as i64);
+        let (ph, pw) = (win.pb[0], win.pb[1]);
+        // Padded extent: every row/column a tap reads, and every input row/column placed.
+        let hp = ((oh_n - 1) * sh + (kh_n - 1) * dh + 1).max(ih + ph);
+        let wpad = ((ow_n - 1) * sw + (kw_n - 1) * dw + 1).max(iw + pw);
+        let (hq, wp) = ((hp + sh - 1) / sh, (wpad + sw - 1) / sw);
+        if ph < 0 || pw < 0 || oh_n * wp > 1 << 24 {
+            return Ok(false);
+        }
+        // Tap (kh, kw): phase plane and offset from i.
+        let tap = |kh: i64, kw: i64| {
+            let (r, cq) = (kh * dh, kw * dw);
+            ((r % sh) * sw + cq % sw, (r / sh) * wp + cq / sw)
+        };
+        let flat_n = oh_n * wp;
+        // A phase plane: large enough for the furthest tap read, 16-element aligned.
+        let max_off = (0..kh_n)
+            .flat_map(|kh| (0..kw_n).map(move |kw| (kh, kw)))
+            .map(|(kh, kw)| tap(kh, kw).1)
+            .max()
+            .unwrap_or(0);
+        let plane = ((flat_n + max_off).max(hq * wp) + 15) / 16 * 16;
+        let phases = sh * sw;
+        let gplane = phases * plane;
+        let oplane = (flat_n + 15) / 16 * 16;
+        // Groups per block: the largest divisor of the group count up to the slot count.
+        let slots = (1..=DW_FLAT_SLOTS.min(group))
+            .rev()
+            .find(|s| group.is_multiple_of(*s))
+            .unwrap_or(1);
+        let scratch = lw.program.add_buffer(
+            format!("{}/planes", lw.name),
+            crate::kir::BufKind::Arena { offset: 0 },
+            Ty::F32,
+            (slots as i64 * gplane) as u64,
+        );
+        let opad = lw.program.add_buffer(
+            format!("{}/rows", lw.name),
+            crate::kir::BufKind::Arena { offset: 0 },
+            Ty::F32,
+            (slots as i64 * mg as i64 * oplane) as u64,
+        );
+        // Activations are applied in the flat loop (a trailing Relu / Clip by
+        // compare-and-select on a local: cheaper vector code than min/max, NaN stays NaN);
+        // an epilogue that reads other tensors is applied when the rows are copied out.
+        let epilogue = lw.epilogue.take().filter(|e| !e.is_empty());
+        let pure = epilogue
+            .as_ref()
+            .is_none_or(|e| e.steps.iter().all(|s| matches!(s, EpStep::Act(_))));
+        let (mut flat_ep, late_ep) = if pure {
+            (epilogue, None)
+        } else {
+            (None, epilogue)
+        };
+        let bounds = match flat_ep.as_ref().and_then(|e| e.steps.last()) {
+            Some(EpStep::Act(Act::Relu)) => Some((0.0, None)),
+            Some(EpStep::Act(Act::Clip(lo, hi))) => Some((*lo, Some(*hi))),
+            _ => None,
+        };
+        if bounds.is_some() {
+            if let Some(ep) = flat_ep.as_mut() {
+                ep.steps.pop();
+            }
+        }
+        let flat_ep = flat_ep.filter(|e| !e.is_empty());
+        let mut k_ = lw.kernel("");
+        let kr = &mut k_;
+        let nv = kr.var(Ty::I64);
+        let blk = kr.var(Ty::I64);
+        let slot = kr.var(Ty::I64);
+        let mv = kr.var(Ty::I64);
+        let (rv, qv, zv, iv) = (
+            kr.var(Ty::I64),
+            kr.var(Ty::I64),
+            kr.var(Ty::I64),
+            kr.var(Ty::I64),
+        );
+        let (xb, sb, ob, pb) = (
+            kr.var(Ty::I64),
+            kr.var(Ty::I64),
+            kr.var(Ty::I64),
+            kr.var(Ty::I64),
+        );
+        let bv = kr.var(Ty::F32);
+        let tv = kr.var(Ty::F32);
+        let wv: Vec<VarId> = (0..kh_n * kw_n).map(|_| kr.var(Ty::F32)).collect();
+        // The group: block * slots + slot.
+        let gv = add(mul(v(blk), int(slots as i64)), v(slot));
+        let ng = add(mul(v(nv), int(group as i64)), gv.clone());
+        // Per group: place the input plane in its slot's phase planes (zeroed once: the
+        // copies write only the same interior positions).
+        let mut gbody = vec![
+            set(xb, mul(ng, int(ih * iw))),
+            set(sb, mul(v(slot), int(gplane))),
+        ];
+        for rh in 0..sh {
+            // Input rows r with (r + ph) % sh == rh: r = r' sh + r0, padded row r' + a.
+            let r0 = (rh - ph).rem_euclid(sh);
+            let nr = (ih - r0 + sh - 1) / sh;
+            let a = (r0 + ph) / sh;
+            for rw in 0..sw {
+                let c0 = (rw - pw).rem_euclid(sw);
+                let nq = (iw - c0 + sw - 1) / sw;
+                let b = (c0 + pw) / sw;
+                if nr <= 0 || nq <= 0 {
+                    continue;
+                }
+                let dst = add(
+                    add(v(sb), int((rh * sw + rw) * plane + a * wp + b)),
+                    add(mul(v(rv), int(wp)), v(qv)),
+                );
+                let src = add(
+                    add(v(xb), int(r0 * iw + c0)),
+                    add(mul(v(rv), int(sh * iw)), mul(v(qv), int(sw))),
+                );
+                gbody.push(for_(
+                    rv,
+                    nr as usize,
+                    vec![for_(
+                        qv,
+                        nq as usize,
+                        vec![store(scratch, dst, Expr::load(x.buf, src))],
+                    )],
+                ));
+            }
+        }
+        // Per output channel: weights and bias in variables, the flat loop, the copy out.
+        let oc = add(mul(gv, int(mg as i64)), v(mv));
+        let noc = add(mul(v(nv), int(m as i64)), oc.clone());
+        let mut cbody = vec![
+            set(ob, mul(noc, int(oh_n * ow_n))),
+            set(
+                pb,
+                mul(add(mul(v(slot), int(mg as i64)), v(mv)), int(oplane)),
+            ),
+        ];
+        for (t, &var) in wv.iter().enumerate() {
+            let wi = add(mul(oc.clone(), int(kh_n * kw_n)), int(t as i64));
+            cbody.push(set(var, Expr::load(w.buf, wi)));
+        }
+        cbody.push(set(
+            bv,
+            match &bias {
+                Some(b) => per_ch(b, oc.clone()),
+                None => lit(0.0, Ty::F32),
+            },
+        ));
+        let shape = out.shape.clone();
+        let mut sum = v(bv);
+        for kh in 0..kh_n {
+            for kw in 0..kw_n {
+                let (ph_i, off) = tap(kh, kw);
+                let xi = add(add(v(sb), v(iv)), int(ph_i * plane + off));
+                sum = add(
+                    sum,
+                    mul(Expr::load(scratch, xi), v(wv[(kh * kw_n + kw) as usize])),
+                );
+            }
+        }
+        let value = match &flat_ep {
+            // Activations read no index.
+            Some(ep) => ep.apply_flat(sum, Ty::F32, int(0), &shape),
+            None => sum,
+        };
+        let mut st = Vec::new();
+        let value = match bounds {
+            None => value,
+            Some((lo, hi)) => {
+                st.push(set(tv, value));
+                let lo = lit(lo, Ty::F32);
+                st.push(set(tv, sel(cmp(CmpOp::Lt, v(tv), lo.clone()), lo, v(tv))));
+                if let Some(hi) = hi {
+                    let hi = lit(hi, Ty::F32);
+                    st.push(set(tv, sel(cmp(CmpOp::Gt, v(tv), hi.clone()), hi, v(tv))));
+                }
+                v(tv)
+            }
+        };
+        st.push(store(opad, add(v(pb), v(iv)), value));
+        cbody.push(for_(iv, flat_n as usize, st));
+        let oidx = add(add(v(ob), mul(v(rv), int(ow_n))), v(qv));
+        let row = Expr::load(opad, add(add(v(pb), mul(v(rv), int(wp))), v(qv)));
+        let value = match &late_ep {
+            Some(ep) => ep.apply_flat(row, Ty::F32, oidx.clone(), &shape),
+            None => row,
+        };
+        cbody.push(for_(
+            rv,
+            oh_n as usize,
+            vec![for_(qv, ow_n as usize, vec![store(out.buf, oidx, value)])],
+        ));
+        gbody.extend(loops(&[(mv, mg)], cbody));
+        k_.body = vec![for_(
+            zv,
+            (slots as i64 * gplane) as usize,
+            vec![store(scratch, v(zv), lit(0.0, Ty::F32))],
+        )];
+        k_.body.extend(loops(
+            &[(nv, n), (blk, group / slots), (slot, slots)],
+            gbody,
+        ));
+        lw.push(k_);
+        Ok(true)
     }
 
     /// Largest kernel window (taps) `dw_rows` keeps in registers.
