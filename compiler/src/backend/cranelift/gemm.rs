@@ -309,7 +309,15 @@ impl GemmCtx {
         for _ in 0..4 {
             sig.params.push(AbiParam::new(types::I64));
         }
-        let name = format!("{}__gemm{}", self.prefix, self.funcs.len());
+        // The shape in the name, for profiles.
+        let name = format!(
+            "{}__gemm{}_{}x{}x{}",
+            self.prefix,
+            self.funcs.len(),
+            spec.m,
+            spec.n,
+            spec.k
+        );
         let id = module
             .declare_function(&name, Linkage::Local, &sig)
             .map_err(|e| format!("declare {name}: {e}"))?;

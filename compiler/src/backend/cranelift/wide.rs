@@ -508,7 +508,11 @@ impl Gen<'_, '_> {
                         let (s, disp) = t.stream(*buf, idx)?;
                         t.b.load2(s, disp)
                     }
-                    _ => return None,
+                    st => {
+                        let st = i32::try_from(st).ok()?;
+                        let (s, disp) = t.stream(*buf, idx)?;
+                        t.b.load_strided(s, disp, st)
+                    }
                 }
             }
             Expr::Un(op, a) if ty == Ty::F32 => {

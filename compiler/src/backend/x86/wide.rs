@@ -91,6 +91,14 @@ pub enum Inst {
         disp: i32,
         epoch: u32,
     },
+    /// The lanes of stream `s` at elements `stride (i + l) + disp` for lane `l`
+    /// (gathered; `stride * n` fits 31 bits).
+    LoadS {
+        s: u16,
+        disp: i32,
+        stride: i32,
+        epoch: u32,
+    },
     /// Uniform `u` of the args block in every lane.
     Uni(u16),
     /// A constant (f32 or i32 bits) in every lane.
@@ -125,7 +133,11 @@ pub enum Inst {
 impl Inst {
     fn operands(&self) -> Vec<V> {
         match *self {
-            Inst::Load { .. } | Inst::Load2 { .. } | Inst::Uni(_) | Inst::Const(_) => vec![],
+            Inst::Load { .. }
+            | Inst::Load2 { .. }
+            | Inst::LoadS { .. }
+            | Inst::Uni(_)
+            | Inst::Const(_) => vec![],
             Inst::Un(_, a) | Inst::Sra(a, _) | Inst::Shl(a, _) => vec![a],
             Inst::Bin(_, a, b)
             | Inst::Cmp(_, a, b)
@@ -248,6 +260,16 @@ impl Builder {
         self.push(Inst::Load2 { s, disp, epoch })
     }
 
+    pub fn load_strided(&mut self, s: u16, disp: i32, stride: i32) -> V {
+        let epoch = self.epoch;
+        self.push(Inst::LoadS {
+            s,
+            disp,
+            stride,
+            epoch,
+        })
+    }
+
     pub fn c(&mut self, x: f32) -> V {
         self.push(Inst::Const(x.to_bits()))
     }
@@ -339,6 +361,14 @@ pub fn generate(lp: &Loop) -> R<Vec<u8>> {
     }
     if lp.reds.len() > 8 {
         return Err("x86 loop: too many reductions".into());
+    }
+    for i in &lp.insts {
+        if let Inst::LoadS { stride, .. } = i {
+            let span = (lp.n + LANES) as i128 * i128::from(*stride);
+            if span.abs() >= 1 << 31 {
+                return Err("x86 loop: strided index out of range".into());
+            }
+        }
     }
     let mut last = vec![usize::MAX; lp.insts.len()];
     for (j, i) in lp.insts.iter().enumerate() {
@@ -515,7 +545,7 @@ impl Gen<'_> {
                 if matches!(lp.reds[*r as usize], Red::Max | Red::Min));
             let fresh = matches!(inst, Inst::Bin(Bin::Min | Bin::Max, ..)) || minmax_red;
             let any_mem = ops.iter().any(|&o| lp.insts[o as usize].is_mem());
-            let ntmp = if minmax_red || matches!(inst, Inst::Load2 { .. }) {
+            let ntmp = if minmax_red || matches!(inst, Inst::Load2 { .. } | Inst::LoadS { .. }) {
                 2
             } else {
                 usize::from(any_mem || matches!(inst, Inst::Bin(Bin::Min | Bin::Max, ..)))
@@ -677,6 +707,26 @@ impl Gen<'_> {
                     self.a.vmovups(d, zmmword_ptr(r11 + io)).map_err(e)?;
                     self.a.vpermi2ps(d, lo, at(disp + 64)).map_err(e)?;
                 }
+            }
+            Inst::LoadS {
+                s, disp, stride, ..
+            } => {
+                // Lane l's element index: (i + l) * stride, i32.
+                let t = ZMM[tmp[0]];
+                let lanes: Vec<u32> = (0..16).map(|l| (l * stride) as u32).collect();
+                let lo = self.pool_slice(&lanes);
+                let so = self.pool_off(stride as u32);
+                self.a.vpbroadcastd(t, eax).map_err(e)?;
+                self.a.vpmulld(t, t, dword_bcst(r11 + so)).map_err(e)?;
+                self.a.vpaddd(t, t, zmmword_ptr(r11 + lo)).map_err(e)?;
+                if masked {
+                    self.a.kmovw(k6, k7).map_err(e)?;
+                    self.a.vpxord(d, d, d).map_err(e)?;
+                } else {
+                    self.a.kxnorw(k6, k6, k6).map_err(e)?;
+                }
+                let at = zmmword_ptr(STREAMS[s as usize] + t * 4 + disp);
+                self.a.vgatherdps(d.k6(), at).map_err(e)?;
             }
             Inst::Uni(_) | Inst::Const(_) => {}
             Inst::Un(op, _) => {
