@@ -97,6 +97,55 @@ impl Builder {
         outs
     }
 
+    /// A constant of any dtype.
+    pub fn konst_t(&mut self, name: &str, t: Tensor) -> ValueId {
+        self.g.add_const(name, t)
+    }
+
+    /// An input of any dtype.
+    pub fn input_typed(&mut self, name: &str, dt: DType, shape: &[usize]) -> ValueId {
+        self.g.add_input(name, ValueType::tensor(dt, shape))
+    }
+
+    /// A node holding subgraphs (If, Loop, Scan): the values its subgraphs read by name
+    /// become its implicit inputs, as the importer records them. Its output types are not
+    /// checked.
+    pub fn node_sub(
+        &mut self,
+        op: &str,
+        inputs: Vec<Option<ValueId>>,
+        n_out: usize,
+        attrs: &[(&str, Attr)],
+    ) -> Vec<ValueId> {
+        let outs = self.node_full(op, inputs, n_out, DType::F32, &[], attrs);
+        self.expect.pop();
+        let n = match self.g.value(outs[0]).source {
+            Source::Node(n) => n,
+            _ => unreachable!("just added"),
+        };
+        let mut implicit = Vec::new();
+        for sg in self.g.nodes[n].op.subgraphs() {
+            for name in sg.free_names() {
+                implicit.push(
+                    self.g
+                        .find(&name)
+                        .expect("the subgraph reads a defined value"),
+                );
+            }
+        }
+        self.g.nodes[n].implicit = implicit;
+        outs
+    }
+
+    /// The graph with these outputs, shape-inferred but not checked (it may hold nodes
+    /// inference leaves untyped, such as control flow).
+    pub fn finish_untyped(mut self, outputs: &[ValueId]) -> Graph {
+        self.g.outputs = outputs.to_vec();
+        self.g.rewire();
+        infer_shapes(&mut self.g).expect("inference");
+        self.g
+    }
+
     /// The graph with these outputs, shape-inferred; inferred types are checked against
     /// the ones the test declared.
     pub fn finish(mut self, outputs: &[ValueId]) -> Graph {
@@ -180,5 +229,109 @@ pub fn check_pass(g: &mut Graph, pass: fn(&mut Graph) -> Result<()>) {
     for (a, b) in after.iter().zip(&before) {
         let e = rel_err(a, b);
         assert!(e <= 1e-5, "outputs differ by {e:.3e}");
+    }
+}
+
+/// A subgraph (If branch, Loop or Scan body) built by hand.
+pub struct Sub {
+    g: Graph,
+    k: usize,
+}
+
+impl Sub {
+    pub fn new(name: &str) -> Sub {
+        Sub {
+            g: Graph::new(name),
+            k: 0,
+        }
+    }
+
+    /// A formal input.
+    pub fn input(&mut self, name: &str, dt: DType, shape: &[usize]) -> ValueId {
+        self.g.add_input(name, ValueType::tensor(dt, shape))
+    }
+
+    /// A value of an enclosing graph, read by name.
+    pub fn outer(&mut self, name: &str) -> ValueId {
+        self.g.add_value(name, ValueType::Unknown, Source::Outer)
+    }
+
+    pub fn konst(&mut self, name: &str, t: Tensor) -> ValueId {
+        self.g.add_const(name, t)
+    }
+
+    /// Renames a value (for nested subgraphs that read it by name).
+    pub fn rename(&mut self, v: ValueId, name: &str) {
+        self.g.rename_value(v, name);
+    }
+
+    /// A one-output node (untyped until the graph around it is inferred).
+    pub fn node(&mut self, op: &str, inputs: &[ValueId], attrs: &[(&str, Attr)]) -> ValueId {
+        self.k += 1;
+        let out = self.g.add_value(
+            format!("{}_{}", op.to_lowercase(), self.k),
+            ValueType::Unknown,
+            Source::Undefined,
+        );
+        let mut a = Attrs::default();
+        for (k, v) in attrs {
+            a.0.insert(k.to_string(), v.clone());
+        }
+        let mut node = new_node(
+            format!("{op}_{}", self.k),
+            op,
+            a,
+            21,
+            inputs.iter().map(|&i| Some(i)).collect(),
+            vec![out],
+        )
+        .expect("op exists");
+        let names: Vec<String> = node
+            .op
+            .subgraphs()
+            .iter()
+            .flat_map(|sg| sg.free_names())
+            .collect();
+        for name in names {
+            let v = match self.g.find(&name) {
+                Some(v) => v,
+                None => self.outer(&name),
+            };
+            node.implicit.push(v);
+        }
+        self.g.add_node(node);
+        out
+    }
+
+    pub fn finish(mut self, outputs: &[ValueId]) -> Attr {
+        self.g.outputs = outputs.to_vec();
+        self.g.rewire();
+        Attr::Graph(std::sync::Arc::new(self.g))
+    }
+}
+
+/// Runs [`super::infer_and_inline`] on a graph holding subgraphs, then checks that no
+/// node holds a subgraph any more, that every value is typed, that the verifier accepts
+/// the graph and that its outputs equal those before on every input set.
+pub fn check_inlined(g: &mut Graph, input_sets: &[Vec<Value>]) {
+    let before: Vec<Vec<Value>> = input_sets
+        .iter()
+        .map(|ins| crate::eval::run(g, ins.clone()).expect("eval before"))
+        .collect();
+    let rep = super::infer_and_inline(g).expect("rewrites");
+    assert!(rep.unresolved.is_empty(), "{:?}", rep.unresolved);
+    for n in g.nodes.node_indices() {
+        assert!(
+            g.nodes[n].op.subgraphs().is_empty(),
+            "{} still holds a subgraph",
+            g.node_label(n)
+        );
+    }
+    if let Err(e) = verify(g, true) {
+        panic!("verifier:\n{}\n{}", e.join("\n"), crate::ir::print_graph(g));
+    }
+    for (ins, want) in input_sets.iter().zip(&before) {
+        let got = crate::eval::run(g, ins.clone()).expect("eval after");
+        assert_eq!(&got, want, "{}", crate::ir::print_graph(g));
     }
 }
