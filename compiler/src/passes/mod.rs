@@ -14,6 +14,7 @@
 
 pub mod eliminate_common_subexpressions;
 pub mod eliminate_dead_code;
+pub mod expand_flex_attention;
 pub mod fold_batchnorm;
 pub mod fold_constants;
 pub mod fold_scale_bias;
@@ -162,8 +163,9 @@ pub fn optimize(g: &mut Graph, level: u8, verify: bool) -> Result<Vec<PassStat>>
 /// Shape inference together with the rewrites that turn nodes holding subgraphs into
 /// ordinary nodes, repeated until nothing changes: If nodes with a condition known at
 /// compile time become their taken branch, Loop and Scan nodes with a known trip count
-/// are unrolled, and If nodes whose condition is only known at run time become both
-/// branches plus a select. The report's `unresolved` lines give, for a node these
+/// are unrolled, FlexAttention becomes standard ops (its modifier subgraphs inlined),
+/// and If nodes whose condition is only known at run time become both branches plus a
+/// select. The report's `unresolved` lines give, for a node these
 /// rewrites had to leave alone, the reason they did.
 pub fn infer_and_inline(g: &mut Graph) -> Result<InferReport> {
     let mut rep = infer_shapes(g)?;
@@ -173,6 +175,9 @@ pub fn infer_and_inline(g: &mut Graph) -> Result<InferReport> {
         let mut changed = inline_if::inline_constant_ifs(g, &rep.known)?;
         if changed == 0 {
             changed = unroll_loops::unroll_loops(g, &rep.known, &mut refused)?;
+        }
+        if changed == 0 {
+            changed = expand_flex_attention::expand_flex_attention(g, &rep.known, &mut refused)?;
         }
         if changed == 0 {
             changed = inline_if::select_runtime_ifs(g, &rep.known, &mut refused)?;
