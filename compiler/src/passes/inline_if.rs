@@ -5,8 +5,9 @@
 //! - [`select_runtime_ifs`]: an If whose condition is only known at run time, when both
 //!   branches give tensors of the same dtypes and static shapes, is replaced by both
 //!   branches and one `Where` per output, selecting by the condition. Branches have no
-//!   side effects (integer division guards its divisor, gathers clamp), so computing the
-//!   branch not taken costs time but cannot change the result.
+//!   side effects (integer division guards its divisor, gathers and scatters clamp
+//!   their indices), so computing the branch not taken costs time but cannot change the
+//!   result.
 //!
 //! Branch values get fresh names (`IFNAME/name`, `IFNAME/then/name`); nested subgraphs are
 //! renamed to follow (see `inline_util`). Shape inference then sees ordinary nodes.
