@@ -7,7 +7,7 @@
 //! score tensors, need no per-element machinery.
 
 use super::inline_if::node_prefix;
-use super::inline_util::{add_node_to, add_op, inline_body, typed_body};
+use super::inline_util::{add_node_to, add_op, inline_body, typed_body, Budget};
 use super::util::add_const;
 use crate::error::Result;
 use crate::ir::{Attr, DType, Graph, NodeId, Tensor, Value, ValueId, ValueType};
@@ -20,6 +20,7 @@ const DOMAIN: &str = "ai.onnx.preview";
 /// label, why each other one is left alone. Returns how many were expanded.
 pub fn expand_flex_attention(
     g: &mut Graph,
+    budget: &Budget,
     known: &HashMap<ValueId, Value>,
     refused: &mut BTreeMap<String, String>,
 ) -> Result<usize> {
@@ -30,7 +31,7 @@ pub fn expand_flex_attention(
         .collect();
     let mut done = 0;
     for n in nodes {
-        match expand(g, n, known)? {
+        match expand(g, budget, n, known)? {
             None => done += 1,
             Some(why) => {
                 refused.insert(g.node_label(n), why);
@@ -51,7 +52,12 @@ fn input_type(g: &Graph, n: NodeId, i: usize) -> Option<(ValueId, DType, Vec<usi
 }
 
 /// Expands one FlexAttention; Some(reason) when it cannot (the graph is untouched).
-fn expand(g: &mut Graph, n: NodeId, known: &HashMap<ValueId, Value>) -> Result<Option<String>> {
+fn expand(
+    g: &mut Graph,
+    budget: &Budget,
+    n: NodeId,
+    known: &HashMap<ValueId, Value>,
+) -> Result<Option<String>> {
     let node = g.nodes[n].clone();
     let (Some((q, dt, qs)), Some((k, kdt, ks)), Some((v, vdt, vs))) = (
         input_type(g, n, 0),
@@ -112,9 +118,9 @@ fn expand(g: &mut Graph, n: NodeId, known: &HashMap<ValueId, Value>) -> Result<O
         if m.inputs.len() != 1 || m.outputs.len() != 1 {
             return Ok(Some(format!("{what} must take and give one tensor")));
         }
-        let ty = match typed_body(g, known, m, &[(scores_ty.clone(), None)]) {
+        let ty = match typed_body(g, budget, known, m, &[(scores_ty.clone(), None)]) {
             Ok((tb, _)) => tb.value(tb.outputs[0]).ty.clone(),
-            Err(e) => return Ok(Some(format!("{what} does not type: {e}"))),
+            Err(e) => return Ok(Some(format!("{what} cannot be compiled: {e}"))),
         };
         let fits = ty.dtype().is_some_and(|d| d.is_float())
             && ty.static_shape().is_some_and(|sh| {
@@ -189,7 +195,7 @@ fn expand(g: &mut Graph, n: NodeId, known: &HashMap<ValueId, Value>) -> Result<O
     let modify =
         |g: &mut Graph, x: ValueId, what: &str, m: &Option<Arc<Graph>>| -> Result<ValueId> {
             let Some(m) = m else { return Ok(x) };
-            let y = inline_body(g, &format!("{p}/{what}"), m, &[x])?[0];
+            let y = inline_body(g, budget, &format!("{p}/{what}"), m, &[x])?[0];
             // Rounded to the softmax precision and broadcast to the scores, as the reference.
             let y = cast(g, y, cd, &format!("{p}/{what}_cast"))?;
             let full = add_const(g, &format!("{p}/{what}_shape"), i64s(&[b, hq, l, s]));

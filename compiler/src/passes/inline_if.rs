@@ -12,7 +12,7 @@
 //! Branch values get fresh names (`IFNAME/name`, `IFNAME/then/name`); nested subgraphs are
 //! renamed to follow (see `inline_util`). Shape inference then sees ordinary nodes.
 
-use super::inline_util::{add_node_to, add_op, inline_body, known_flag, typed_body};
+use super::inline_util::{add_node_to, add_op, inline_body, known_flag, typed_body, Budget};
 use crate::error::Result;
 use crate::ir::{Graph, NodeId, Tensor, Value, ValueId, ValueType};
 use std::collections::{BTreeMap, HashMap};
@@ -36,7 +36,11 @@ pub fn node_prefix(g: &Graph, n: NodeId) -> String {
 }
 
 /// Inlines every If whose condition is in `known` (or a constant); returns how many.
-pub fn inline_constant_ifs(g: &mut Graph, known: &HashMap<ValueId, Value>) -> Result<usize> {
+pub fn inline_constant_ifs(
+    g: &mut Graph,
+    budget: &Budget,
+    known: &HashMap<ValueId, Value>,
+) -> Result<usize> {
     let mut done = 0;
     for n in if_nodes(g) {
         let Some(Some(cond)) = g.nodes[n].inputs.first().copied() else {
@@ -61,7 +65,7 @@ pub fn inline_constant_ifs(g: &mut Graph, known: &HashMap<ValueId, Value>) -> Re
         }
         let prefix = node_prefix(g, n);
         let node = g.nodes[n].clone();
-        let outs = inline_body(g, &prefix, &body, &[])?;
+        let outs = inline_body(g, budget, &prefix, &body, &[])?;
         g.remove_node(n);
         for (k, (&bo, &io)) in outs.iter().zip(&node.outputs).enumerate() {
             add_node_to(
@@ -86,12 +90,13 @@ pub fn inline_constant_ifs(g: &mut Graph, known: &HashMap<ValueId, Value>) -> Re
 /// gets, by node label, why each other If is left alone. Returns how many were rewritten.
 pub fn select_runtime_ifs(
     g: &mut Graph,
+    budget: &Budget,
     known: &HashMap<ValueId, Value>,
     refused: &mut BTreeMap<String, String>,
 ) -> Result<usize> {
     let mut done = 0;
     for n in if_nodes(g) {
-        match select_one(g, n, known)? {
+        match select_one(g, budget, n, known)? {
             None => done += 1,
             Some(why) => {
                 refused.insert(g.node_label(n), why);
@@ -105,7 +110,12 @@ pub fn select_runtime_ifs(
 }
 
 /// Rewrites one If into a select; Some(reason) when it cannot (the graph is untouched).
-fn select_one(g: &mut Graph, n: NodeId, known: &HashMap<ValueId, Value>) -> Result<Option<String>> {
+fn select_one(
+    g: &mut Graph,
+    budget: &Budget,
+    n: NodeId,
+    known: &HashMap<ValueId, Value>,
+) -> Result<Option<String>> {
     let node = g.nodes[n].clone();
     let Some(Some(cond)) = node.inputs.first().copied() else {
         return Ok(Some("its condition input is missing".into()));
@@ -130,9 +140,9 @@ fn select_one(g: &mut Graph, n: NodeId, known: &HashMap<ValueId, Value>) -> Resu
     // Both branches must give the same static tensor types.
     let mut types = Vec::new();
     for b in [&then_b, &else_b] {
-        let (tb, _) = match typed_body(g, known, b, &[]) {
+        let (tb, _) = match typed_body(g, budget, known, b, &[]) {
             Ok(x) => x,
-            Err(e) => return Ok(Some(format!("branch `{}` does not type: {e}", b.name))),
+            Err(e) => return Ok(Some(format!("branch `{}` cannot be compiled: {e}", b.name))),
         };
         types.push(
             tb.outputs
@@ -165,8 +175,8 @@ fn select_one(g: &mut Graph, n: NodeId, known: &HashMap<ValueId, Value>) -> Resu
         }
     }
     let prefix = node_prefix(g, n);
-    let then_outs = inline_body(g, &format!("{prefix}/then"), &then_b, &[])?;
-    let else_outs = inline_body(g, &format!("{prefix}/else"), &else_b, &[])?;
+    let then_outs = inline_body(g, budget, &format!("{prefix}/then"), &then_b, &[])?;
+    let else_outs = inline_body(g, budget, &format!("{prefix}/else"), &else_b, &[])?;
     g.remove_node(n);
     let flag = if cond_shape.is_empty() {
         cond

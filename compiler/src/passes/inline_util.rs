@@ -7,8 +7,39 @@ use super::infer_shapes::InferReport;
 use super::util::{new_node, order, rebuild};
 use crate::error::{Error, Result};
 use crate::ir::{Attr, Attrs, Graph, Node, Source, Tensor, Value, ValueId, ValueType};
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::Arc;
+
+/// Node copies the control-flow rewrites of one compile may make in all (typing a body and
+/// inlining it both count), so nested loops cannot grow the graph without bound.
+pub const MAX_COPIED_NODES: usize = 200_000;
+
+/// What is left of [`MAX_COPIED_NODES`] for one compile.
+pub struct Budget(Cell<usize>);
+
+impl Default for Budget {
+    fn default() -> Budget {
+        Budget(Cell::new(MAX_COPIED_NODES))
+    }
+}
+
+impl Budget {
+    /// Takes the copies of `body`'s nodes, or fails saying where.
+    fn spend(&self, body: &Graph, at: &str) -> Result<()> {
+        let n = body.node_count().max(1);
+        let left = self.0.get();
+        if n > left {
+            return Err(Error::Shape(format!(
+                "{at}: inlining and unrolling control flow would copy more than \
+                 {MAX_COPIED_NODES} nodes in all; loops are compiled by unrolling, so only \
+                 short ones are supported"
+            )));
+        }
+        self.0.set(left - n);
+        Ok(())
+    }
+}
 
 /// The opset of the nodes the rewrites add (Unsqueeze and Reshape read their axes and
 /// shapes from inputs there).
@@ -23,6 +54,7 @@ const OPSET: i64 = 21;
 /// a cycle).
 pub fn inline_body(
     g: &mut Graph,
+    budget: &Budget,
     prefix: &str,
     body: &Graph,
     args: &[ValueId],
@@ -35,6 +67,7 @@ pub fn inline_body(
             args.len()
         )));
     }
+    budget.spend(body, prefix)?;
     let body_order = order(body)?;
     for v in body.outer_refs() {
         if g.find(&body.value(v).name).is_none() {
@@ -157,10 +190,12 @@ fn rename_refs(sg: &Graph, renames: &HashMap<String, String>) -> Result<Graph> {
 /// and unrolling the control flow inside it as [`super::infer_and_inline`] does.
 pub fn typed_body(
     g: &Graph,
+    budget: &Budget,
     known: &HashMap<ValueId, Value>,
     body: &Graph,
     inputs: &[(ValueType, Option<Tensor>)],
 ) -> Result<(Graph, InferReport)> {
+    budget.spend(body, &format!("subgraph `{}`", body.name))?;
     let mut b = body.clone();
     for (&v, (ty, val)) in body.inputs.iter().zip(inputs) {
         match val {
@@ -178,7 +213,7 @@ pub fn typed_body(
         }
     }
     // Control flow inside the body (an If on a constant) is resolved in the copy too.
-    let rep = super::infer_and_inline(&mut b)?;
+    let rep = super::infer_and_inline_within(&mut b, budget)?;
     Ok((b, rep))
 }
 

@@ -168,19 +168,25 @@ pub fn optimize(g: &mut Graph, level: u8, verify: bool) -> Result<Vec<PassStat>>
 /// select. The report's `unresolved` lines give, for a node these
 /// rewrites had to leave alone, the reason they did.
 pub fn infer_and_inline(g: &mut Graph) -> Result<InferReport> {
+    infer_and_inline_within(g, &inline_util::Budget::default())
+}
+
+/// [`infer_and_inline`] drawing on a budget of node copies shared with the caller's.
+fn infer_and_inline_within(g: &mut Graph, budget: &inline_util::Budget) -> Result<InferReport> {
     let mut rep = infer_shapes(g)?;
     let mut refused = std::collections::BTreeMap::new();
     loop {
         refused.clear();
-        let mut changed = inline_if::inline_constant_ifs(g, &rep.known)?;
+        let mut changed = inline_if::inline_constant_ifs(g, budget, &rep.known)?;
         if changed == 0 {
-            changed = unroll_loops::unroll_loops(g, &rep.known, &mut refused)?;
+            changed = unroll_loops::unroll_loops(g, budget, &rep.known, &mut refused)?;
         }
         if changed == 0 {
-            changed = expand_flex_attention::expand_flex_attention(g, &rep.known, &mut refused)?;
+            changed =
+                expand_flex_attention::expand_flex_attention(g, budget, &rep.known, &mut refused)?;
         }
         if changed == 0 {
-            changed = inline_if::select_runtime_ifs(g, &rep.known, &mut refused)?;
+            changed = inline_if::select_runtime_ifs(g, budget, &rep.known, &mut refused)?;
         }
         if changed == 0 {
             break;

@@ -17,7 +17,9 @@
 //! [`MAX_UNROLLED_NODES`] nodes per loop.
 
 use super::inline_if::node_prefix;
-use super::inline_util::{add_node_to, add_op, inline_body, known_flag, stack_into, typed_body};
+use super::inline_util::{
+    add_node_to, add_op, inline_body, known_flag, stack_into, typed_body, Budget,
+};
 use super::util::add_const;
 use crate::error::Result;
 use crate::ir::{Attr, DType, Graph, NodeId, Tensor, Value, ValueId, ValueType};
@@ -30,6 +32,7 @@ pub const MAX_UNROLLED_NODES: usize = 20_000;
 /// why each other one is left alone. Returns how many were unrolled.
 pub fn unroll_loops(
     g: &mut Graph,
+    budget: &Budget,
     known: &HashMap<ValueId, Value>,
     refused: &mut BTreeMap<String, String>,
 ) -> Result<usize> {
@@ -44,9 +47,9 @@ pub fn unroll_loops(
     let mut done = 0;
     for n in loops {
         let r = if g.nodes[n].op_type == "Loop" {
-            unroll_loop(g, n, known)?
+            unroll_loop(g, budget, n, known)?
         } else {
-            unroll_scan(g, n, known)?
+            unroll_scan(g, budget, n, known)?
         };
         match r {
             None => done += 1,
@@ -82,6 +85,7 @@ fn static_input(g: &Graph, n: NodeId, i: usize) -> Option<(ValueId, ValueType)> 
 /// Unrolls one Loop; Some(reason) when it cannot (the graph is untouched).
 fn unroll_loop(
     g: &mut Graph,
+    budget: &Budget,
     n: NodeId,
     known: &HashMap<ValueId, Value>,
 ) -> Result<Option<String>> {
@@ -160,11 +164,11 @@ fn unroll_loop(
             (scalar_type(DType::Bool), Some(Tensor::scalar(cond))),
         ];
         ins.extend(state.iter().cloned());
-        let (tb, rep) = match typed_body(g, known, &body, &ins) {
+        let (tb, rep) = match typed_body(g, budget, known, &body, &ins) {
             Ok(x) => x,
             Err(e) => {
                 return Ok(Some(format!(
-                    "its body does not type in iteration {k}: {e}"
+                    "iteration {k} of its body cannot be compiled: {e}"
                 )))
             }
         };
@@ -225,7 +229,7 @@ fn unroll_loop(
         let cv = add_const(g, &format!("{prefix}/iter{k}/cond"), Tensor::scalar(c));
         let mut args = vec![it, cv];
         args.extend(&carried);
-        let outs = inline_body(g, &format!("{prefix}/iter{k}"), &body, &args)?;
+        let outs = inline_body(g, budget, &format!("{prefix}/iter{k}"), &body, &args)?;
         carried = outs[1..1 + n_carried].to_vec();
         for (j, s) in scans.iter_mut().enumerate() {
             s.push(outs[1 + n_carried + j]);
@@ -279,6 +283,7 @@ struct ScanAttrs {
 /// Unrolls one Scan; Some(reason) when it cannot (the graph is untouched).
 fn unroll_scan(
     g: &mut Graph,
+    budget: &Budget,
     n: NodeId,
     known: &HashMap<ValueId, Value>,
 ) -> Result<Option<String>> {
@@ -396,9 +401,9 @@ fn unroll_scan(
         return Ok(Some(too_big(size)));
     }
     // The body's types are the same in every iteration (a Scan has no iteration input).
-    let (tb, _) = match typed_body(g, known, &body, &body_ins) {
+    let (tb, _) = match typed_body(g, budget, known, &body, &body_ins) {
         Ok(x) => x,
-        Err(e) => return Ok(Some(format!("its body does not type: {e}"))),
+        Err(e) => return Ok(Some(format!("its body cannot be compiled: {e}"))),
     };
     for (j, (o, (want, _))) in tb.outputs.iter().zip(&body_ins).take(n_state).enumerate() {
         let ty = &tb.value(*o).ty;
@@ -422,6 +427,7 @@ fn unroll_scan(
     let states: Vec<ValueId> = ins[..n_state].iter().map(|x| x.0).collect();
     let xs: Vec<ValueId> = ins[n_state..].iter().map(|x| x.0).collect();
     let scan = Unroll {
+        budget,
         body: &body,
         attrs: &attrs,
         in_axes: &in_axes,
@@ -480,6 +486,7 @@ fn unroll_scan(
 
 /// What one run of a Scan over its scan axis needs.
 struct Unroll<'a> {
+    budget: &'a Budget,
     body: &'a Graph,
     attrs: &'a ScanAttrs,
     in_axes: &'a [usize],
@@ -516,7 +523,7 @@ impl Unroll<'_> {
                     &[x, idx],
                 )?);
             }
-            let outs = inline_body(g, &p, self.body, &args)?;
+            let outs = inline_body(g, self.budget, &p, self.body, &args)?;
             state = outs[..self.n_state].to_vec();
             for (j, s) in scans.iter_mut().enumerate() {
                 s.push(outs[self.n_state + j]);
@@ -674,5 +681,43 @@ mod tests {
         let ins = random_inputs(&g, 3);
         check_inlined(&mut g, &[ins]);
         assert_eq!(g.value(g.outputs[1]).ty.static_shape(), Some(vec![2, 3]));
+    }
+
+    #[test]
+    fn nested_loops_stop_at_the_copy_budget() {
+        // for 1000 { for 1000 { y += 1 } }: a million copies, refused with the reason.
+        let mut s = Sub::new("inner");
+        s.input("i", DType::I64, &[]);
+        let c = s.input("cond", DType::Bool, &[]);
+        let y = s.input("y", DType::F32, &[2]);
+        let one = s.konst("one", Tensor::scalar(1f32));
+        let y1 = s.node("Add", &[y, one], &[]);
+        let inner = s.finish(&[c, y1]);
+        let mut s = Sub::new("outer");
+        s.input("i", DType::I64, &[]);
+        let c = s.input("cond", DType::Bool, &[]);
+        let y = s.input("y", DType::F32, &[2]);
+        let m = s.konst("m", Tensor::scalar(1000i64));
+        let y1 = s.node("Loop", &[m, c, y], &[("body", inner)]);
+        let outer = s.finish(&[c, y1]);
+        let mut b = Builder::new();
+        let m = b.konst_i64("m", &[], vec![1000]);
+        let t = b.konst_t("t", Tensor::scalar(true));
+        let y = b.input("y", &[2]);
+        let outs = b.node_sub(
+            "Loop",
+            vec![Some(m), Some(t), Some(y)],
+            1,
+            &[("body", outer)],
+        );
+        let mut g = b.finish_untyped(&outs);
+        let t0 = std::time::Instant::now();
+        let why = match crate::passes::infer_and_inline(&mut g) {
+            Ok(rep) => rep.unresolved.join("\n"),
+            Err(e) => e.to_string(),
+        };
+        assert!(why.contains("more than 200000 nodes in all"), "{why}");
+        println!("{why}");
+        assert!(t0.elapsed().as_secs() < 30, "took {:?}", t0.elapsed());
     }
 }
