@@ -1,13 +1,13 @@
 //! FlexAttention (ai.onnx.preview) becomes standard ops, as its ONNX function body
 //! spells it: Q and K scaled by sqrt(scale) each, K and V heads repeated for grouped
-//! queries (Unsqueeze, Expand, Reshape), `Q K^T` (MatMul), a Cast to the softmax
+//! queries (Reshape, Expand, Reshape), `Q K^T` (MatMul), a Cast to the softmax
 //! precision, the `score_mod` subgraph inlined on the scores, Softmax over the last axis,
 //! the `prob_mod` subgraph inlined on the probabilities, then MatMul with V and a Cast
 //! back. Each step then lowers like any other node, and the modifiers, which see whole
 //! score tensors, need no per-element machinery.
 
 use super::inline_if::node_prefix;
-use super::inline_util::{add_node_to, add_op, inline_body, typed_body, Budget};
+use super::inline_util::{add_node_to, add_op, inline_body, reshape, typed_body, Budget};
 use super::util::add_const;
 use crate::error::Result;
 use crate::ir::{Attr, DType, Graph, NodeId, Tensor, Value, ValueId, ValueType};
@@ -15,6 +15,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 const DOMAIN: &str = "ai.onnx.preview";
+
+/// The default-domain opset of the nodes the expansion adds (FlexAttention comes with
+/// opset 26 models; the ops used mean the same at every opset since 13).
+const OPSET: i64 = 21;
 
 /// Expands every FlexAttention whose inputs have static types; `refused` gets, by node
 /// label, why each other one is left alone. Returns how many were expanded.
@@ -149,42 +153,57 @@ fn expand(
         if rep == 1 {
             return Ok(x);
         }
-        let axis = add_const(g, &format!("{p}/{what}_axis"), i64s(&[2]));
-        let u = add_op(
+        let u = reshape(
             g,
+            OPSET,
             &format!("{p}/{what}_unsqueezed"),
-            "Unsqueeze",
-            &[],
-            &[x, axis],
+            x,
+            &[b, hkv, 1, s, d],
         )?;
         let es = add_const(
             g,
             &format!("{p}/{what}_expand_shape"),
             i64s(&[b, hkv, rep, s, d]),
         );
-        let x = add_op(g, &format!("{p}/{what}_expanded"), "Expand", &[], &[u, es])?;
+        let x = add_op(
+            g,
+            OPSET,
+            &format!("{p}/{what}_expanded"),
+            "Expand",
+            &[],
+            &[u, es],
+        )?;
         let rs = add_const(
             g,
             &format!("{p}/{what}_aligned_shape"),
             i64s(&[b, hq, s, d]),
         );
-        add_op(g, &format!("{p}/{what}_aligned"), "Reshape", &[], &[x, rs])
+        add_op(
+            g,
+            OPSET,
+            &format!("{p}/{what}_aligned"),
+            "Reshape",
+            &[],
+            &[x, rs],
+        )
     };
     let ka = align(g, k, "k", e)?;
     let va = align(g, v, "v", ev)?;
-    let qsc = add_op(g, &format!("{p}/q_scaled"), "Mul", &[], &[q, ss])?;
-    let ksc = add_op(g, &format!("{p}/k_scaled"), "Mul", &[], &[ka, ss])?;
+    let qsc = add_op(g, OPSET, &format!("{p}/q_scaled"), "Mul", &[], &[q, ss])?;
+    let ksc = add_op(g, OPSET, &format!("{p}/k_scaled"), "Mul", &[], &[ka, ss])?;
     let kt = add_op(
         g,
+        OPSET,
         &format!("{p}/k_transposed"),
         "Transpose",
         &[("perm", Attr::Ints(vec![0, 1, 3, 2]))],
         &[ksc],
     )?;
-    let score = add_op(g, &format!("{p}/score"), "MatMul", &[], &[qsc, kt])?;
+    let score = add_op(g, OPSET, &format!("{p}/score"), "MatMul", &[], &[qsc, kt])?;
     let cast = |g: &mut Graph, x: ValueId, to: DType, name: &str| -> Result<ValueId> {
         add_op(
             g,
+            OPSET,
             name,
             "Cast",
             &[("to", Attr::Int(to.onnx_code() as i64))],
@@ -201,6 +220,7 @@ fn expand(
             let full = add_const(g, &format!("{p}/{what}_shape"), i64s(&[b, hq, l, s]));
             add_op(
                 g,
+                OPSET,
                 &format!("{p}/{what}_expanded"),
                 "Expand",
                 &[],
@@ -210,6 +230,7 @@ fn expand(
     score = modify(g, score, "score_mod", &score_mod)?;
     let prob = add_op(
         g,
+        OPSET,
         &format!("{p}/prob"),
         "Softmax",
         &[("axis", Attr::Int(3))],
@@ -217,10 +238,11 @@ fn expand(
     )?;
     let prob = modify(g, prob, "prob_mod", &prob_mod)?;
     let vc = cast(g, va, cd, &format!("{p}/v_cast"))?;
-    let y = add_op(g, &format!("{p}/y"), "MatMul", &[], &[prob, vc])?;
+    let y = add_op(g, OPSET, &format!("{p}/y"), "MatMul", &[], &[prob, vc])?;
     g.remove_node(n);
     add_node_to(
         g,
+        OPSET,
         format!("{p}/output"),
         "Cast",
         &[("to", Attr::Int(dt.onnx_code() as i64))],

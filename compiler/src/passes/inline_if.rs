@@ -70,6 +70,7 @@ pub fn inline_constant_ifs(
         for (k, (&bo, &io)) in outs.iter().zip(&node.outputs).enumerate() {
             add_node_to(
                 g,
+                node.opset,
                 format!("{prefix}/output{k}"),
                 "Identity",
                 &[],
@@ -188,6 +189,7 @@ fn select_one(
         );
         add_op(
             g,
+            node.opset,
             &format!("{prefix}/cond"),
             "Reshape",
             &[],
@@ -202,6 +204,7 @@ fn select_one(
     {
         add_node_to(
             g,
+            node.opset,
             format!("{prefix}/select{k}"),
             "Where",
             &[],

@@ -41,10 +41,6 @@ impl Budget {
     }
 }
 
-/// The opset of the nodes the rewrites add (Unsqueeze and Reshape read their axes and
-/// shapes from inputs there).
-const OPSET: i64 = 21;
-
 /// Copies `body`'s nodes into `g`. Every body value gets a fresh name `prefix/name`;
 /// body input k is `args[k]`; values the body reads from enclosing scopes are `g`'s
 /// values of the same name, and nested subgraphs (an If inside a Loop body) are renamed
@@ -225,9 +221,13 @@ pub fn known_flag(known: &HashMap<ValueId, Value>, v: ValueId) -> Option<bool> {
     }
 }
 
-/// Adds a node of the default domain writing the existing values `outputs`.
+/// Adds a node of the default domain writing the existing values `outputs`. The rewrites
+/// add nodes at the opset of the node they replace and only ops whose meaning is the same
+/// at every opset they use (no Unsqueeze, whose axes moved to an input), so the graph
+/// written back as ONNX stays valid under the model's opset imports.
 pub fn add_node_to(
     g: &mut Graph,
+    opset: i64,
     name: String,
     op: &str,
     attrs: &[(&str, Attr)],
@@ -238,15 +238,16 @@ pub fn add_node_to(
     for (k, v) in attrs {
         a.0.insert(k.to_string(), v.clone());
     }
-    let node = new_node(name, op, a, OPSET, inputs, outputs)?;
+    let node = new_node(name, op, a, opset, inputs, outputs)?;
     g.add_node(node);
     Ok(())
 }
 
-/// Adds a one-output node of the default domain; its output is a new value named after
-/// the node (typed later by shape inference).
+/// Adds a one-output node of the default domain (see [`add_node_to`]); its output is a
+/// new value named after the node (typed later by shape inference).
 pub fn add_op(
     g: &mut Graph,
+    opset: i64,
     name: &str,
     op: &str,
     attrs: &[(&str, Attr)],
@@ -256,6 +257,7 @@ pub fn add_op(
     let out = g.add_value(out, ValueType::Unknown, Source::Undefined);
     add_node_to(
         g,
+        opset,
         name.to_string(),
         op,
         attrs,
@@ -265,35 +267,54 @@ pub fn add_op(
     Ok(out)
 }
 
-/// Writes `items` stacked along a new axis `axis` (Unsqueeze each, then Concat) into the
-/// existing value `out`.
+/// A Reshape of `x` to the constant shape `shape`.
+pub fn reshape(
+    g: &mut Graph,
+    opset: i64,
+    name: &str,
+    x: ValueId,
+    shape: &[usize],
+) -> Result<ValueId> {
+    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    let s = super::util::add_const(
+        g,
+        &format!("{name}/shape"),
+        Tensor::from_vec(&[dims.len()], dims),
+    );
+    add_op(g, opset, name, "Reshape", &[], &[x, s])
+}
+
+/// Writes `items`, each of shape `item`, stacked along a new axis `axis` (in
+/// `-(rank+1)..=rank`) into the existing value `out`: each reshaped with a 1 there, then
+/// concatenated.
 pub fn stack_into(
     g: &mut Graph,
+    opset: i64,
     prefix: &str,
     items: &[ValueId],
+    item: &[usize],
     axis: i64,
     out: ValueId,
 ) -> Result<()> {
-    let axes = super::util::add_const(
-        g,
-        &format!("{prefix}/axes"),
-        Tensor::from_vec(&[1], vec![axis]),
-    );
+    let r = item.len() as i64;
+    let a = if axis < 0 { axis + r + 1 } else { axis };
+    if !(0..=r).contains(&a) {
+        return Err(Error::model(format!(
+            "{prefix}: axis {axis} is out of range to stack values of rank {r}"
+        )));
+    }
+    let mut shape = item.to_vec();
+    shape.insert(a as usize, 1);
     let mut parts = Vec::with_capacity(items.len());
     for (k, &v) in items.iter().enumerate() {
-        parts.push(add_op(
-            g,
-            &format!("{prefix}/unsqueeze{k}"),
-            "Unsqueeze",
-            &[],
-            &[v, axes],
-        )?);
+        parts.push(reshape(g, opset, &format!("{prefix}/item{k}"), v, &shape)?);
     }
     add_node_to(
         g,
+        opset,
         format!("{prefix}/concat"),
         "Concat",
-        &[("axis", Attr::Int(axis))],
+        &[("axis", Attr::Int(a))],
         parts.into_iter().map(Some).collect(),
         vec![out],
     )

@@ -1,7 +1,7 @@
 //! Loop and Scan nodes whose trip counts are known at compile time are unrolled: the
 //! body's nodes are copied once per iteration (`LOOPNAME/iterK/name`), loop-carried
 //! values flow from one copy to the next, and the per-iteration scan outputs are stacked
-//! with Unsqueeze + Concat.
+//! with Reshape + Concat.
 //!
 //! - A Loop's trip count follows from its `M` input and its condition input, which must be
 //!   known at compile time, and from the condition the body computes each iteration,
@@ -239,6 +239,7 @@ fn unroll_loop(
     for (j, &o) in node.outputs.iter().enumerate().take(n_carried) {
         add_node_to(
             g,
+            node.opset,
             format!("{prefix}/output{j}"),
             "Identity",
             &[],
@@ -258,6 +259,7 @@ fn unroll_loop(
             let e = add_const(g, &format!("{prefix}/empty{j}"), Tensor::zeros(dt, &[0]));
             add_node_to(
                 g,
+                node.opset,
                 format!("{prefix}/output{j}"),
                 "Identity",
                 &[],
@@ -265,7 +267,19 @@ fn unroll_loop(
                 vec![o],
             )?;
         } else {
-            stack_into(g, &format!("{prefix}/scan{}", j - n_carried), items, 0, o)?;
+            let item = scan_types
+                .as_ref()
+                .and_then(|t| t[j - n_carried].static_shape())
+                .expect("typed in every iteration");
+            stack_into(
+                g,
+                node.opset,
+                &format!("{prefix}/scan{}", j - n_carried),
+                items,
+                &item,
+                0,
+                o,
+            )?;
         }
     }
     Ok(None)
@@ -414,13 +428,33 @@ fn unroll_scan(
             )));
         }
     }
+    let mut items = Vec::new();
     for &o in &tb.outputs[n_state..] {
         let ty = &tb.value(o).ty;
-        if !ty.is_static() {
-            return Ok(Some(format!(
-                "a scan output of its body has no static type ({ty})"
-            )));
+        match ty.static_shape() {
+            Some(s) if ty.is_static() => items.push(s),
+            _ => {
+                return Ok(Some(format!(
+                    "a scan output of its body has no static type ({ty})"
+                )))
+            }
         }
+    }
+    // The shapes of one run's results: the states, then the stacked scan outputs.
+    let mut run_shapes: Vec<Vec<usize>> = body_ins[..n_state]
+        .iter()
+        .map(|(t, _)| t.static_shape().expect("static"))
+        .collect();
+    for (j, item) in items.iter().enumerate() {
+        let r = item.len() as i64;
+        let a = attrs.out_axes.get(j).copied().unwrap_or(0);
+        let a = if a < 0 { a + r + 1 } else { a };
+        if !(0..=r).contains(&a) {
+            return Ok(Some(format!("scan output axis {a} is out of range")));
+        }
+        let mut sh = item.clone();
+        sh.insert(a as usize, len);
+        run_shapes.push(sh);
     }
     // Unroll.
     let prefix = node_prefix(g, n);
@@ -428,6 +462,8 @@ fn unroll_scan(
     let xs: Vec<ValueId> = ins[n_state..].iter().map(|x| x.0).collect();
     let scan = Unroll {
         budget,
+        opset: node.opset,
+        items: &items,
         body: &body,
         attrs: &attrs,
         in_axes: &in_axes,
@@ -441,6 +477,7 @@ fn unroll_scan(
         for (k, (&o, &v)) in node.outputs.iter().zip(&outs).enumerate() {
             add_node_to(
                 g,
+                node.opset,
                 format!("{prefix}/output{k}"),
                 "Identity",
                 &[],
@@ -458,6 +495,7 @@ fn unroll_scan(
         let take = |g: &mut Graph, k: usize, v: ValueId| {
             add_op(
                 g,
+                node.opset,
                 &format!("{p}/entry{k}"),
                 "Gather",
                 &[("axis", Attr::Int(0))],
@@ -479,7 +517,15 @@ fn unroll_scan(
     }
     g.remove_node(n);
     for (k, &o) in node.outputs.iter().enumerate() {
-        stack_into(g, &format!("{prefix}/output{k}"), &per_out[k], 0, o)?;
+        stack_into(
+            g,
+            node.opset,
+            &format!("{prefix}/output{k}"),
+            &per_out[k],
+            &run_shapes[k],
+            0,
+            o,
+        )?;
     }
     Ok(None)
 }
@@ -487,6 +533,9 @@ fn unroll_scan(
 /// What one run of a Scan over its scan axis needs.
 struct Unroll<'a> {
     budget: &'a Budget,
+    opset: i64,
+    /// The shape of each scan output of one iteration.
+    items: &'a [Vec<usize>],
     body: &'a Graph,
     attrs: &'a ScanAttrs,
     in_axes: &'a [usize],
@@ -517,6 +566,7 @@ impl Unroll<'_> {
                 let axis = Attr::Int(self.in_axes[j] as i64);
                 args.push(add_op(
                     g,
+                    self.opset,
                     &format!("{p}/slice{j}"),
                     "Gather",
                     &[("axis", axis)],
@@ -544,6 +594,7 @@ impl Unroll<'_> {
                 let e = add_const(g, &format!("{p}/empty"), Tensor::zeros(dt, &[0]));
                 add_node_to(
                     g,
+                    self.opset,
                     format!("{p}/output"),
                     "Identity",
                     &[],
@@ -555,7 +606,7 @@ impl Unroll<'_> {
                     items.reverse();
                 }
                 let axis = self.attrs.out_axes.get(j).copied().unwrap_or(0);
-                stack_into(g, &p, &items, axis, out)?;
+                stack_into(g, self.opset, &p, &items, &self.items[j], axis, out)?;
             }
             result.push(out);
         }
