@@ -69,11 +69,8 @@ pub fn prepare(g: &mut Graph, opts: &Options) -> Result<HashMap<ValueId, crate::
     bind_constants(g, &opts.constants)?;
     passes::bind_input_shapes(g, &opts.shapes)?;
     passes::check_static_inputs(g)?;
-    let mut rep = passes::infer_shapes(g)?;
-    // If nodes with a known condition become their taken branch; infer again.
-    while passes::inline_if::inline_constant_ifs(g, &rep.known) > 0 {
-        rep = passes::infer_shapes(g)?;
-    }
+    // Control flow becomes ordinary nodes where it can (inlined Ifs, unrolled loops).
+    let rep = passes::infer_and_inline(g)?;
     if !rep.unresolved.is_empty() {
         return Err(Error::Shape(format!(
             "these values have no static shape, so the model cannot be compiled:\n  {}",

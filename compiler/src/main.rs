@@ -267,7 +267,12 @@ fn real_main(cli: Cli) -> Result<()> {
                 .map(|s| parse_shape(s))
                 .collect::<Result<Vec<_>>>()?;
             passes::bind_input_shapes(&mut m.graph, &binds)?;
-            let rep = passes::infer_shapes(&mut m.graph)?;
+            let mut rep = passes::infer_shapes(&mut m.graph)?;
+            // What stays unresolved once control flow is inlined and unrolled, as a
+            // compile does it (the report describes the model as written).
+            if let Ok(r) = passes::infer_and_inline(&mut m.graph.clone()) {
+                rep.unresolved = r.unresolved;
+            }
             print!(
                 "{}",
                 inspect::report(

@@ -84,6 +84,16 @@ impl Graph {
         self.by_name.get(name).copied()
     }
 
+    /// Gives value `id` a new name (unique within the graph: the caller checks).
+    pub fn rename_value(&mut self, id: ValueId, name: impl Into<String>) {
+        let name = name.into();
+        let old = std::mem::replace(&mut self.values[id].name, name.clone());
+        if self.by_name.get(&old) == Some(&id) {
+            self.by_name.remove(&old);
+        }
+        self.by_name.insert(name, id);
+    }
+
     /// Adds a value; names must be unique within a graph (the caller checks).
     pub fn add_value(&mut self, name: impl Into<String>, ty: ValueType, source: Source) -> ValueId {
         let name = name.into();

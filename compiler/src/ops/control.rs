@@ -137,6 +137,12 @@ impl Op for Loop {
         Ok(result)
     }
 
+    /// The trip count and the condition decide how many iterations run, so the shapes
+    /// of the scan outputs.
+    fn shape_inputs(&self) -> &'static [usize] {
+        &[0, 1]
+    }
+
     fn subgraphs(&self) -> Vec<&Graph> {
         vec![&self.body]
     }

@@ -371,6 +371,63 @@ fn tfidf(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     out(Tensor::from_f64(DType::F32, shaped(&oshape, y)?, false))
 }
 
+/// The n-grams TfIdfVectorizer counts, each with its output slot, as the reference's
+/// trie keeps them: every pool n-gram whose length is in [min_gram_length,
+/// max_gram_length]; an n-gram listed twice counts once, in the slot of its last listing.
+fn tfidf_grams(ctx: &OpCtx) -> OpResult<Vec<(Vec<Key>, usize)>> {
+    let a = &ctx.attrs;
+    let (min_n, max_n) = (a.req_int("min_gram_length")?, a.req_int("max_gram_length")?);
+    let counts = a.req_ints("ngram_counts")?;
+    let indexes = a.req_ints("ngram_indexes")?;
+    let pool: Vec<Key> = match a.get_ints("pool_int64s")? {
+        Some(v) => v.into_iter().map(Key::I).collect(),
+        None => a
+            .strings("pool_strings", vec![])?
+            .into_iter()
+            .map(Key::S)
+            .collect(),
+    };
+    let mut slot: HashMap<Vec<Key>, usize> = HashMap::new();
+    let mut order = Vec::new();
+    let mut next_id = 1usize;
+    for (i, &start) in counts.iter().enumerate() {
+        let n = i + 1;
+        ensure!(start >= 0, "TfIdfVectorizer: negative ngram count");
+        let start = start as usize;
+        let end = match counts.get(i + 1) {
+            Some(&e) => e.max(0) as usize,
+            None => pool.len(),
+        };
+        ensure!(
+            start <= end && end <= pool.len(),
+            "TfIdfVectorizer: ngram_counts out of range"
+        );
+        for g in 0..(end - start) / n {
+            let id = next_id;
+            next_id += 1;
+            if (n as i64) < min_n || (n as i64) > max_n {
+                continue;
+            }
+            let idx = indexes
+                .get(id - 1)
+                .copied()
+                .ok_or_else(|| OpError::new("TfIdfVectorizer: fewer ngram_indexes than n-grams"))?;
+            ensure!(idx >= 0, "TfIdfVectorizer: negative ngram index");
+            let items = pool[start + g * n..start + (g + 1) * n].to_vec();
+            if slot.insert(items.clone(), idx as usize).is_none() {
+                order.push(items);
+            }
+        }
+    }
+    Ok(order
+        .into_iter()
+        .map(|items| {
+            let s = slot[&items];
+            (items, s)
+        })
+        .collect())
+}
+
 // ---------------------------------------------------------------- random
 
 use super::rng::Mt;
@@ -622,7 +679,7 @@ fn adagrad(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
 mod lower {
     use super::TRAINING;
     use crate::ensure;
-    use crate::ir::OpResult;
+    use crate::ir::{OpResult, Tensor};
     use crate::kir::build::*;
     use crate::kir::{BinOp, CmpOp, Expr, MathFn, Stmt, Ty, UnOp};
     use crate::ops::lowering::LowerCtx;
@@ -824,12 +881,185 @@ mod lower {
         })
     }
 
+    /// TfIdfVectorizer on integer tokens: per row, every n-gram of the pool is compared
+    /// at every start and skip (tables of the n-grams of each length, compile-time
+    /// loops), its matches counted into the output slot, then the counts weighted.
+    fn tfidf(lw: &mut LowerCtx) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let y = lw.outputs[0].clone();
+        let a = &lw.op.attrs;
+        let mode = a.string("mode", "TF".into())?;
+        let (min_n, max_n) = (a.req_int("min_gram_length")?, a.req_int("max_gram_length")?);
+        let max_skip = a.req_int("max_skip_count")?;
+        ensure!(
+            min_n >= 1 && max_n >= min_n && max_skip >= 0,
+            "TfIdfVectorizer: bad gram lengths or skip count"
+        );
+        let weights = a.floats("weights", vec![])?;
+        ensure!(!x.ty().is_float(), "TfIdfVectorizer: integer tokens");
+        let (rows, c) = match x.shape.len() {
+            0 => (1, 1),
+            1 => (1, x.shape[0]),
+            2 => (x.shape[0], x.shape[1]),
+            _ => crate::bail!("TfIdfVectorizer: input must be [C] or [B, C]"),
+        };
+        let out = y.len().checked_div(rows).unwrap_or(0);
+        ensure!(out * rows == y.len(), "TfIdfVectorizer: output size");
+        ensure!(
+            weights.is_empty() || weights.len() >= out,
+            "TfIdfVectorizer: too few weights"
+        );
+        // The n-grams by length: token tables and output slots.
+        let mut by_len: std::collections::BTreeMap<usize, (Vec<i64>, Vec<i64>)> =
+            Default::default();
+        for (items, slot) in super::tfidf_grams(lw.op)? {
+            let mut toks = Vec::with_capacity(items.len());
+            for k in &items {
+                match k {
+                    super::Key::I(t) => toks.push(*t),
+                    super::Key::S(_) => {
+                        return Err(crate::ir::OpError::unsupported(
+                            "TfIdfVectorizer on strings is not compiled",
+                        ))
+                    }
+                }
+            }
+            ensure!(slot < out, "TfIdfVectorizer: ngram index out of range");
+            let e = by_len.entry(items.len()).or_default();
+            e.0.extend(toks);
+            e.1.push(slot as i64);
+        }
+        let mut k = lw.kernel("");
+        let (r, o, sk, s, gi) = (
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+        );
+        let yidx = |slot: Expr| add(mul(v(r), Expr::Int(out as i64)), slot);
+        let mut row = vec![Stmt::For {
+            var: o,
+            extent: out as u64,
+            body: vec![Stmt::Store {
+                buf: y.buf,
+                index: yidx(v(o)),
+                value: Expr::f(0.0, Ty::F32),
+            }],
+        }];
+        for (&n, (toks, slots)) in &by_len {
+            let pool = lw.constant(
+                &format!("pool{n}"),
+                &Tensor::from_vec(&[toks.len()], toks.clone()),
+            )?;
+            let slot = lw.constant(
+                &format!("slots{n}"),
+                &Tensor::from_vec(&[slots.len()], slots.clone()),
+            )?;
+            // Unigrams are counted once (skip 1), longer n-grams at every skip.
+            let skips = if n == 1 { 1 } else { max_skip as u64 + 1 };
+            let skip = add(v(sk), Expr::Int(1));
+            let mut hit: Option<Expr> = None;
+            for j in 0..n {
+                let at = add(
+                    add(mul(v(r), Expr::Int(c as i64)), v(s)),
+                    mul(skip.clone(), Expr::Int(j as i64)),
+                );
+                let tok = Expr::cast(Ty::I64, Expr::load(x.buf, at));
+                let want = Expr::load(
+                    pool,
+                    add(mul(v(gi), Expr::Int(n as i64)), Expr::Int(j as i64)),
+                );
+                let eq = Expr::cmp(CmpOp::Eq, tok, want);
+                hit = Some(match hit {
+                    None => eq,
+                    Some(h) => Expr::bin(BinOp::And, h, eq),
+                });
+            }
+            let dst = yidx(Expr::load(slot, v(gi)));
+            let count = Stmt::If {
+                cond: hit.expect("n >= 1"),
+                then: vec![Stmt::Store {
+                    buf: y.buf,
+                    index: dst.clone(),
+                    value: add(Expr::load(y.buf, dst), Expr::f(1.0, Ty::F32)),
+                }],
+                els: vec![],
+            };
+            let grams = vec![Stmt::For {
+                var: gi,
+                extent: slots.len() as u64,
+                body: vec![count],
+            }];
+            // The last token of the n-gram must lie inside the row.
+            let last = add(v(s), mul(skip, Expr::Int(n as i64 - 1)));
+            let starts = vec![Stmt::For {
+                var: s,
+                extent: c as u64,
+                body: vec![Stmt::If {
+                    cond: Expr::cmp(CmpOp::Lt, last, Expr::Int(c as i64)),
+                    then: grams,
+                    els: vec![],
+                }],
+            }];
+            row.push(Stmt::For {
+                var: sk,
+                extent: skips,
+                body: starts,
+            });
+        }
+        // Weighting.
+        let cnt = k.var(Ty::F64);
+        let w = if weights.is_empty() {
+            None
+        } else {
+            let w: Vec<f64> = weights[..out].iter().map(|&w| w as f64).collect();
+            Some(Expr::load(
+                lw.constant("weights", &Tensor::from_vec(&[out], w))?,
+                v(o),
+            ))
+        };
+        let value = match (mode.as_str(), w) {
+            ("TF", _) | ("TFIDF", None) => v(cnt),
+            ("IDF", w) => Expr::select(
+                Expr::cmp(CmpOp::Gt, v(cnt), f(0.0)),
+                w.unwrap_or(f(1.0)),
+                f(0.0),
+            ),
+            ("TFIDF", Some(w)) => mul(w, v(cnt)),
+            (m, _) => crate::bail!("TfIdfVectorizer: unknown mode {m:?}"),
+        };
+        row.push(Stmt::For {
+            var: o,
+            extent: out as u64,
+            body: vec![
+                Stmt::Set {
+                    var: cnt,
+                    value: Expr::cast(Ty::F64, Expr::load(y.buf, yidx(v(o)))),
+                },
+                Stmt::Store {
+                    buf: y.buf,
+                    index: yidx(v(o)),
+                    value: Expr::cast(Ty::F32, value),
+                },
+            ],
+        });
+        k.body = vec![Stmt::For {
+            var: r,
+            extent: rows as u64,
+            body: row,
+        }];
+        lw.push(k);
+        Ok(())
+    }
+
     /// Registers a lowering of the training domain.
     fn training(r: &mut Registry, op: &str, l: Lowering) {
         r.lower_in(TRAINING, op, l);
     }
 
     pub fn register(r: &mut Registry) {
+        r.lower("TfIdfVectorizer", Lowering::Custom(tfidf));
         training(r, "Momentum", Lowering::Custom(momentum));
         training(r, "Adam", Lowering::Custom(adam));
         training(r, "Adagrad", Lowering::Custom(adagrad));

@@ -607,9 +607,9 @@ impl F32Plan {
 mod lower {
     use super::{norm_axis, scalar_i64};
     use crate::ensure;
-    use crate::ir::{DType, OpError, OpResult, Tensor};
+    use crate::ir::{DType, OpResult, Tensor};
     use crate::kir::build::*;
-    use crate::kir::{BinOp, CmpOp, Expr, Stmt, Ty};
+    use crate::kir::{BinOp, BufId, BufKind, CmpOp, Expr, Kernel, Stmt, Ty, UnOp};
     use crate::ops::lowering::LowerCtx;
     use crate::ops::{Lowering, Registry};
 
@@ -792,14 +792,16 @@ mod lower {
         };
         ensure!(n >= 1, "dft_length must be positive");
         let irfft = inverse && onesided;
-        if inverse
-            && !onesided
-            && matches!(x.dtype, DType::F32 | DType::F16)
-            && super::F32Plan::new(n).is_some()
-        {
-            return Err(OpError::unsupported(
-                "inverse float32 DFT rounds like pocketfft in single precision",
-            ));
+        if inverse && !onesided && matches!(x.dtype, DType::F32 | DType::F16) {
+            if let Some(plan) = super::F32Plan::new(n) {
+                let lanes = Lanes {
+                    outer: x.shape[..ax].iter().product(),
+                    inner: x.shape[ax + 1..rank - 1].iter().product(),
+                    len,
+                    cdim,
+                };
+                return ifft_f32(lw, &plan, &lanes);
+            }
         }
         let (keep, m, ocd) = if irfft {
             (n, n, 1)
@@ -950,6 +952,337 @@ mod lower {
             outer,
             vec![for_(kk, keep, vec![for_(b, inner, body)])],
         )];
+        lw.push(k);
+        Ok(())
+    }
+
+    /// The lanes a DFT runs along: `outer` x `len` x `inner` x `cdim` (1 real, 2 complex).
+    struct Lanes {
+        outer: usize,
+        inner: usize,
+        len: usize,
+        cdim: usize,
+    }
+
+    /// An f32 complex value as two expressions.
+    #[derive(Clone)]
+    struct Cx {
+        r: Expr,
+        i: Expr,
+    }
+
+    fn f32c(x: f32) -> Expr {
+        Expr::f(x as f64, Ty::F32)
+    }
+
+    impl Cx {
+        fn add(&self, o: &Cx) -> Cx {
+            Cx {
+                r: add(self.r.clone(), o.r.clone()),
+                i: add(self.i.clone(), o.i.clone()),
+            }
+        }
+        fn sub(&self, o: &Cx) -> Cx {
+            Cx {
+                r: sub(self.r.clone(), o.r.clone()),
+                i: sub(self.i.clone(), o.i.clone()),
+            }
+        }
+        fn scale(&self, f: f32) -> Cx {
+            Cx {
+                r: mul(self.r.clone(), f32c(f)),
+                i: mul(self.i.clone(), f32c(f)),
+            }
+        }
+        /// Multiplication by `w` (pocketfft's `special_mul<true>`).
+        fn twiddle(&self, w: &Cx) -> Cx {
+            Cx {
+                r: sub(
+                    mul(self.r.clone(), w.r.clone()),
+                    mul(self.i.clone(), w.i.clone()),
+                ),
+                i: add(
+                    mul(self.r.clone(), w.i.clone()),
+                    mul(self.i.clone(), w.r.clone()),
+                ),
+            }
+        }
+        /// Multiplication by +i.
+        fn rot90(&self) -> Cx {
+            Cx {
+                r: Expr::un(UnOp::Neg, self.i.clone()),
+                i: self.r.clone(),
+            }
+        }
+    }
+
+    /// Straight-line f32 code of one radix step: intermediates bound to variables, as the
+    /// reference binds them, so every operation rounds once in the same order.
+    struct Step<'a> {
+        k: &'a mut Kernel,
+        body: Vec<Stmt>,
+    }
+
+    impl Step<'_> {
+        fn bind(&mut self, c: Cx) -> Cx {
+            let (r, i) = (self.k.var(Ty::F32), self.k.var(Ty::F32));
+            self.body.push(set(r, c.r));
+            self.body.push(set(i, c.i));
+            Cx { r: v(r), i: v(i) }
+        }
+    }
+
+    /// `buf[2 * at]`, `buf[2 * at + 1]` as a complex value.
+    fn load_cx(buf: BufId, at: Expr) -> Cx {
+        let at = mul(at, Expr::Int(2));
+        Cx {
+            r: Expr::load(buf, at.clone()),
+            i: Expr::load(buf, add(at, Expr::Int(1))),
+        }
+    }
+
+    fn store_cx(buf: BufId, at: Expr, c: Cx) -> Vec<Stmt> {
+        let at = mul(at, Expr::Int(2));
+        vec![
+            Stmt::Store {
+                buf,
+                index: at.clone(),
+                value: c.r,
+            },
+            Stmt::Store {
+                buf,
+                index: add(at, Expr::Int(1)),
+                value: c.i,
+            },
+        ]
+    }
+
+    /// Inverse complex DFT of float32 (or float16) lanes with the reference's
+    /// reproduction of pocketfft in single precision ([`super::F32Plan`]): per lane, the
+    /// signal is copied into an f32 scratch, each radix pass (4, 2, 3, 5 as the plan
+    /// factors the length) runs as loops over its `l1 x ido` butterflies into a second
+    /// scratch, and the result is scaled by 1/n in f32. The same operations in the same
+    /// order round the same way, so the output equals numpy's `ifft` on complex64 bit for
+    /// bit, which the expected outputs need near zero.
+    fn ifft_f32(lw: &mut LowerCtx, plan: &super::F32Plan, l: &Lanes) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let y = lw.outputs[0].clone();
+        let n = plan.n;
+        ensure!(y.len() == l.outer * n * l.inner * 2, "DFT output size");
+        let tw: Vec<f32> = plan.twiddle.iter().flat_map(|c| [c.r, c.i]).collect();
+        let twb = lw.constant("twiddle", &Tensor::from_vec(&[2 * n], tw))?;
+        let bufs = [
+            lw.program.add_buffer(
+                format!("{}/fft_a", lw.name),
+                BufKind::Arena { offset: 0 },
+                Ty::F32,
+                2 * n as u64,
+            ),
+            lw.program.add_buffer(
+                format!("{}/fft_b", lw.name),
+                BufKind::Arena { offset: 0 },
+                Ty::F32,
+                2 * n as u64,
+            ),
+        ];
+        let mut k = lw.kernel("");
+        let (a, b, j) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+        let xt = x.ty().compute();
+        // The lane, zero-padded or truncated to n, as f32.
+        let xidx = |jj: Expr, comp: usize| -> Expr {
+            add(
+                mul(
+                    add(mul(add(mul(v(a), int(l.len)), jj), int(l.inner)), v(b)),
+                    int(l.cdim),
+                ),
+                int(comp),
+            )
+        };
+        let to32 = |e: Expr| {
+            if xt == Ty::F32 {
+                e
+            } else {
+                Expr::cast(Ty::F32, e)
+            }
+        };
+        let m = l.len.min(n);
+        let mut lane = vec![for_(
+            j,
+            m,
+            store_cx(
+                bufs[0],
+                v(j),
+                Cx {
+                    r: to32(Expr::load(x.buf, xidx(v(j), 0))),
+                    i: if l.cdim == 2 {
+                        to32(Expr::load(x.buf, xidx(v(j), 1)))
+                    } else {
+                        f32c(0.0)
+                    },
+                },
+            ),
+        )];
+        if m < n {
+            lane.push(for_(
+                j,
+                n - m,
+                store_cx(
+                    bufs[0],
+                    add(v(j), int(m)),
+                    Cx {
+                        r: f32c(0.0),
+                        i: f32c(0.0),
+                    },
+                ),
+            ));
+        }
+        let (kv, iv) = (k.var(Ty::I64), k.var(Ty::I64));
+        let mut l1 = 1;
+        let mut cur = 0;
+        for &ip in &plan.factors {
+            let ido = n / (l1 * ip);
+            let (src, dst) = (bufs[cur], bufs[1 - cur]);
+            let cc = |bb: usize| {
+                load_cx(
+                    src,
+                    add(v(iv), mul(int(ido), add(int(bb), mul(int(ip), v(kv))))),
+                )
+            };
+            let ch = |bb: usize| add(v(iv), mul(int(ido), add(v(kv), int(l1 * bb))));
+            let wa = |xx: usize| load_cx(twb, mul(v(iv), int((xx + 1) * l1)));
+            let mut st = Step {
+                k: &mut k,
+                body: Vec::new(),
+            };
+            // Outputs (slot, value) stored as they are, then those multiplied by a
+            // twiddle when i > 0: (slot, value, twiddle index).
+            let mut plain: Vec<(usize, Cx)> = Vec::new();
+            let mut twisted: Vec<(usize, Cx, usize)> = Vec::new();
+            match ip {
+                2 => {
+                    let (c0, c1) = (st.bind(cc(0)), st.bind(cc(1)));
+                    plain.push((0, c0.add(&c1)));
+                    let d = st.bind(c0.sub(&c1));
+                    twisted.push((1, d, 0));
+                }
+                3 => {
+                    let tw1r = -0.5f32;
+                    let tw1i = 0.866_025_403_784_438_6_f64 as f32;
+                    let t0 = st.bind(cc(0));
+                    let (c1, c2) = (st.bind(cc(1)), st.bind(cc(2)));
+                    let t1 = st.bind(c1.add(&c2));
+                    let t2 = st.bind(c1.sub(&c2));
+                    plain.push((0, t0.add(&t1)));
+                    let ca = st.bind(t0.add(&t1.scale(tw1r)));
+                    let cb = st.bind(t2.scale(tw1i).rot90());
+                    twisted.push((1, st.bind(ca.add(&cb)), 0));
+                    twisted.push((2, st.bind(ca.sub(&cb)), 1));
+                }
+                4 => {
+                    let c: Vec<Cx> = (0..4).map(|q| st.bind(cc(q))).collect();
+                    let t2 = st.bind(c[0].add(&c[2]));
+                    let t1 = st.bind(c[0].sub(&c[2]));
+                    let t3 = st.bind(c[1].add(&c[3]));
+                    let t4 = st.bind(c[1].sub(&c[3]).rot90());
+                    plain.push((0, t2.add(&t3)));
+                    twisted.push((1, st.bind(t1.add(&t4)), 0));
+                    twisted.push((2, st.bind(t2.sub(&t3)), 1));
+                    twisted.push((3, st.bind(t1.sub(&t4)), 2));
+                }
+                _ => {
+                    // ip == 5
+                    let tw1r = 0.309_016_994_374_947_4_f64 as f32;
+                    let tw1i = 0.951_056_516_295_153_5_f64 as f32;
+                    let tw2r = -0.809_016_994_374_947_4_f64 as f32;
+                    let tw2i = 0.587_785_252_292_473_1_f64 as f32;
+                    let t0 = st.bind(cc(0));
+                    let c: Vec<Cx> = (1..5).map(|q| st.bind(cc(q))).collect();
+                    let t1 = st.bind(c[0].add(&c[3]));
+                    let t4 = st.bind(c[0].sub(&c[3]));
+                    let t2 = st.bind(c[1].add(&c[2]));
+                    let t3 = st.bind(c[1].sub(&c[2]));
+                    plain.push((
+                        0,
+                        Cx {
+                            r: add(add(t0.r.clone(), t1.r.clone()), t2.r.clone()),
+                            i: add(add(t0.i.clone(), t1.i.clone()), t2.i.clone()),
+                        },
+                    ));
+                    for (u1, u2, twar, twbr, twai, twbi) in [
+                        (1, 4, tw1r, tw2r, tw1i, tw2i),
+                        (2, 3, tw2r, tw1r, tw2i, -tw1i),
+                    ] {
+                        let ca = st.bind(Cx {
+                            r: add(
+                                add(t0.r.clone(), mul(f32c(twar), t1.r.clone())),
+                                mul(f32c(twbr), t2.r.clone()),
+                            ),
+                            i: add(
+                                add(t0.i.clone(), mul(f32c(twar), t1.i.clone())),
+                                mul(f32c(twbr), t2.i.clone()),
+                            ),
+                        });
+                        let cb = st.bind(Cx {
+                            r: Expr::un(
+                                UnOp::Neg,
+                                add(mul(f32c(twai), t4.i.clone()), mul(f32c(twbi), t3.i.clone())),
+                            ),
+                            i: add(mul(f32c(twai), t4.r.clone()), mul(f32c(twbi), t3.r.clone())),
+                        });
+                        twisted.push((u1, st.bind(ca.add(&cb)), u1 - 1));
+                        twisted.push((u2, st.bind(ca.sub(&cb)), u2 - 1));
+                    }
+                }
+            }
+            let mut body = st.body;
+            for (slot, c) in plain {
+                body.extend(store_cx(dst, ch(slot), c));
+            }
+            let (mut first, mut rest) = (Vec::new(), Vec::new());
+            for (slot, c, w) in twisted {
+                first.extend(store_cx(dst, ch(slot), c.clone()));
+                rest.extend(store_cx(dst, ch(slot), c.twiddle(&wa(w))));
+            }
+            body.push(Stmt::If {
+                cond: Expr::cmp(CmpOp::Eq, v(iv), Expr::Int(0)),
+                then: first,
+                els: rest,
+            });
+            lane.push(for_(kv, l1, vec![for_(iv, ido, body)]));
+            l1 *= ip;
+            cur = 1 - cur;
+        }
+        // Scaled by 1/n in f32, stored in the output type.
+        let fct = 1.0f32 / n as f32;
+        let ot = y.ty().compute();
+        let res = load_cx(bufs[cur], v(j)).scale(fct);
+        let oidx = |comp: usize| -> Expr {
+            add(
+                mul(
+                    add(mul(add(mul(v(a), int(n)), v(j)), int(l.inner)), v(b)),
+                    int(2),
+                ),
+                int(comp),
+            )
+        };
+        let fin = |e: Expr| if ot == Ty::F32 { e } else { Expr::cast(ot, e) };
+        lane.push(for_(
+            j,
+            n,
+            vec![
+                Stmt::Store {
+                    buf: y.buf,
+                    index: oidx(0),
+                    value: fin(res.r),
+                },
+                Stmt::Store {
+                    buf: y.buf,
+                    index: oidx(1),
+                    value: fin(res.i),
+                },
+            ],
+        ));
+        k.body = vec![for_(a, l.outer, vec![for_(b, l.inner, lane)])];
         lw.push(k);
         Ok(())
     }

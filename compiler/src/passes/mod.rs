@@ -14,6 +14,7 @@
 
 pub mod eliminate_common_subexpressions;
 pub mod eliminate_dead_code;
+pub mod expand_flex_attention;
 pub mod fold_batchnorm;
 pub mod fold_constants;
 pub mod fold_scale_bias;
@@ -24,10 +25,12 @@ pub mod fuse_patterns;
 mod fuse_util;
 pub mod infer_shapes;
 pub mod inline_if;
+mod inline_util;
 pub mod matmul_add_to_gemm;
 pub mod remove_noops;
 #[cfg(test)]
 mod testutil;
+pub mod unroll_loops;
 pub mod util;
 
 pub use infer_shapes::{
@@ -155,4 +158,53 @@ pub fn optimize(g: &mut Graph, level: u8, verify: bool) -> Result<Vec<PassStat>>
         });
     }
     Ok(stats)
+}
+
+/// Shape inference together with the rewrites that turn nodes holding subgraphs into
+/// ordinary nodes, repeated until nothing changes: If nodes with a condition known at
+/// compile time become their taken branch, Loop and Scan nodes with a known trip count
+/// are unrolled, FlexAttention becomes standard ops (its modifier subgraphs inlined),
+/// and If nodes whose condition is only known at run time become both branches plus a
+/// select. The report's `unresolved` lines give, for a node these
+/// rewrites had to leave alone, the reason they did.
+pub fn infer_and_inline(g: &mut Graph) -> Result<InferReport> {
+    infer_and_inline_within(g, &inline_util::Budget::default())
+}
+
+/// [`infer_and_inline`] drawing on a budget of node copies shared with the caller's.
+fn infer_and_inline_within(g: &mut Graph, budget: &inline_util::Budget) -> Result<InferReport> {
+    let mut rep = infer_shapes(g)?;
+    let mut refused = std::collections::BTreeMap::new();
+    loop {
+        refused.clear();
+        let mut changed = inline_if::inline_constant_ifs(g, budget, &rep.known)?;
+        if changed == 0 {
+            changed = unroll_loops::unroll_loops(g, budget, &rep.known, &mut refused)?;
+        }
+        if changed == 0 {
+            changed =
+                expand_flex_attention::expand_flex_attention(g, budget, &rep.known, &mut refused)?;
+        }
+        if changed == 0 {
+            changed = inline_if::select_runtime_ifs(g, budget, &rep.known, &mut refused)?;
+        }
+        if changed == 0 {
+            break;
+        }
+        rep = infer_shapes(g)?;
+    }
+    if !refused.is_empty() {
+        let mut lines: Vec<String> = refused
+            .iter()
+            .map(|(label, why)| format!("{label}: {why}"))
+            .collect();
+        lines.extend(
+            rep.unresolved
+                .iter()
+                .filter(|l| !refused.keys().any(|k| l.starts_with(&format!("{k}: "))))
+                .cloned(),
+        );
+        rep.unresolved = lines;
+    }
+    Ok(rep)
 }

@@ -97,6 +97,95 @@ impl Builder {
         outs
     }
 
+    /// A constant of any dtype.
+    pub fn konst_t(&mut self, name: &str, t: Tensor) -> ValueId {
+        self.g.add_const(name, t)
+    }
+
+    /// An input of any dtype.
+    pub fn input_typed(&mut self, name: &str, dt: DType, shape: &[usize]) -> ValueId {
+        self.g.add_input(name, ValueType::tensor(dt, shape))
+    }
+
+    /// A node holding subgraphs (If, Loop, Scan): the values its subgraphs read by name
+    /// become its implicit inputs, as the importer records them. Its output types are not
+    /// checked.
+    pub fn node_sub(
+        &mut self,
+        op: &str,
+        inputs: Vec<Option<ValueId>>,
+        n_out: usize,
+        attrs: &[(&str, Attr)],
+    ) -> Vec<ValueId> {
+        self.node_sub_in("", op, inputs, n_out, attrs)
+    }
+
+    /// [`Builder::node_sub`] for an op of another domain.
+    pub fn node_sub_in(
+        &mut self,
+        domain: &str,
+        op: &str,
+        inputs: Vec<Option<ValueId>>,
+        n_out: usize,
+        attrs: &[(&str, Attr)],
+    ) -> Vec<ValueId> {
+        self.k += 1;
+        let outs: Vec<ValueId> = (0..n_out)
+            .map(|j| {
+                self.g.add_value(
+                    format!("{}_{}_{j}", op.to_lowercase(), self.k),
+                    ValueType::Unknown,
+                    Source::Undefined,
+                )
+            })
+            .collect();
+        let mut a = Attrs::default();
+        for (k, v) in attrs {
+            a.0.insert(k.to_string(), v.clone());
+        }
+        let opset = if domain.is_empty() { 21 } else { 1 };
+        let built = crate::ops::Registry::standard().build(crate::ops::OpCtx {
+            op_type: op.into(),
+            domain: domain.into(),
+            attrs: a.clone(),
+            opset,
+            n_inputs: inputs.len(),
+            n_outputs: n_out,
+        });
+        let op_impl = built.expect("op exists").expect("op builds");
+        let mut implicit = Vec::new();
+        for sg in op_impl.subgraphs() {
+            for name in sg.free_names() {
+                implicit.push(
+                    self.g
+                        .find(&name)
+                        .expect("the subgraph reads a defined value"),
+                );
+            }
+        }
+        self.g.add_node(crate::ir::Node {
+            name: format!("{op}_{}", self.k),
+            op_type: op.into(),
+            domain: domain.into(),
+            opset,
+            attrs: a,
+            op: op_impl,
+            inputs,
+            outputs: outs.clone(),
+            implicit,
+        });
+        outs
+    }
+
+    /// The graph with these outputs, shape-inferred but not checked (it may hold nodes
+    /// inference leaves untyped, such as control flow).
+    pub fn finish_untyped(mut self, outputs: &[ValueId]) -> Graph {
+        self.g.outputs = outputs.to_vec();
+        self.g.rewire();
+        infer_shapes(&mut self.g).expect("inference");
+        self.g
+    }
+
     /// The graph with these outputs, shape-inferred; inferred types are checked against
     /// the ones the test declared.
     pub fn finish(mut self, outputs: &[ValueId]) -> Graph {
@@ -180,5 +269,120 @@ pub fn check_pass(g: &mut Graph, pass: fn(&mut Graph) -> Result<()>) {
     for (a, b) in after.iter().zip(&before) {
         let e = rel_err(a, b);
         assert!(e <= 1e-5, "outputs differ by {e:.3e}");
+    }
+}
+
+/// A subgraph (If branch, Loop or Scan body) built by hand.
+pub struct Sub {
+    g: Graph,
+    k: usize,
+}
+
+impl Sub {
+    pub fn new(name: &str) -> Sub {
+        Sub {
+            g: Graph::new(name),
+            k: 0,
+        }
+    }
+
+    /// A formal input.
+    pub fn input(&mut self, name: &str, dt: DType, shape: &[usize]) -> ValueId {
+        self.g.add_input(name, ValueType::tensor(dt, shape))
+    }
+
+    /// A value of an enclosing graph, read by name.
+    pub fn outer(&mut self, name: &str) -> ValueId {
+        self.g.add_value(name, ValueType::Unknown, Source::Outer)
+    }
+
+    pub fn konst(&mut self, name: &str, t: Tensor) -> ValueId {
+        self.g.add_const(name, t)
+    }
+
+    /// Renames a value (for nested subgraphs that read it by name).
+    pub fn rename(&mut self, v: ValueId, name: &str) {
+        self.g.rename_value(v, name);
+    }
+
+    /// A one-output node (untyped until the graph around it is inferred).
+    pub fn node(&mut self, op: &str, inputs: &[ValueId], attrs: &[(&str, Attr)]) -> ValueId {
+        self.k += 1;
+        let out = self.g.add_value(
+            format!("{}_{}", op.to_lowercase(), self.k),
+            ValueType::Unknown,
+            Source::Undefined,
+        );
+        let mut a = Attrs::default();
+        for (k, v) in attrs {
+            a.0.insert(k.to_string(), v.clone());
+        }
+        let mut node = new_node(
+            format!("{op}_{}", self.k),
+            op,
+            a,
+            21,
+            inputs.iter().map(|&i| Some(i)).collect(),
+            vec![out],
+        )
+        .expect("op exists");
+        let names: Vec<String> = node
+            .op
+            .subgraphs()
+            .iter()
+            .flat_map(|sg| sg.free_names())
+            .collect();
+        for name in names {
+            let v = match self.g.find(&name) {
+                Some(v) => v,
+                None => self.outer(&name),
+            };
+            node.implicit.push(v);
+        }
+        self.g.add_node(node);
+        out
+    }
+
+    pub fn finish(mut self, outputs: &[ValueId]) -> Attr {
+        self.g.outputs = outputs.to_vec();
+        self.g.rewire();
+        Attr::Graph(std::sync::Arc::new(self.g))
+    }
+}
+
+/// Runs [`super::infer_and_inline`] on a graph holding subgraphs, then checks that no
+/// node holds a subgraph any more, that every value is typed, that the verifier accepts
+/// the graph and that its outputs equal those before on every input set.
+pub fn check_inlined(g: &mut Graph, input_sets: &[Vec<Value>]) {
+    check_inlined_close(g, input_sets, 0.0);
+}
+
+/// [`check_inlined`] with outputs within `tol` (max|a-b| / max|b|) instead of equal.
+pub fn check_inlined_close(g: &mut Graph, input_sets: &[Vec<Value>], tol: f64) {
+    let before: Vec<Vec<Value>> = input_sets
+        .iter()
+        .map(|ins| crate::eval::run(g, ins.clone()).expect("eval before"))
+        .collect();
+    let rep = super::infer_and_inline(g).expect("rewrites");
+    assert!(rep.unresolved.is_empty(), "{:?}", rep.unresolved);
+    for n in g.nodes.node_indices() {
+        assert!(
+            g.nodes[n].op.subgraphs().is_empty(),
+            "{} still holds a subgraph",
+            g.node_label(n)
+        );
+    }
+    if let Err(e) = verify(g, true) {
+        panic!("verifier:\n{}\n{}", e.join("\n"), crate::ir::print_graph(g));
+    }
+    for (ins, want) in input_sets.iter().zip(&before) {
+        let got = crate::eval::run(g, ins.clone()).expect("eval after");
+        if tol == 0.0 {
+            assert_eq!(&got, want, "{}", crate::ir::print_graph(g));
+        }
+        for (a, b) in got.iter().zip(want) {
+            let e = rel_err(a, b);
+            assert!(e <= tol, "outputs differ by {e:.3e}");
+        }
     }
 }
