@@ -498,28 +498,35 @@ pub fn lower_by_index_map(
             // Identity map: a plain copy loop.
             let identity = pos.iter().zip(&idx).all(|(p, i)| p == i) && n == out.len();
             let j = k.var(Ty::I64);
-            let affine = if identity
-                || n != out.len()
-                || pos.iter().enumerate().any(|(j, &p)| p != j as i64)
-            {
+            // Source index affine in the output's multi-index (Transpose, Slice, Expand,
+            // Split...), or both the output position and the source index affine in the
+            // input's (Concat, Pad): a loop nest instead of two index tables.
+            let affine = if identity {
                 None
+            } else if n == out.len() && pos.iter().enumerate().all(|(j, &p)| p == j as i64) {
+                affine_map(&out.shape, &idx).map(|(base, st)| {
+                    let ost = strides(&out.shape).iter().map(|&s| s as i64).collect();
+                    (out.shape.clone(), 0, ost, base, st)
+                })
+            } else if n == inp.len() {
+                match (affine_map(&inp.shape, &pos), affine_map(&inp.shape, &idx)) {
+                    (Some((pb, pst)), Some((ib, ist))) => {
+                        Some((inp.shape.clone(), pb, pst, ib, ist))
+                    }
+                    _ => None,
+                }
             } else {
-                affine_map(&out.shape, &idx)
+                None
             };
-            if let Some((base, st)) = affine {
-                // Source index affine in the output's multi-index (Transpose, Slice,
-                // Expand, Split...): a loop nest instead of two index tables.
-                let ost = strides(&out.shape);
-                let mut dst = Expr::Int(0);
+            if let Some((shape, pbase, pst, base, st)) = affine {
+                let dims = merge_dims(&shape, &pst, &st);
+                let mut dst = Expr::Int(pbase);
                 let mut srcx = Expr::Int(base);
                 let mut loops = Vec::new();
-                for (d, &ext) in out.shape.iter().enumerate() {
-                    if ext == 1 {
-                        continue;
-                    }
+                for (ext, ps, ss) in dims {
                     let vd = k.var(Ty::I64);
-                    dst = Expr::add(dst, Expr::mul(Expr::Var(vd), Expr::Int(ost[d] as i64)));
-                    srcx = Expr::add(srcx, Expr::mul(Expr::Var(vd), Expr::Int(st[d])));
+                    dst = Expr::add(dst, Expr::mul(Expr::Var(vd), Expr::Int(ps)));
+                    srcx = Expr::add(srcx, Expr::mul(Expr::Var(vd), Expr::Int(ss)));
                     loops.push((vd, ext));
                 }
                 let mut body = vec![Stmt::Store {
@@ -581,6 +588,30 @@ pub fn lower_by_index_map(
         }
     }
     Ok(())
+}
+
+/// The dims of a loop nest over `shape` that writes at `sum i_d pst_d` and reads at
+/// `sum i_d ist_d`, as (extent, write stride, read stride): dims of extent 1 dropped,
+/// neighbours merged where both strides continue each other (a contiguous Concat part
+/// is one loop).
+fn merge_dims(shape: &[usize], pst: &[i64], ist: &[i64]) -> Vec<(usize, i64, i64)> {
+    let mut out: Vec<(usize, i64, i64)> = Vec::new();
+    for d in 0..shape.len() {
+        if shape[d] == 1 {
+            continue;
+        }
+        match out.last_mut() {
+            Some((ext, ps, is))
+                if *ps == pst[d] * shape[d] as i64 && *is == ist[d] * shape[d] as i64 =>
+            {
+                *ext *= shape[d];
+                *ps = pst[d];
+                *is = ist[d];
+            }
+            _ => out.push((shape[d], pst[d], ist[d])),
+        }
+    }
+    out
 }
 
 /// `(base, strides)` when `idx[flat(i)] = base + sum_d i_d * strides[d]` for every
