@@ -23,6 +23,11 @@ pub struct Options {
     /// Graph optimisation level (`--opt-level`): 0 none, 1 basic cleanup, 2 fusion,
     /// 3 layout choice. See [`passes::PIPELINE`].
     pub opt_level: u8,
+    /// Float code computes exactly the operations kernel IR names, in its order, on
+    /// every target (no FMA contraction, the portable exp/erf/tanh): the same bits from
+    /// 128-bit and AVX-512 code. Off by default: the AVX-512 loops then contract
+    /// multiply-adds and use shorter exp/erf/tanh (within a few ulp).
+    pub exact_math: bool,
 }
 
 impl Default for Options {
@@ -33,6 +38,7 @@ impl Default for Options {
             shapes: Vec::new(),
             constants: Vec::new(),
             opt_level: 2,
+            exact_math: false,
         }
     }
 }
@@ -105,7 +111,14 @@ pub fn compile_graph(mut g: Graph, prefix: &str, opts: &Options) -> Result<Compi
     let mut known = prepare(&mut g, opts)?;
     let passes = optimize(&mut g, opts.opt_level, &mut known)?;
     let lowered = lower(&g, &known)?;
-    let mut artifacts = emit(&g, &lowered, prefix, &target.triple, &target.features)?;
+    let mut artifacts = emit(
+        &g,
+        &lowered,
+        prefix,
+        &target.triple,
+        &target.features,
+        opts.exact_math,
+    )?;
     artifacts.report["opt_level"] = opts.opt_level.into();
     artifacts.report["passes"] = serde_json::to_value(&passes).unwrap_or_default();
     Ok(Compiled {

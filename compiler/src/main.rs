@@ -82,6 +82,11 @@ enum Cmd {
         /// Largest accepted relative error (max |compiled - reference| / max |reference|).
         #[arg(long, default_value_t = 1e-4)]
         tolerance: f64,
+        /// Float code computes exactly kernel IR's operations in its order on every
+        /// target (no fused multiply-adds in the AVX-512 loops, the portable exp/erf/tanh):
+        /// the same bits as 128-bit code. Default: faster, within a few ulp.
+        #[arg(long)]
+        exact_math: bool,
         #[command(flatten)]
         shapes: ShapeArgs,
     },
@@ -115,6 +120,11 @@ enum Cmd {
         /// Keep the scratch files (objects, inputs, times) in this folder.
         #[arg(long, value_name = "DIR")]
         keep: Option<PathBuf>,
+        /// Float code computes exactly kernel IR's operations in its order on every
+        /// target (no fused multiply-adds in the AVX-512 loops, the portable exp/erf/tanh):
+        /// the same bits as 128-bit code. Default: faster, within a few ulp.
+        #[arg(long)]
+        exact_math: bool,
         #[command(flatten)]
         shapes: ShapeArgs,
     },
@@ -194,6 +204,11 @@ struct CompileArgs {
     #[arg(long = "opt-level", short = 'O', default_value_t = 2,
           value_parser = clap::value_parser!(u8).range(0..=3))]
     opt_level: u8,
+    /// Float code computes exactly kernel IR's operations in its order on every
+    /// target (no fused multiply-adds in the AVX-512 loops, the portable exp/erf/tanh):
+    /// the same bits as 128-bit code. Default: faster, within a few ulp.
+    #[arg(long)]
+    exact_math: bool,
     #[command(flatten)]
     shapes: ShapeArgs,
 }
@@ -293,9 +308,10 @@ fn real_main(cli: Cli) -> Result<()> {
             opt_level,
             seed,
             tolerance,
+            exact_math,
             shapes,
         }) => check(
-            &model, &inputs, &target, opt_level, seed, tolerance, &shapes,
+            &model, &inputs, &target, opt_level, seed, tolerance, exact_math, &shapes,
         ),
         Some(Cmd::Bench {
             model,
@@ -307,6 +323,7 @@ fn real_main(cli: Cli) -> Result<()> {
             no_ort,
             json,
             keep,
+            exact_math,
             shapes,
         }) => {
             let binds = shapes
@@ -319,6 +336,7 @@ fn real_main(cli: Cli) -> Result<()> {
                     target,
                     shapes: binds,
                     opt_level,
+                    exact_math,
                     ..driver::Options::default()
                 },
                 threads: threads.max(1),
@@ -561,6 +579,7 @@ fn compile(args: CompileArgs) -> Result<()> {
         shapes: binds,
         constants: vec![],
         opt_level: args.opt_level,
+        exact_math: args.exact_math,
     };
     if args.emit == Emit::Onnx {
         let mut m = onnx::load(&model)?;
@@ -648,6 +667,7 @@ fn check(
     opt_level: u8,
     seed: u64,
     tolerance: f64,
+    exact_math: bool,
     shapes: &ShapeArgs,
 ) -> Result<()> {
     let m = onnx::load(model)?;
@@ -660,6 +680,7 @@ fn check(
         target: target.to_string(),
         shapes: binds,
         opt_level,
+        exact_math,
         ..driver::Options::default()
     };
     // The static signature decides the random inputs.

@@ -696,6 +696,7 @@ fn check_calls(target: &str) {
                 outputs: &out_desc,
                 triple: &t.triple,
                 features: &t.features,
+                exact_math: false,
             })
             .unwrap();
             // The microkernel is taken where the target has one (AVX-512 or AVX2+FMA)

@@ -1,5 +1,7 @@
 //! The inline f32 `exp`, `erf`, `tanh` (and `Sigmoid`, built on `exp`) of the native back
-//! end (backend/cranelift/vmath.rs), compiled for the host, x86_64-sse4 and aarch64-neon
+//! end (backend/cranelift/vmath.rs, and the AVX-512 loops' versions in
+//! backend/cranelift/wide.rs), compiled for the host, x86_64-avx512, x86_64-sse4 and
+//! aarch64-neon
 //! (under qemu), element by element against the reference evaluator (f64 math rounded to
 //! f32) over a sweep from -120 to 120 plus special values: within 4 ulp-ish relative
 //! error (8e-7) on normal results, exact on infinities, NaN where the reference is NaN,
@@ -120,6 +122,13 @@ fn check_target(target: &str) {
 #[test]
 fn vmath_host() {
     check_target("host");
+}
+
+/// The AVX-512 loops' shorter exp/erf/tanh (fused multiply-adds, vscalefps), to the
+/// same bounds.
+#[test]
+fn vmath_x86_64_avx512() {
+    check_target("x86_64-avx512");
 }
 
 #[test]

@@ -71,6 +71,7 @@ pub fn emit(
     prefix: &str,
     triple: &str,
     features: &[String],
+    exact_math: bool,
 ) -> Result<Artifacts> {
     let (inputs, outputs) = interface(g);
     let spec = crate::backend::cranelift::ObjectSpec {
@@ -80,6 +81,7 @@ pub fn emit(
         outputs: &outputs,
         triple,
         features,
+        exact_math,
     };
     let object =
         compile_object(&spec).map_err(|e| Error::Model(format!("code generation failed: {e}")))?;

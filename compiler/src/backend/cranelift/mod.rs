@@ -40,6 +40,8 @@ pub struct ObjectSpec<'a> {
     pub triple: &'a str,
     /// ISA features from the target file (`avx2`, `fma`, `neon`, ...).
     pub features: &'a [String],
+    /// See `driver::Options::exact_math`.
+    pub exact_math: bool,
 }
 
 /// Alignment the arena must have (bytes); checked by the entry points.
@@ -146,7 +148,8 @@ pub fn compile_object(spec: &ObjectSpec) -> R<Vec<u8>> {
     let mut libm: HashMap<&'static str, FuncId> = HashMap::new();
     // Cache sizes for GEMM blocking (KiB): a current x86 core's L1d and per-core L2.
     let mut gemms = gemm::GemmCtx::new(spec.prefix, spec.triple, spec.features, 48, 1024);
-    let mut wide = codegen::WideFuncs::new(spec.prefix, spec.triple, spec.features);
+    let mut wide =
+        codegen::WideFuncs::new(spec.prefix, spec.triple, spec.features, spec.exact_math);
     for (ki, k) in p.kernels.iter().enumerate() {
         let (k, calls) = gemms.prepare(&mut module, k, p)?;
         let k = &k;

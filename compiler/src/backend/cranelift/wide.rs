@@ -26,10 +26,11 @@ const MIN_EXTENT: u64 = 8;
 /// Rows shorter than this keep the 128-bit code when a loop over rows is made one call.
 const MIN_ROW: u64 = 4;
 
-/// Per object: whether the target takes the wide loops, and the functions made so far
-/// (identical loops share one).
+/// Per object: whether the target takes the wide loops, whether they compute exactly
+/// kernel IR's operations, and the functions made so far (identical loops share one).
 pub struct WideFuncs {
     enabled: bool,
+    exact: bool,
     prefix: String,
     funcs: HashMap<Vec<u8>, FuncId>,
 }
@@ -37,12 +38,13 @@ pub struct WideFuncs {
 impl WideFuncs {
     /// Enabled for x86_64 targets with AVX-512F, unless `ONNXC_NO_WIDE` is set (for
     /// comparisons).
-    pub fn new(prefix: &str, triple: &str, features: &[String]) -> WideFuncs {
+    pub fn new(prefix: &str, triple: &str, features: &[String], exact: bool) -> WideFuncs {
         let enabled = triple.starts_with("x86_64")
             && features.iter().any(|f| f == "avx512f")
             && std::env::var_os("ONNXC_NO_WIDE").is_none();
         WideFuncs {
             enabled,
+            exact,
             prefix: prefix.to_string(),
             funcs: HashMap::new(),
         }
@@ -79,6 +81,8 @@ impl WideFuncs {
 /// A loop body being translated.
 struct Tr {
     b: Builder,
+    /// Only kernel IR's own operations (see `driver::Options::exact_math`).
+    exact: bool,
     var: VarId,
     locals: Vec<VarId>,
     vals: HashMap<VarId, V>,
@@ -235,6 +239,60 @@ impl Tr {
         let y = self.b.mul(y, s2);
         let zero = self.b.c(0.0);
         self.b.select(tiny, zero, y)
+    }
+
+    /// `x` clamped to `[lo, hi]` in two instructions; a NaN `x` stays NaN.
+    fn clamp_fast(&mut self, v: V, lo: f32, hi: f32) -> V {
+        let h = self.b.c(hi);
+        let l = self.b.c(lo);
+        let v = self.b.bin(x::Bin::MinX, h, v);
+        self.b.bin(x::Bin::MaxX, l, v)
+    }
+
+    /// Horner's rule with fused multiply-adds.
+    fn poly_fast(&mut self, v: V, cs: &[f32]) -> V {
+        let mut p = self.b.c(cs[0]);
+        for &k in &cs[1..] {
+            let k = self.b.c(k);
+            p = self.b.push(Inst::Fma(x::FmaKind::Add, p, v, k));
+        }
+        p
+    }
+
+    /// `exp` with the same reduction and polynomial as vmath's, in fused multiply-adds,
+    /// the rounding instruction and `vscalefps` for `2^n`; results below the smallest
+    /// normal are 0, NaN stays NaN.
+    fn exp_fast(&mut self, v: V) -> V {
+        use crate::backend::cranelift::vmath::{EXP_MIN, EXP_P, LN2_HI, LN2_LO};
+        let t = self.clamp_fast(v, EXP_MIN, 89.0);
+        let log2e = self.b.c(std::f32::consts::LOG2_E);
+        let n = self.b.mul(t, log2e);
+        let n = self.b.push(Inst::Un(x::Un::Nearest, n));
+        let hi = self.b.c(LN2_HI);
+        let lo = self.b.c(LN2_LO);
+        let r = self.b.push(Inst::Fma(x::FmaKind::NegMulAdd, n, hi, t));
+        let r = self.b.push(Inst::Fma(x::FmaKind::NegMulAdd, n, lo, r));
+        let p = self.poly_fast(r, &EXP_P);
+        let r2 = self.b.mul(r, r);
+        let y = self.b.push(Inst::Fma(x::FmaKind::Add, p, r2, r));
+        let one = self.b.c(1.0);
+        let y = self.b.add(y, one);
+        let y = self.b.push(Inst::Scalef(y, n));
+        let lim = self.b.c(EXP_MIN);
+        let tiny = self.b.cmp(x::Cmp::Lt, v, lim);
+        let zero = self.b.c(0.0);
+        self.b.select(tiny, zero, y)
+    }
+
+    /// [`Tr::rational`] in fused multiply-adds and two-instruction clamps.
+    fn rational_fast(&mut self, v: V, lim: f32, p: &[f32], q: &[f32]) -> V {
+        let v = self.clamp_fast(v, -lim, lim);
+        let v2 = self.b.mul(v, v);
+        let p = self.poly_fast(v2, p);
+        let q = self.poly_fast(v2, q);
+        let r = self.b.bin(x::Bin::Div, p, q);
+        let y = self.b.mul(v, r);
+        self.clamp_fast(y, -1.0, 1.0)
     }
 
     /// vmath's `erf` / `tanh`: `x (P(x^2) / Q(x^2))` on the clamped argument, clamped.
@@ -417,6 +475,7 @@ impl Gen<'_, '_> {
     fn wide_translate(&self, var: VarId, extent: u64, body: &[Stmt], plan: &Plan) -> Option<Tr> {
         let mut t = Tr {
             b: Builder::new(extent),
+            exact: self.wide.exact,
             var,
             locals: plan.locals.clone(),
             vals: HashMap::new(),
@@ -471,6 +530,29 @@ impl Gen<'_, '_> {
         t.b.lp.streams = u16::try_from(t.streams.len()).ok()?;
         t.b.lp.unis = u16::try_from(t.unis.len()).ok()?;
         Some(t)
+    }
+
+    /// For `a (+|-) b` with a loop-varying f32 product on one side: (whether the product
+    /// is `b`, its factors, the other operand). The right side is preferred (sum chains
+    /// are `(... + x y) + x' y'`).
+    fn product<'e>(
+        &self,
+        t: &Tr,
+        a: &'e Expr,
+        b: &'e Expr,
+    ) -> Option<(bool, &'e Expr, &'e Expr, &'e Expr)> {
+        let prod = |e: &'e Expr| match e {
+            Expr::Bin(BinOp::Mul, x, y)
+                if varies(e, t.var, &t.locals) && self.ty(e).ok() == Some(Ty::F32) =>
+            {
+                Some((&**x, &**y))
+            }
+            _ => None,
+        };
+        if let Some((x, y)) = prod(b) {
+            return Some((true, x, y, a));
+        }
+        prod(a).map(|(x, y)| (false, x, y, b))
     }
 
     /// `e` as a wide value: f32 vectors, masks for f32 comparisons; `None` for what the
@@ -531,6 +613,24 @@ impl Gen<'_, '_> {
                     return None;
                 }
                 t.b.push(Inst::Un(op, v))
+            }
+            Expr::Bin(op @ (BinOp::Add | BinOp::Sub), a, b)
+                if ty == Ty::F32 && !t.exact && self.product(t, a, b).is_some() =>
+            {
+                // a + x y, x y + b, a - x y, x y - b: one fused multiply-add.
+                let (prod_right, x, y, other) = self.product(t, a, b)?;
+                let vx = self.wexpr(t, x)?;
+                let vy = self.wexpr(t, y)?;
+                let vo = self.wexpr(t, other)?;
+                if t.is_mask(vx) || t.is_mask(vy) || t.is_mask(vo) {
+                    return None;
+                }
+                let kind = match (op, prod_right) {
+                    (BinOp::Add, _) => x::FmaKind::Add,
+                    (_, true) => x::FmaKind::NegMulAdd,
+                    (_, false) => x::FmaKind::Sub,
+                };
+                t.b.push(Inst::Fma(kind, vx, vy, vo))
             }
             Expr::Bin(op, a, b) if ty == Ty::F32 => {
                 let op = match op {
@@ -593,10 +693,13 @@ impl Gen<'_, '_> {
                 if t.is_mask(v) {
                     return None;
                 }
-                match f {
-                    MathFn::Exp => t.exp(v),
-                    MathFn::Erf => t.rational(v, 4.0, &ERF_P, &ERF_Q),
-                    MathFn::Tanh => t.rational(v, TANH_CLAMP, &TANH_P, &TANH_Q),
+                match (f, t.exact) {
+                    (MathFn::Exp, true) => t.exp(v),
+                    (MathFn::Exp, false) => t.exp_fast(v),
+                    (MathFn::Erf, true) => t.rational(v, 4.0, &ERF_P, &ERF_Q),
+                    (MathFn::Erf, false) => t.rational_fast(v, 4.0, &ERF_P, &ERF_Q),
+                    (MathFn::Tanh, true) => t.rational(v, TANH_CLAMP, &TANH_P, &TANH_Q),
+                    (MathFn::Tanh, false) => t.rational_fast(v, TANH_CLAMP, &TANH_P, &TANH_Q),
                     _ => return None,
                 }
             }

@@ -17,11 +17,13 @@
 //! the caller writes the accumulator's starting value in its first 4 bytes, the loop
 //! writes back the 16 partial accumulators for the caller to fold.
 //!
-//! Every operation is the IEEE operation kernel IR names, in the same order (no FMA
-//! contraction), min/max propagate NaN and order -0 below +0 as Cranelift's do, and the
-//! inline `exp`/`erf`/`tanh` are expanded by the caller into the same operations as the
-//! f32x4 code: a loop computes the same bits here as in 128-bit code, reductions aside
-//! (their partial sums are added in another order).
+//! The operations are IEEE operations; [`Bin::Min`] / [`Bin::Max`] propagate NaN and
+//! order -0 below +0 as Cranelift's do. In exact mode the caller builds only the
+//! operations kernel IR names, in its order (no FMA, the f32x4 code's `exp`/`erf`/
+//! `tanh`), so a loop computes the same bits here as in 128-bit code, reductions aside
+//! (their partial sums are added in another order); otherwise it contracts
+//! multiply-adds ([`Inst::Fma`]) and builds shorter `exp`/`erf`/`tanh` from
+//! [`Bin::MinX`], [`Bin::MaxX`] and [`Inst::Scalef`].
 
 use iced_x86::code_asm::*;
 use std::collections::HashMap;
@@ -50,6 +52,18 @@ pub enum Bin {
     /// NaN if either is NaN; -0 < +0.
     Min,
     Max,
+    /// x86's `a < b ? a : b` / `a > b ? a : b`: `b` when either is NaN (so a clamp
+    /// `MaxX(lo, MinX(hi, x))` keeps a NaN `x`).
+    MinX,
+    MaxX,
+}
+
+/// A fused multiply-add's sign pattern: `a b + c`, `c - a b`, `a b - c` (one rounding).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FmaKind {
+    Add,
+    NegMulAdd,
+    Sub,
 }
 
 /// An ordered comparison (false on NaN), except `Ne` (true on NaN).
@@ -118,6 +132,10 @@ pub enum Inst {
     /// Arithmetic shift right, shift left, by a constant.
     Sra(V, u8),
     Shl(V, u8),
+    /// `a b + c` etc. with one rounding.
+    Fma(FmaKind, V, V, V),
+    /// `a * 2^floor(b)` (vscalefps; `b` an integral float).
+    Scalef(V, V),
     Store {
         s: u16,
         disp: i32,
@@ -139,7 +157,9 @@ impl Inst {
             | Inst::Uni(_)
             | Inst::Const(_) => vec![],
             Inst::Un(_, a) | Inst::Sra(a, _) | Inst::Shl(a, _) => vec![a],
+            Inst::Fma(_, a, b, c) => vec![a, b, c],
             Inst::Bin(_, a, b)
+            | Inst::Scalef(a, b)
             | Inst::Cmp(_, a, b)
             | Inst::MAnd(a, b)
             | Inst::MOr(a, b)
@@ -545,7 +565,11 @@ impl Gen<'_> {
                 if matches!(lp.reds[*r as usize], Red::Max | Red::Min));
             let fresh = matches!(inst, Inst::Bin(Bin::Min | Bin::Max, ..)) || minmax_red;
             let any_mem = ops.iter().any(|&o| lp.insts[o as usize].is_mem());
-            let ntmp = if minmax_red || matches!(inst, Inst::Load2 { .. } | Inst::LoadS { .. }) {
+            let ntmp = if minmax_red
+                || matches!(
+                    inst,
+                    Inst::Load2 { .. } | Inst::LoadS { .. } | Inst::Fma(..)
+                ) {
                 2
             } else {
                 usize::from(any_mem || matches!(inst, Inst::Bin(Bin::Min | Bin::Max, ..)))
@@ -650,6 +674,88 @@ impl Gen<'_> {
             _ => unreachable!(),
         }
         Ok(())
+    }
+
+    /// `d = a b + c` (or the other sign patterns) with one rounding. At most one operand
+    /// may be in memory (scratch registers `tmp` take the others); `d` may be one of
+    /// the operands' registers.
+    fn fma(
+        &mut self,
+        kind: FmaKind,
+        d: AsmRegisterZmm,
+        a: Loc,
+        b: Loc,
+        c: Loc,
+        tmp: &[usize],
+    ) -> R<()> {
+        let is_mem = |l: Loc| matches!(l, Loc::Uni(_) | Loc::Pool(_));
+        let (mut a, mut b, mut c) = (a, b, c);
+        // Keep one memory operand, in b if a product operand.
+        if is_mem(a) {
+            std::mem::swap(&mut a, &mut b);
+        }
+        let mut t = tmp.iter().copied();
+        if is_mem(a) {
+            a = Loc::Z(self.materialize(a, t.next())?);
+        }
+        if is_mem(b) && is_mem(c) {
+            c = Loc::Z(self.materialize(c, t.next())?);
+        }
+        let z = |l: Loc| match l {
+            Loc::Z(r) => ZMM[r],
+            _ => zmm0,
+        };
+        let mem = |g: &Self, l: Loc| g.bcst(l);
+        macro_rules! f3 {
+            ($m231:ident, $m213:ident, $m132:ident) => {{
+                let (ar, cr) = (z(a), z(c));
+                if !is_mem(c) && cr == d {
+                    // d = a b + d
+                    if is_mem(b) {
+                        let bm = mem(self, b);
+                        self.a.$m231(d, ar, bm)
+                    } else {
+                        self.a.$m231(d, ar, z(b))
+                    }
+                } else {
+                    // d = one product operand, then d = d * other + c.
+                    let (p, q) = if !is_mem(b) && z(b) == d {
+                        (b, a)
+                    } else {
+                        (a, b)
+                    };
+                    if z(p) != d {
+                        self.a.vmovaps(d, z(p)).map_err(e)?;
+                    }
+                    match (is_mem(q), is_mem(c)) {
+                        (false, false) => self.a.$m213(d, z(q), cr),
+                        (false, true) => {
+                            let cm = mem(self, c);
+                            self.a.$m213(d, z(q), cm)
+                        }
+                        (true, false) => {
+                            let qm = mem(self, q);
+                            self.a.$m132(d, cr, qm)
+                        }
+                        (true, true) => unreachable!("one memory operand"),
+                    }
+                }
+            }};
+        }
+        match kind {
+            FmaKind::Add => f3!(vfmadd231ps, vfmadd213ps, vfmadd132ps),
+            FmaKind::NegMulAdd => f3!(vfnmadd231ps, vfnmadd213ps, vfnmadd132ps),
+            FmaKind::Sub => f3!(vfmsub231ps, vfmsub213ps, vfmsub132ps),
+        }
+        .map_err(e)
+    }
+
+    /// The memory value `l` broadcast into scratch register `t`.
+    fn materialize(&mut self, l: Loc, t: Option<usize>) -> R<usize> {
+        let t = t.ok_or("x86 loop: no scratch register")?;
+        let m = self.scalar(l);
+        self.a.vbroadcastss(ZMM[t], m).map_err(e)?;
+        Ok(t)
     }
 
     fn emit(
@@ -778,10 +884,24 @@ impl Gen<'_> {
                     Bin::Add => op3!(vaddps),
                     Bin::Sub => op3!(vsubps),
                     Bin::Mul => op3!(vmulps),
+                    Bin::MinX => op3!(vminps),
+                    Bin::MaxX => op3!(vmaxps),
                     _ => op3!(vdivps),
                 }
                 .map_err(e)?;
             }
+            Inst::Scalef(..) => {
+                let xr = self.reg(l(0), t0)?;
+                match l(1) {
+                    Loc::Z(yr) => self.a.vscalefps(d, xr, ZMM[yr]),
+                    m => {
+                        let b = self.bcst(m);
+                        self.a.vscalefps(d, xr, b)
+                    }
+                }
+                .map_err(e)?;
+            }
+            Inst::Fma(kind, ..) => self.fma(kind, d, l(0), l(1), l(2), tmp)?,
             Inst::Cmp(op, _, _) => {
                 let (mut x, mut y) = (l(0), l(1));
                 let mut op = op;
