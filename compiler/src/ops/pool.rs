@@ -777,6 +777,98 @@ mod lower {
         Ok(true)
     }
 
+    /// A 2-D f32 pool whose windows all lie inside the input (no padding reached, as in
+    /// 2x2 stride-2 pools and SqueezeNet's 3x3 stride-2 ones): each output is one
+    /// expression over all `kh x kw` taps, loaded at the column stride, in a loop nest
+    /// over planes, output rows and output columns, so the back ends run whole planes
+    /// at a time (on AVX-512, stride-2 taps load by pairs of vectors and a permute). Max
+    /// ignores NaN inputs like the other lowerings; averages divide by `kh * kw`.
+    /// Returns false (nothing lowered) where it does not apply.
+    fn pool_direct(
+        lw: &mut LowerCtx,
+        x: &TensorRef,
+        win: &Window,
+        kind: RowPool,
+    ) -> OpResult<bool> {
+        let out = lw.outputs[0].clone();
+        if lw.outputs.len() != 1
+            || win.k.len() != 2
+            || x.ty() != Ty::F32
+            || out.ty() != Ty::F32
+            || win.kernel_len() > P2_TAPS
+            || win.out.contains(&0)
+            || win.in_sp.contains(&0)
+        {
+            return Ok(false);
+        }
+        // Every window inside: no padding at the start, the last window's end inside.
+        for d in 0..2 {
+            let reach =
+                (win.out[d] as i64 - 1) * win.s[d] as i64 + (win.k[d] as i64 - 1) * win.d[d] as i64;
+            if win.pb[d] != 0 || reach >= win.in_sp[d] as i64 {
+                return Ok(false);
+            }
+        }
+        let planes = x.shape[0] * x.shape[1];
+        let (kh_n, kw_n) = (win.k[0] as i64, win.k[1] as i64);
+        let (oh_n, ow_n) = (win.out[0] as i64, win.out[1] as i64);
+        let (ih, iw) = (win.in_sp[0] as i64, win.in_sp[1] as i64);
+        let (sh, sw) = (win.s[0] as i64, win.s[1] as i64);
+        let (dh, dw) = (win.d[0] as i64, win.d[1] as i64);
+        let mut k = lw.kernel("");
+        let (pv, ohv, j) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+        let base = add(
+            mul(v(pv), int(ih * iw)),
+            add(mul(v(ohv), int(sh * iw)), mul(v(j), int(sw))),
+        );
+        let mut taps = Vec::new();
+        for kh in 0..kh_n {
+            for kw in 0..kw_n {
+                taps.push(Expr::load(
+                    x.buf,
+                    add(base.clone(), int(kh * dh * iw + kw * dw)),
+                ));
+            }
+        }
+        let oidx = add(
+            mul(v(pv), int(oh_n * ow_n)),
+            add(mul(v(ohv), int(ow_n)), v(j)),
+        );
+        let mut st = Vec::new();
+        let value = match kind {
+            RowPool::Avg { .. } => {
+                let mut it = taps.into_iter();
+                let mut sum = it.next().expect("a window has taps");
+                for t in it {
+                    sum = add(sum, t);
+                }
+                Expr::bin(BinOp::Div, sum, lit((kh_n * kw_n) as f64, Ty::F32))
+            }
+            RowPool::Max => {
+                let (t, xl) = (k.var(Ty::F32), k.var(Ty::F32));
+                let mut it = taps.into_iter();
+                st.push(set(t, it.next().expect("a window has taps")));
+                for tap in it {
+                    st.push(set(xl, tap));
+                    let better = or(cmp(CmpOp::Gt, v(xl), v(t)), cmp(CmpOp::Ne, v(t), v(t)));
+                    st.push(set(t, Expr::select(better, v(xl), v(t))));
+                }
+                v(t)
+            }
+        };
+        st.push(Stmt::Store {
+            buf: out.buf,
+            index: oidx,
+            value,
+        });
+        k.body = loops(
+            &[(pv, planes), (ohv, oh_n as usize), (j, ow_n as usize)],
+            st,
+        );
+        lw.push(k);
+        Ok(true)
+    }
+
     /// A 2-D f32 MaxPool with a column stride s > 1, done separably per output row:
     /// the window rows inside the input are folded into one input-width row (unit
     /// stride), then the window columns into a row at input resolution over each output
@@ -1176,7 +1268,8 @@ mod lower {
 
     fn max_pool(lw: &mut LowerCtx) -> OpResult<()> {
         let (x, win) = setup(lw)?;
-        if max_pool_sep(lw, &x, &win)?
+        if pool_direct(lw, &x, &win, RowPool::Max)?
+            || max_pool_sep(lw, &x, &win)?
             || pool_2d(lw, &x, &win, RowPool::Max)?
             || pool_rows(lw, &x, &win, RowPool::Max)?
         {
@@ -1247,7 +1340,8 @@ mod lower {
         ensure!(t.is_float(), "pool of {t}");
         let include = p.is_none() && lw.op.attrs.int("count_include_pad", 0)? != 0;
         if p.is_none()
-            && (pool_2d(lw, &x, &win, RowPool::Avg { include })?
+            && (pool_direct(lw, &x, &win, RowPool::Avg { include })?
+                || pool_2d(lw, &x, &win, RowPool::Avg { include })?
                 || pool_rows(lw, &x, &win, RowPool::Avg { include })?)
         {
             return Ok(());
