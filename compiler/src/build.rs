@@ -1,5 +1,7 @@
 //! The build-script API: compile a model from a Rust crate's `build.rs`, the way
 //! prost-build or cc are used.
+// The example is a build script, whose `fn main` is the point.
+#![allow(clippy::needless_doctest_main)]
 //!
 //! ```no_run
 //! // build.rs

@@ -128,9 +128,9 @@ pub fn encode(dt: DType, x: f64, saturate: bool) -> u8 {
     let sign_bit: u8 = 1 << (width - 1);
     let nan_code: u8 = if f.uz {
         sign_bit
-    } else if f.ieee {
-        ((1u32 << (f.exp + f.man)) - 1) as u8 // all-ones exponent, non-zero mantissa
-    } else if f.fn_nan {
+    } else if f.ieee || f.fn_nan {
+        // E5M2: all-ones exponent, non-zero mantissa; E4M3FN: all-ones exponent and
+        // mantissa (both the same code with the sign clear).
         ((1u32 << (f.exp + f.man)) - 1) as u8
     } else {
         // float4e2m1 has no NaN: map it to the largest value as ONNX's reference does.

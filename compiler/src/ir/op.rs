@@ -45,7 +45,14 @@ macro_rules! bail {
 /// Ensures a condition holds, else returns an [`OpError`].
 #[macro_export]
 macro_rules! ensure {
-    ($c:expr, $($t:tt)*) => { if !$c { $crate::bail!($($t)*) } };
+    ($c:expr, $($t:tt)*) => {{
+        // The condition reads as the requirement (often a float comparison); its
+        // negation is taken on the bool.
+        let ok: bool = $c;
+        if !ok {
+            $crate::bail!($($t)*)
+        }
+    }};
 }
 
 /// What an operator with subgraphs (If, Loop, Scan, SequenceMap) asks of the evaluator.

@@ -313,9 +313,13 @@ impl Expr {
     pub fn call(f: MathFn, args: Vec<Expr>) -> Expr {
         Expr::Call(f, args)
     }
+    // Node constructors (like `bin`, `cast`), not arithmetic on expressions: they take
+    // two operands and are not the std::ops traits' methods.
+    #[allow(clippy::should_implement_trait)]
     pub fn add(a: Expr, b: Expr) -> Expr {
         Expr::bin(BinOp::Add, a, b)
     }
+    #[allow(clippy::should_implement_trait)]
     pub fn mul(a: Expr, b: Expr) -> Expr {
         Expr::bin(BinOp::Mul, a, b)
     }

@@ -874,9 +874,9 @@ mod lower {
         push_nest(lw, "scatter", &ushape, |_, v| {
             let base = index(&v[..q - 1], &is[..q - 1]);
             let mut t = Vec::new();
-            for j in 0..k {
+            for (j, (&dim, &st)) in x.shape.iter().zip(&os).take(k).enumerate() {
                 let i = load_i64(&ind, Expr::add(base.clone(), Expr::Int(j as i64)));
-                t.push(scale(norm(i, x.shape[j]), os[j]));
+                t.push(scale(norm(i, dim), st));
             }
             t.extend(terms(&v[q - 1..], &os[k..]));
             let dst = sum(t);

@@ -722,8 +722,7 @@ fn grid_sample(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
                 }
                 // Per dim: list of (index, weight).
                 let mut taps: Vec<Vec<(Option<usize>, f64)>> = Vec::with_capacity(k);
-                for d in 0..k {
-                    let v = pos[d];
+                for (d, &v) in pos.iter().enumerate().take(k) {
                     let t = match mode {
                         Mode::Nearest => {
                             if !v.is_finite() {
@@ -1496,19 +1495,16 @@ fn inflate(data: &[u8], limit: usize) -> OpResult<Vec<u8>> {
                                     Some(&p) => p,
                                     None => bail!("bad code lengths"),
                                 };
-                                for _ in 0..3 + r.get(2)? {
-                                    lens.push(prev);
-                                }
+                                let n = 3 + r.get(2)? as usize;
+                                lens.resize(lens.len() + n, prev);
                             }
                             17 => {
-                                for _ in 0..3 + r.get(3)? {
-                                    lens.push(0);
-                                }
+                                let n = 3 + r.get(3)? as usize;
+                                lens.resize(lens.len() + n, 0);
                             }
                             _ => {
-                                for _ in 0..11 + r.get(7)? {
-                                    lens.push(0);
-                                }
+                                let n = 11 + r.get(7)? as usize;
+                                lens.resize(lens.len() + n, 0);
                             }
                         }
                     }
@@ -2126,8 +2122,8 @@ mod lower {
         let mut pre = Vec::new();
         // Per dim: taps of (idx var, valid var, weight var).
         let mut taps: Vec<Vec<(usize, usize, usize)>> = Vec::new();
-        for d in 0..kd {
-            let len = sp[d] as f64;
+        for (d, &len) in sp.iter().enumerate().take(kd) {
+            let len = len as f64;
             let (lo, hi) = if align {
                 (0.0, len - 1.0)
             } else {
@@ -2296,11 +2292,7 @@ mod lower {
                     } else {
                         bin(BinOp::And, val.clone(), Expr::Var(vv))
                     };
-                    let nw = if d == 0 {
-                        Expr::mul(w.clone(), Expr::Var(wv))
-                    } else {
-                        Expr::mul(w.clone(), Expr::Var(wv))
-                    };
+                    let nw = Expr::mul(w.clone(), Expr::Var(wv));
                     next.push((noff, nval, nw));
                 }
             }
@@ -2449,12 +2441,12 @@ mod lower {
         }
     }
 
+    /// How a resize op derives its per-axis setup from the input shape and inputs.
+    type SetupFn = fn(&OpCtx, &[usize], &[Option<&Value>]) -> OpResult<Setup>;
+
     /// Separable resize: one kernel per changed axis, each a weighted sum of source
     /// elements through per-axis tap tables computed at compile time (like the reference).
-    fn lower_resize(
-        lw: &mut LowerCtx,
-        setup: fn(&OpCtx, &[usize], &[Option<&Value>]) -> OpResult<Setup>,
-    ) -> OpResult<()> {
+    fn lower_resize(lw: &mut LowerCtx, setup: SetupFn) -> OpResult<()> {
         let x = lw.input(0)?.clone();
         let mut vals: Vec<Option<Value>> = vec![None];
         for i in 1..lw.inputs.len() {

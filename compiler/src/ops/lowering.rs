@@ -412,6 +412,9 @@ pub fn elementwise(
     Ok(())
 }
 
+/// An op's reference evaluation, run by [`lower_by_index_map`] on index tensors.
+pub type EvalFn<'a> = dyn Fn(&[Option<&Value>]) -> OpResult<Vec<Value>> + 'a;
+
 /// Lowers a pure data-movement op (every output element is a copy of one input element,
 /// or a fill value) through index tables. The op's reference evaluation runs on index
 /// tensors: data input k becomes `(k << 40) + flat_index + 1` (int64), the other inputs
@@ -419,7 +422,7 @@ pub fn elementwise(
 /// inputs that carry data; `fill` is the fill value as an expression of the output type.
 pub fn lower_by_index_map(
     lw: &mut LowerCtx,
-    eval: &dyn Fn(&[Option<&Value>]) -> OpResult<Vec<Value>>,
+    eval: &EvalFn,
     data_inputs: &[usize],
     replace: &[(usize, Tensor)],
     fill: Option<Expr>,

@@ -1364,8 +1364,8 @@ mod lower {
         );
         let term = match p {
             None => xv,
-            Some(p) if p == 1.0 => Expr::un(UnOp::Abs, xv),
-            Some(p) if p == 2.0 => mul(xv.clone(), xv),
+            Some(1.0) => Expr::un(UnOp::Abs, xv),
+            Some(2.0) => mul(xv.clone(), xv),
             Some(p) => Expr::call(
                 MathFn::Pow,
                 vec![Expr::un(UnOp::Abs, xv), Expr::f(p, Ty::F64)],
@@ -1386,8 +1386,8 @@ mod lower {
         }
         let y = match p {
             None => Expr::bin(BinOp::Div, v(acc), Expr::cast(Ty::F64, v(cnt))),
-            Some(p) if p == 1.0 => v(acc),
-            Some(p) if p == 2.0 => Expr::un(UnOp::Sqrt, v(acc)),
+            Some(1.0) => v(acc),
+            Some(2.0) => Expr::un(UnOp::Sqrt, v(acc)),
             Some(p) => Expr::call(MathFn::Pow, vec![v(acc), Expr::f(1.0 / p, Ty::F64)]),
         };
         let mut body = vec![set(acc, Expr::f(0.0, Ty::F64)), set(cnt, int(0))];

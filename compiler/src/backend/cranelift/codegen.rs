@@ -272,14 +272,14 @@ impl Gen<'_, '_> {
             Stmt::Store { buf, index, value } if self.p.buffers[*buf].elem.bits() < 8 => {
                 let elem = self.p.buffers[*buf].elem;
                 let v = self.expr(value)?;
-                let v = self.to_storage(v, elem);
+                let v = self.narrow_for_store(v, elem);
                 self.store_packed(*buf, index, v, elem.bits())?;
             }
             Stmt::Store { buf, index, value } => {
                 let elem = self.p.buffers[*buf].elem;
                 let addr = self.addr(*buf, index)?;
                 let v = self.expr(value)?;
-                let v = self.to_storage(v, elem);
+                let v = self.narrow_for_store(v, elem);
                 self.b.ins().store(MemFlagsData::trusted(), v, addr, 0);
             }
             Stmt::Set { var, value } => {
@@ -849,7 +849,7 @@ impl Gen<'_, '_> {
             Expr::Load(buf, idx) if self.p.buffers[*buf].elem.bits() < 8 => {
                 let elem = self.p.buffers[*buf].elem;
                 let raw = self.load_packed(*buf, idx, elem.bits())?;
-                self.from_storage(raw, elem)
+                self.widen_loaded(raw, elem)
             }
             Expr::Load(buf, idx) => {
                 let elem = self.p.buffers[*buf].elem;
@@ -858,7 +858,7 @@ impl Gen<'_, '_> {
                     .b
                     .ins()
                     .load(clty(elem), MemFlagsData::trusted(), addr, 0);
-                self.from_storage(raw, elem)
+                self.widen_loaded(raw, elem)
             }
             Expr::Un(op, a) => {
                 let t = self.ty(a)?;
@@ -1080,7 +1080,7 @@ impl Gen<'_, '_> {
     }
 
     /// Widens a loaded storage value to its compute type (f16/bf16 -> f32).
-    fn from_storage(&mut self, raw: Value, elem: Ty) -> Value {
+    fn widen_loaded(&mut self, raw: Value, elem: Ty) -> Value {
         match elem {
             Ty::BF16 => {
                 let w = self.b.ins().uextend(types::I32, raw);
@@ -1251,7 +1251,7 @@ impl Gen<'_, '_> {
     }
 
     /// Narrows a compute value to storage (f32 -> f16/bf16, round to nearest even).
-    fn to_storage(&mut self, v: Value, elem: Ty) -> Value {
+    fn narrow_for_store(&mut self, v: Value, elem: Ty) -> Value {
         match elem {
             Ty::BF16 => {
                 let b = &mut self.b;
