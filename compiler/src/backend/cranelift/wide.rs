@@ -120,6 +120,16 @@ fn inline(e: &Expr, defs: &[(VarId, Expr)]) -> Expr {
     }
 }
 
+/// Whether `d` is `1 + exp(e)` (either order): a divisor in [1, inf] (or NaN).
+fn one_plus_exp(d: &Expr) -> bool {
+    let one = |e: &Expr| matches!(e, Expr::Float(x, Ty::F32) if *x == 1.0);
+    let exp = |e: &Expr| matches!(e, Expr::Call(MathFn::Exp, _));
+    match d {
+        Expr::Bin(BinOp::Add, a, b) => (one(a) && exp(b)) || (exp(a) && one(b)),
+        _ => false,
+    }
+}
+
 /// `e` as (the rest, an integer constant added to it).
 fn split_const(e: &Expr) -> (Option<Expr>, i64) {
     match e {
@@ -284,13 +294,25 @@ impl Tr {
         self.b.select(tiny, zero, y)
     }
 
-    /// [`Tr::rational`] in fused multiply-adds and two-instruction clamps.
+    /// `1 / d` for a finite `d` of magnitude in [2^-126, 2^126]: the 14-bit reciprocal
+    /// and one Newton step (about 2^-28 relative, before the final rounding), instead
+    /// of a division (whose unit takes several cycles per vector).
+    fn recip_fast(&mut self, d: V) -> V {
+        let r = self.b.push(Inst::Rcp14(d));
+        let one = self.b.c(1.0);
+        let e = self.b.push(Inst::Fma(x::FmaKind::NegMulAdd, d, r, one));
+        self.b.push(Inst::Fma(x::FmaKind::Add, r, e, r))
+    }
+
+    /// [`Tr::rational`] in fused multiply-adds and two-instruction clamps; `Q` has no
+    /// root on the clamped range, so `P / Q` takes [`Tr::recip_fast`].
     fn rational_fast(&mut self, v: V, lim: f32, p: &[f32], q: &[f32]) -> V {
         let v = self.clamp_fast(v, -lim, lim);
         let v2 = self.b.mul(v, v);
         let p = self.poly_fast(v2, p);
         let q = self.poly_fast(v2, q);
-        let r = self.b.bin(x::Bin::Div, p, q);
+        let rq = self.recip_fast(q);
+        let r = self.b.mul(p, rq);
         let y = self.b.mul(v, r);
         self.clamp_fast(y, -1.0, 1.0)
     }
@@ -631,6 +653,23 @@ impl Gen<'_, '_> {
                     (_, false) => x::FmaKind::Sub,
                 };
                 t.b.push(Inst::Fma(kind, vx, vy, vo))
+            }
+            Expr::Bin(BinOp::Div, a, d) if ty == Ty::F32 && !t.exact && one_plus_exp(d) => {
+                // a / (1 + exp(e)) (sigmoid, SiLU): the divisor is in [1, inf]; clamped
+                // to 2^126 it has a reciprocal, and a / inf is 0 either way.
+                let va = self.wexpr(t, a)?;
+                let vd = self.wexpr(t, d)?;
+                if t.is_mask(va) || t.is_mask(vd) {
+                    return None;
+                }
+                let big = t.b.c(f32::from_bits(0x7e80_0000));
+                let vd = t.b.bin(x::Bin::MinX, big, vd);
+                let r = t.recip_fast(vd);
+                if matches!(&**a, Expr::Float(x, Ty::F32) if *x == 1.0) {
+                    r
+                } else {
+                    t.b.mul(va, r)
+                }
             }
             Expr::Bin(op, a, b) if ty == Ty::F32 => {
                 let op = match op {

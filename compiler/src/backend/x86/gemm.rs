@@ -257,6 +257,8 @@ const SILU_CONSTS: [f32; 13] = [
 ];
 /// Slot of the integer 127 (AVX2's 2^n from the exponent bits).
 const SILU_I127: usize = 13;
+/// Slot of 2^126, the largest `1 + exp(-x)` whose 14-bit reciprocal is normal.
+const SILU_BIG: usize = 14;
 
 // Registers: rdi/rsi/rdx/rcx = a/b/c/init on entry (saved to the stack); r8 = A at the k
 // block; r9 = B at the k block and column block; r12 = A row tile; r13 = C row tile;
@@ -366,6 +368,7 @@ impl Gen<'_> {
                 self.a.dd(&vec![c.to_bits(); lanes]).map_err(e)?;
             }
             self.a.dd(&vec![127u32; lanes]).map_err(e)?;
+            self.a.dd(&vec![0x7e80_0000u32; lanes]).map_err(e)?;
         }
         Ok(())
     }
@@ -792,7 +795,14 @@ impl Gen<'_> {
             a.vaddps(t3, t3, c(12)).map_err(e)?;
             a.vscalefps(t3, t3, t2).map_err(e)?;
             a.vaddps(t3, t3, c(12)).map_err(e)?;
-            a.vdivps(x, x, t3).map_err(e)?;
+            // x / d for d = 1 + e^-x in [1, inf]: d clamped to 2^126, the 14-bit
+            // reciprocal and one Newton step (a division costs several cycles per
+            // vector); a NaN x stays NaN through the product.
+            a.vminps(t3, t3, c(SILU_BIG)).map_err(e)?;
+            a.vrcp14ps(t1, t3).map_err(e)?;
+            a.vfnmadd213ps(t3, t1, c(12)).map_err(e)?;
+            a.vfmadd132ps(t3, t1, t1).map_err(e)?;
+            a.vmulps(x, x, t3).map_err(e)?;
         }
         Ok(())
     }

@@ -136,6 +136,8 @@ pub enum Inst {
     Fma(FmaKind, V, V, V),
     /// `a * 2^floor(b)` (vscalefps; `b` an integral float).
     Scalef(V, V),
+    /// `1 / a` to 14 bits (vrcp14ps).
+    Rcp14(V),
     Store {
         s: u16,
         disp: i32,
@@ -156,7 +158,7 @@ impl Inst {
             | Inst::LoadS { .. }
             | Inst::Uni(_)
             | Inst::Const(_) => vec![],
-            Inst::Un(_, a) | Inst::Sra(a, _) | Inst::Shl(a, _) => vec![a],
+            Inst::Un(_, a) | Inst::Sra(a, _) | Inst::Shl(a, _) | Inst::Rcp14(a) => vec![a],
             Inst::Fma(_, a, b, c) => vec![a, b, c],
             Inst::Bin(_, a, b)
             | Inst::Scalef(a, b)
@@ -902,6 +904,10 @@ impl Gen<'_> {
                 .map_err(e)?;
             }
             Inst::Fma(kind, ..) => self.fma(kind, d, l(0), l(1), l(2), tmp)?,
+            Inst::Rcp14(_) => {
+                let xr = self.reg(l(0), t0)?;
+                self.a.vrcp14ps(d, xr).map_err(e)?;
+            }
             Inst::Cmp(op, _, _) => {
                 let (mut x, mut y) = (l(0), l(1));
                 let mut op = op;
