@@ -31,6 +31,10 @@ fi
 echo "== building (release)"
 cargo build --release --workspace --all-targets
 
+echo "== style (rustfmt, clippy)"
+cargo fmt --all -- --check
+cargo clippy --release --workspace --all-targets -- -D warnings
+
 echo "== testing"
 mkdir -p target
 cargo test --release --workspace 2>&1 | tee target/test-output.log

@@ -96,7 +96,8 @@ enum Cmd {
     /// peak, and check that the outputs agree (1e-4 relative).
     Bench {
         model: PathBuf,
-        /// Threads for ONNX Runtime (the compiled model runs on the caller's thread).
+        /// Threads for both: ONNX Runtime's intra-op threads, and the compiled model's
+        /// `run_parallel` through onnxc_pool.h (the caller plus N-1 workers).
         #[arg(long, default_value_t = 1)]
         threads: usize,
         /// Timed runs of each engine.
