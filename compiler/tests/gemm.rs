@@ -259,8 +259,10 @@ fn cases() -> Vec<Case> {
     // Conv: 1x1 (direct), KxK through im2col (pads, strides, dilations), 1-D; with bias.
     // Also: output-row blocks with a tail and panels padded (3x3 on 64 channels), one
     // row spanning many panels (long 1-D), 1x1 stride 2 (a ResNet downsample), 1x1 with
-    // rows not whole vectors apart and many output channels (copied into panels).
-    let convs: [ConvCase; 9] = [
+    // rows not whole vectors apart and many output channels (copied into panels); deep
+    // kernels on small planes, with pixels as the GEMM's rows (channels in the lanes; the
+    // im2col as an A operand in row panels), batch 2 and stride 2.
+    let convs: [ConvCase; 11] = [
         (
             "conv1x1",
             vec![2, 17, 9, 11],
@@ -330,6 +332,23 @@ fn cases() -> Vec<Case> {
             vec![16, 8, 1, 1],
             vec![ints_attr("strides", &[2, 2])],
             vec![1, 16, 8, 8],
+        ),
+        (
+            "conv3x3_deep_small",
+            vec![2, 128, 7, 5],
+            vec![48, 128, 3, 3],
+            vec![ints_attr("pads", &[1, 1, 1, 1])],
+            vec![2, 48, 7, 5],
+        ),
+        (
+            "conv3x3_deep_stride2",
+            vec![1, 120, 9, 9],
+            vec![40, 120, 3, 3],
+            vec![
+                ints_attr("pads", &[1, 1, 1, 1]),
+                ints_attr("strides", &[2, 2]),
+            ],
+            vec![1, 40, 5, 5],
         ),
     ];
     for (name, xs, ws, attrs, ys) in convs {

@@ -357,11 +357,14 @@ pub enum Stmt {
 /// A strided 2-D view of a buffer: element `(i, j)` is at `offset + i * rs + j * cs`
 /// (elements, not bytes; `offset` is an i64 expression that may use loop variables).
 ///
-/// With `panel: Some((w, ps))` the columns are stored in panels of `w`: element `(i, j)`
-/// is at `offset + (j / w) * ps + i * rs + (j % w) * cs` (e.g. `[n/w][k][w]` with
-/// `rs = w, cs = 1, ps = k * w`, the layout GEMM microkernels read B in). Only a B view
-/// may have panels; the last panel is whole inside the buffer (its columns past `n`, the
-/// padding, may be read but do not affect the result).
+/// With `panel: Some((w, ps))` on a B view, the columns are stored in panels of `w`:
+/// element `(i, j)` is at `offset + (j / w) * ps + i * rs + (j % w) * cs` (e.g.
+/// `[n/w][k][w]` with `rs = w, cs = 1, ps = k * w`, the layout GEMM microkernels read B
+/// in). On an A view the rows are: element `(i, j)` is at
+/// `offset + (i / w) * ps + (i % w) * rs + j * cs` (`[m/w][k][w]` with `rs = 1, cs = w`,
+/// the layout microkernels read A in, broadcasting `w` consecutive elements per k step).
+/// C and init views have no panels. The last panel is whole inside the buffer (its
+/// padding may be read but does not affect the result).
 #[derive(Clone, Debug, PartialEq)]
 pub struct MatView {
     pub buf: BufId,

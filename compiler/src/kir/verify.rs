@@ -196,21 +196,31 @@ fn verify_gemm(g: &super::GemmCall, k: &Kernel, p: &Program) -> Result<(), Strin
             "B" => (g.k, g.n),
             _ => (g.m, g.n),
         };
-        // Panels: the columns of one panel, and the panels' extent (whole panels).
-        let (pcols, pext) = match v.panel {
-            None => (cols, 0),
+        // Panels (columns of B, rows of A): the extent within one panel, and the panels'
+        // extent (whole panels).
+        let (prows, pcols, pext) = match v.panel {
+            None => (rows, cols, 0),
             Some((w, ps)) => {
-                if *what != "B" {
-                    return Err(format!("gemm {what} view has panels (only B may)"));
+                if *what != "B" && *what != "A" {
+                    return Err(format!("gemm {what} view has panels (only A and B may)"));
                 }
                 if w == 0 {
-                    return Err("gemm B panels of width 0".into());
+                    return Err(format!("gemm {what} panels of width 0"));
                 }
-                (w, (cols.div_ceil(w) as i64 - 1) * ps)
+                if *what == "B" {
+                    (rows, w, (cols.div_ceil(w) as i64 - 1) * ps)
+                } else {
+                    (w, cols, (rows.div_ceil(w) as i64 - 1) * ps)
+                }
             }
         };
         if let super::Expr::Int(off) = v.offset {
-            let corners = [0, (rows as i64 - 1) * v.rs, (pcols as i64 - 1) * v.cs, pext];
+            let corners = [
+                0,
+                (prows as i64 - 1) * v.rs,
+                (pcols as i64 - 1) * v.cs,
+                pext,
+            ];
             let lo = off + corners[1].min(0) + corners[2].min(0) + corners[3].min(0);
             let hi = off + corners[1].max(0) + corners[2].max(0) + corners[3].max(0);
             if lo < 0 || hi >= b.len as i64 {

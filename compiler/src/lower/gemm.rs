@@ -370,6 +370,12 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
     if direct && ol != il {
         return Ok(false);
     }
+    if !direct && channels_in_lanes(m, ol, kd) {
+        if let (Some(p2), Some(wt)) = (Plane::of(g), transposed_weights(lw, &w, m, kd)) {
+            conv_transposed(lw, &p2, &x, wt, bias, &out, (nimg, c, m));
+            return Ok(true);
+        }
+    }
     // Output [n, m, spatial...] as [batch = n][rows = m][cols = spatial].
     let oshape = out.shape.clone();
     let split = OutSplit {
@@ -453,7 +459,7 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
             (kd * (rb * p2.ow).div_ceil(PANEL) * PANEL) as u64,
         );
         let block = |k: &mut Kernel, oh0: Expr, rows: usize| -> Vec<Stmt> {
-            let mut st = p2.im2col(k, x.buf, cb, nv, c, kd, oh0.clone(), rows);
+            let mut st = p2.im2col(k, x.buf, cb, nv, c, kd, oh0.clone(), rows, PANEL);
             let col0 = Expr::mul(oh0, Expr::Int(p2.ow as i64));
             let b = MatView {
                 buf: cb,
@@ -504,6 +510,142 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
     k.body = all;
     lw.push(k);
     Ok(true)
+}
+
+/// Rows of an A operand's panels: the AVX-512 microkernel's tile height (AVX2's 6 and
+/// NEON's 4 divide it; those back ends run one call per panel).
+const A_PANEL: usize = 12;
+
+/// Least depth (`c * kh * kw`) for [`conv_transposed`]: its transpose back costs a few
+/// cycles per output element, small next to `kd` multiply-adds only for deep kernels.
+const CT_MIN_K: usize = 1024;
+
+/// Most elements of [`conv_transposed`]'s scratch (the output, and its im2col).
+const CT_MAX_ELEMS: usize = 4 << 20;
+
+/// The share of 16-lane vectors a count of columns fills.
+fn lane_use(x: usize) -> f64 {
+    x as f64 / (x.div_ceil(16) * 16) as f64
+}
+
+/// Whether a KxK conv runs with its output channels as the GEMM's columns: deep kernels
+/// on small planes, where the channels fill the vector lanes better than the pixels
+/// (ResNet's 7x7 layers: 49 pixels in 64 lanes, 512 channels in 512).
+fn channels_in_lanes(m: usize, ol: usize, kd: usize) -> bool {
+    kd >= CT_MIN_K
+        && m >= 32
+        && m * ol <= CT_MAX_ELEMS
+        && kd * ol.div_ceil(A_PANEL) * A_PANEL <= CT_MAX_ELEMS
+        && lane_use(m) > lane_use(ol) + 0.04
+}
+
+/// The weights `[m][kd]` transposed to `[kd][m]` as a new constant buffer, when they
+/// are known at compile time.
+fn transposed_weights(lw: &mut LowerCtx, w: &TensorRef, m: usize, kd: usize) -> Option<usize> {
+    let vals = w.value.as_ref()?.to_f64()?;
+    let vals: Vec<f64> = vals.iter().copied().collect();
+    if vals.len() != m * kd {
+        return None;
+    }
+    let mut data = Vec::with_capacity(4 * m * kd);
+    for kk in 0..kd {
+        for mm in 0..m {
+            data.extend_from_slice(&(vals[mm * kd + kk] as f32).to_le_bytes());
+        }
+    }
+    Some(lw.program.add_buffer(
+        format!("{}/wt", lw.name),
+        BufKind::Const { data },
+        Ty::F32,
+        (m * kd) as u64,
+    ))
+}
+
+/// A group-1 f32 KxK conv with pixels and channels swapped, per image:
+/// `Ct[p, co] = sum_k X'[k, p] Wt[k, co] + bias[co]` into scratch, with the im2col `X'`
+/// of the whole image written as the A operand in row panels of [`A_PANEL`] pixels (the
+/// microkernel's packed layout) and `Wt` packed at compile time; pixels are the GEMM's
+/// rows, where a partial register tile wastes no lanes, channels its columns. Then
+/// `out[co, p] = epilogue(Ct[p, co])`.
+fn conv_transposed(
+    lw: &mut LowerCtx,
+    p2: &Plane,
+    x: &TensorRef,
+    wt: usize,
+    bias: Option<TensorRef>,
+    out: &TensorRef,
+    (nimg, c, m): (usize, usize, usize),
+) {
+    let ol = p2.oh * p2.ow;
+    let kd = c * p2.kh * p2.kw;
+    let ep = lw.epilogue.take().filter(|e| !e.is_empty());
+    let ct = lw.program.add_buffer(
+        format!("{}/ct", lw.name),
+        BufKind::Arena { offset: 0 },
+        Ty::F32,
+        (ol * m) as u64,
+    );
+    let cb = lw.program.add_buffer(
+        format!("{}/im2col", lw.name),
+        BufKind::Arena { offset: 0 },
+        Ty::F32,
+        (kd * ol.div_ceil(A_PANEL) * A_PANEL) as u64,
+    );
+    let mut k = lw.kernel("");
+    let nv = k.var(Ty::I64);
+    let mut body = p2.im2col(&mut k, x.buf, cb, nv, c, kd, Expr::Int(0), p2.oh, A_PANEL);
+    body.push(Stmt::Gemm(Box::new(GemmCall {
+        m: ol as u64,
+        n: m as u64,
+        k: kd as u64,
+        a: MatView {
+            buf: cb,
+            offset: Expr::Int(0),
+            rs: 1,
+            cs: A_PANEL as i64,
+            panel: Some((A_PANEL as u64, (kd * A_PANEL) as i64)),
+        },
+        b: MatView::strided(wt, Expr::Int(0), m as i64, 1),
+        c: MatView::strided(ct, Expr::Int(0), m as i64, 1),
+        alpha: 1.0,
+        init: bias.map(|b| MatView::strided(b.buf, Expr::Int(0), 0, 1)),
+        act: GemmAct::None,
+    })));
+    let (mv, pv) = (k.var(Ty::I64), k.var(Ty::I64));
+    let oidx = Expr::add(
+        Expr::add(
+            Expr::mul(Expr::Var(nv), Expr::Int((m * ol) as i64)),
+            Expr::mul(Expr::Var(mv), Expr::Int(ol as i64)),
+        ),
+        Expr::Var(pv),
+    );
+    let v = Expr::load(
+        ct,
+        Expr::add(Expr::mul(Expr::Var(pv), Expr::Int(m as i64)), Expr::Var(mv)),
+    );
+    let v = match &ep {
+        Some(ep) => ep.apply_flat(v, Ty::F32, oidx.clone(), &out.shape),
+        None => v,
+    };
+    body.push(Stmt::For {
+        var: mv,
+        extent: m as u64,
+        body: vec![Stmt::For {
+            var: pv,
+            extent: ol as u64,
+            body: vec![Stmt::Store {
+                buf: out.buf,
+                index: oidx,
+                value: v,
+            }],
+        }],
+    });
+    k.body = vec![Stmt::For {
+        var: nv,
+        extent: nimg as u64,
+        body,
+    }];
+    lw.push(k);
 }
 
 /// `e + col0 * cs`, folding zeros.
@@ -614,8 +756,9 @@ impl Plane {
 
     /// `cols[(ci, kh, kw), t * ow + o] = X[img, ci, ih, o * sw - pw + kw * dw]` with
     /// `ih = (oh0 + t) * sh - ph + kh * dh`, for `t < rows` (0 in the padding), stored in
-    /// column panels of [`PANEL`] (`[cols / PANEL][kd][PANEL]`, the padding columns of
-    /// the last panel zero). Block rows and kernel columns are unrolled, so every run of
+    /// column panels of `w` (`[cols / w][kd][w]`, the padding columns of the last panel
+    /// zero): a B operand in panels of [`PANEL`], or with `w` = [`A_PANEL`] the same
+    /// matrix transposed as an A operand in row panels. Block rows and kernel columns are unrolled, so every run of
     /// zeros or copies has bounds fixed at compile time.
     #[allow(clippy::too_many_arguments)]
     fn im2col(
@@ -628,9 +771,9 @@ impl Plane {
         kd: usize,
         oh0: Expr,
         rows: usize,
+        w: usize,
     ) -> Vec<Stmt> {
         use crate::kir::{BinOp, CmpOp};
-        let w = PANEL;
         let ps = (kd * w) as i64;
         let (ci, khv) = (k.var(Ty::I64), k.var(Ty::I64));
         let il = (self.h * self.w) as i64;

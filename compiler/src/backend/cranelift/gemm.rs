@@ -160,7 +160,7 @@ impl GemmCtx {
             out.push(Stmt::Gemm(g));
             return Ok(());
         }
-        if g.b.panel.is_some() {
+        if g.a.panel.is_some() || g.b.panel.is_some() {
             for part in unpanel(&g) {
                 self.gemm(module, Box::new(part), vars, p, calls, out)?;
             }
@@ -230,8 +230,13 @@ impl GemmCtx {
             Some(_) => return Ok(None),
         };
         let init_is_c = g.init.as_ref() == Some(&g.c);
-        let (a_tile, a_row, a_k, a_op) = match ca {
-            Some((data, off)) => {
+        let (a_tile, a_row, a_k, a_op) = match (ca, g.a.panel) {
+            // Row panels of the microkernel's height: its packed layout, read in place.
+            (None, Some((w, ps))) if w as i64 == mr => {
+                (ps * 4, g.a.rs * 4, g.a.cs * 4, Operand::Direct)
+            }
+            (_, Some(_)) => return Ok(None),
+            (Some((data, off)), None) => {
                 let alpha = if alpha_in_b { 1.0 } else { g.alpha };
                 let key = (g.a.buf, off, g.a.rs, g.a.cs, m, k, alpha.to_bits(), false);
                 let id = self.pack(module, key, || {
@@ -239,7 +244,7 @@ impl GemmCtx {
                 })?;
                 (k as i64 * mr * 4, 4, mr * 4, Operand::Packed(id))
             }
-            None => (mr * g.a.rs * 4, g.a.rs * 4, g.a.cs * 4, Operand::Direct),
+            (None, None) => (mr * g.a.rs * 4, g.a.rs * 4, g.a.cs * 4, Operand::Direct),
         };
         let mut b_group = 1;
         let (b_panel, b_k, b_padded, b_op) = match (cb, g.b.panel) {
@@ -442,9 +447,6 @@ fn at(v: &MatView, r: usize, c: usize) -> Expr {
 
 /// A GEMM whose B is in panels as one GEMM per panel, each with a plain B view.
 pub fn unpanel(g: &GemmCall) -> Vec<GemmCall> {
-    let Some((w, ps)) = g.b.panel else {
-        return vec![g.clone()];
-    };
     let shift = |v: &MatView, by: i64| MatView {
         offset: match (by, &v.offset) {
             (0, _) => v.offset.clone(),
@@ -453,6 +455,25 @@ pub fn unpanel(g: &GemmCall) -> Vec<GemmCall> {
         },
         panel: None,
         ..v.clone()
+    };
+    // A in row panels: one call per panel of rows (each then split by B's panels).
+    if let Some((w, ps)) = g.a.panel {
+        let w = w.max(1);
+        return (0..g.m.div_ceil(w))
+            .flat_map(|q| {
+                let i0 = (q * w) as i64;
+                unpanel(&GemmCall {
+                    m: w.min(g.m - q * w),
+                    a: shift(&g.a, q as i64 * ps),
+                    c: shift(&g.c, i0 * g.c.rs),
+                    init: g.init.as_ref().map(|v| shift(v, i0 * v.rs)),
+                    ..g.clone()
+                })
+            })
+            .collect();
+    }
+    let Some((w, ps)) = g.b.panel else {
+        return vec![g.clone()];
     };
     let w = w.max(1);
     (0..g.n.div_ceil(w))
@@ -471,7 +492,7 @@ pub fn unpanel(g: &GemmCall) -> Vec<GemmCall> {
 
 /// The GEMM as a scalar loop nest (new variables are added to `vars`).
 pub fn expand(g: &GemmCall, vars: &mut Vec<Ty>) -> Vec<Stmt> {
-    if g.b.panel.is_some() {
+    if g.a.panel.is_some() || g.b.panel.is_some() {
         return unpanel(g)
             .iter()
             .flat_map(|part| expand(part, vars))
