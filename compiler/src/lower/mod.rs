@@ -293,6 +293,8 @@ pub fn lower(g: &Graph, known: &HashMap<ValueId, Value>) -> Result<Lowered> {
                             continue;
                         }
                     },
+                    // (When a node failed, its message says why.)
+                    None if !errors.is_empty() => continue,
                     None => {
                         errors.push(format!("output `{}` is never computed", g.value(v).name));
                         continue;
