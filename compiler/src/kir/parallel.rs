@@ -298,10 +298,10 @@ fn defined_before_use(
                     }
                 }
             }
-            Stmt::While { body, .. } => {
-                if !defined_before_use(body, &mut defined.clone(), written) {
-                    return false;
-                }
+            Stmt::While { body, .. }
+                if !defined_before_use(body, &mut defined.clone(), written) =>
+            {
+                return false;
             }
             _ => {}
         }

@@ -966,7 +966,7 @@ pub(crate) mod lower {
     pub fn scalar_expr_fn(op_type: &str, tys: &[Option<Ty>]) -> Option<ExprFn> {
         // String pointers only move (Where selects them); Equal of strings compares
         // bytes in a loop (`string_equal`), not as one expression.
-        if op_type != "Where" && tys.iter().any(|t| *t == Some(Ty::Str)) {
+        if op_type != "Where" && tys.contains(&Some(Ty::Str)) {
             return None;
         }
         Some(match op_type {
