@@ -67,6 +67,7 @@ fn with_ml(mut m: ModelProto) -> ModelProto {
 ///   picked = Gather(words, [3, 0])                                       (string[2])
 ///   plural = RegexFullMatch(words, "[a-z]+s")                            (bool[4])
 ///   masked = Where(is_dog, words, "?")                                   (string[4])
+///   echo   = Identity(words)                                             (string[4])
 fn strings_model() -> ModelProto {
     let mut le_words = node("LabelEncoder", &["words"], &["ids"]);
     le_words.domain = Some("ai.onnx.ml".into());
@@ -93,6 +94,7 @@ fn strings_model() -> ModelProto {
             node("Gather", &["words", "at"], &["picked"]),
             re,
             node("Where", &["is_dog", "words", "unknown"], &["masked"]),
+            node("Identity", &["words"], &["echo"]),
         ],
         input: vec![
             value_info("words", DataType::String, &[4]),
@@ -105,6 +107,7 @@ fn strings_model() -> ModelProto {
             value_info("picked", DataType::String, &[2]),
             value_info("plural", DataType::Bool, &[4]),
             value_info("masked", DataType::String, &[4]),
+            value_info("echo", DataType::String, &[4]),
         ],
         initializer: vec![
             string_tensor("dog", &[], &["dog"]),
@@ -147,8 +150,9 @@ int main(void) {
     const char *picked[STRMODEL_OUTPUT_3_ELEMS];
     uint8_t plural[STRMODEL_OUTPUT_4_ELEMS];
     const char *masked[STRMODEL_OUTPUT_5_ELEMS];
+    const char *echo[STRMODEL_OUTPUT_6_ELEMS];
     counting = 1;
-    int s = strmodel_run(words, codes, ids, is_dog, names, picked, plural, masked, arena);
+    int s = strmodel_run(words, codes, ids, is_dog, names, picked, plural, masked, echo, arena);
     counting = 0;
     printf("status: %d\nallocations: %d\n", s, calls);
     printf("ids: "); for (int i = 0; i < STRMODEL_OUTPUT_0_ELEMS; i++) printf("%s%lld", i ? "|" : "", (long long)ids[i]);
@@ -157,8 +161,11 @@ int main(void) {
     printf("\npicked: "); for (int i = 0; i < STRMODEL_OUTPUT_3_ELEMS; i++) printf("%s%s", i ? "|" : "", picked[i]);
     printf("\nplural: "); for (int i = 0; i < STRMODEL_OUTPUT_4_ELEMS; i++) printf("%s%d", i ? "|" : "", plural[i]);
     printf("\nmasked: "); for (int i = 0; i < STRMODEL_OUTPUT_5_ELEMS; i++) printf("%s%s", i ? "|" : "", masked[i]);
-    /* Pointers, not copies: picked = words[3], words[0]; masked[1] = words[1]. */
-    printf("\nsame pointers: %d\n", picked[0] == words[3] && picked[1] == words[0] && masked[1] == words[1]);
+    printf("\necho: "); for (int i = 0; i < STRMODEL_OUTPUT_6_ELEMS; i++) printf("%s%s", i ? "|" : "", echo[i]);
+    /* Pointers, not copies: picked = words[3], words[0]; masked[1] = words[1]; echo. */
+    int same = picked[0] == words[3] && picked[1] == words[0] && masked[1] == words[1];
+    for (int i = 0; i < STRMODEL_OUTPUT_6_ELEMS; i++) same &= echo[i] == words[i];
+    printf("\nsame pointers: %d\n", same);
     return 0;
 }
 "#;
@@ -182,17 +189,18 @@ fn line(name: &str, t: &Tensor) -> String {
     format!("{name}: {}", vals.join("|"))
 }
 
-fn compiled_against_reference(target: &str) {
+fn compiled_against_reference(target: &str, opt_level: u8) {
     let d = tempfile::tempdir().unwrap();
     let path = common::write_model(d.path(), "strmodel.onnx", &strings_model());
     let c = compile_file(
         &path,
         &Options {
             target: target.into(),
+            opt_level,
             ..Options::default()
         },
     )
-    .unwrap_or_else(|e| panic!("{target}: {e}"));
+    .unwrap_or_else(|e| panic!("{target} -O{opt_level}: {e}"));
     let tc = runner::Toolchain::for_triple(&c.target.triple);
     assert!(
         tc.available(),
@@ -249,7 +257,11 @@ fn compiled_against_reference(target: &str) {
         expected.push(line(&m.graph.value(o).name, v.as_tensor().expect("tensor")));
     }
     expected.push("same pointers: 1".into());
-    assert_eq!(got.lines().collect::<Vec<_>>(), expected, "{target}");
+    assert_eq!(
+        got.lines().collect::<Vec<_>>(),
+        expected,
+        "{target} -O{opt_level}"
+    );
     // The values themselves (a reference that went wrong the same way would hide it).
     assert!(got.contains("ids: 1|2|0|0\n"), "{got}");
     assert!(got.contains("names: two|many|one\n"), "{got}");
@@ -259,12 +271,14 @@ fn compiled_against_reference(target: &str) {
 
 #[test]
 fn string_model_compiled_for_the_host_matches_the_reference() {
-    compiled_against_reference("host");
+    // -O0 lowers every node as written (Identity included), -O2 after the optimizer.
+    compiled_against_reference("host", 0);
+    compiled_against_reference("host", 2);
 }
 
 #[test]
 fn string_model_compiled_for_aarch64_matches_the_reference() {
-    compiled_against_reference("aarch64-neon");
+    compiled_against_reference("aarch64-neon", 2);
 }
 
 /// A one-node model of `op` on string inputs `x` and `y` (string[2]) with output `z`.

@@ -964,9 +964,9 @@ pub(crate) mod lower {
     /// has one. Every op the elementwise lowerings compile as one expression per element
     /// is here (Pow of integers, which needs a loop, is not).
     pub fn scalar_expr_fn(op_type: &str, tys: &[Option<Ty>]) -> Option<ExprFn> {
-        // String pointers only move (Where selects them); Equal of strings compares
-        // bytes in a loop (`string_equal`), not as one expression.
-        if op_type != "Where" && tys.contains(&Some(Ty::Str)) {
+        // String pointers only move (Identity copies and Where selects them); Equal of
+        // strings compares bytes in a loop (`string_equal`), not as one expression.
+        if !matches!(op_type, "Where" | "Identity") && tys.contains(&Some(Ty::Str)) {
             return None;
         }
         Some(match op_type {
