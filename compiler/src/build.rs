@@ -14,7 +14,9 @@
 //! `compile` writes `NAME.o` and typed bindings `NAME.rs` into `OUT_DIR`, and tells cargo
 //! to link the object (and libm). The bindings hold the shape and arena constants, the raw
 //! `extern "C"` entry points, a safe `run` over fixed-size arrays, and `model()`, the
-//! descriptor wrapped by the `onnxc-runtime` crate.
+//! descriptor wrapped by the `onnxc-runtime` crate. String tensors are arrays of
+//! `onnxc_runtime::StrRef<'a>` (a `const char *` with a lifetime): `run<'a>` takes the
+//! input strings for `'a` and fills string outputs with pointers that live as long.
 
 use crate::driver::{compile_file, Options};
 use crate::emit::c_ident;
@@ -161,6 +163,7 @@ impl Build {
             "impl Arena {{ pub const fn new() -> Arena {{ Arena([0; ARENA_BYTES + 1]) }} }}"
         );
         let mut params = Vec::new();
+        let mut strings = false;
         let mut safe_params = Vec::new();
         let mut args = Vec::new();
         for (kind, ts) in [("INPUT", &inputs), ("OUTPUT", &outputs)] {
@@ -184,7 +187,19 @@ impl Build {
                     "#[allow(dead_code)]\npub const {kind}_{i}_ELEMS: usize = {n};"
                 );
                 let lower = kind.to_ascii_lowercase();
-                if kind == "INPUT" {
+                if t.dtype == 8 {
+                    strings = true;
+                    let (raw, safe, arg) = if kind == "INPUT" {
+                        ("*const *const core::ffi::c_char", "&", "as_ptr")
+                    } else {
+                        ("*mut *const core::ffi::c_char", "&mut ", "as_mut_ptr")
+                    };
+                    params.push(format!("{lower}_{i}: {raw}"));
+                    safe_params.push(format!(
+                        "{lower}_{i}: {safe}[onnxc_runtime::StrRef<'a>; {n}]"
+                    ));
+                    args.push(format!("{lower}_{i}.{arg}().cast()"));
+                } else if kind == "INPUT" {
                     params.push(format!("{lower}_{i}: *const {ty}"));
                     safe_params.push(format!("{lower}_{i}: &[{ty}; {n}]"));
                     args.push(format!("{lower}_{i}.as_ptr()"));
@@ -211,7 +226,8 @@ impl Build {
         let _ = writeln!(s, "/// Runs the model once. Reentrant; allocates nothing. Returns the status code on error.");
         let _ = writeln!(
             s,
-            "#[allow(dead_code)]\npub fn run({}) -> Result<(), i32> {{",
+            "#[allow(dead_code)]\npub fn run{}({}) -> Result<(), i32> {{",
+            if strings { "<'a>" } else { "" },
             safe_params.join(", ")
         );
         let _ = writeln!(
@@ -224,7 +240,12 @@ impl Build {
         );
         let _ = writeln!(
             s,
-            "    // reads and writes, and the arena is ARENA_BYTES long and 64-byte aligned."
+            "    // reads and writes, and the arena is ARENA_BYTES long and 64-byte aligned.{}",
+            if strings {
+                "\n    // Input strings are NUL-terminated and live for 'a (StrRef); the model writes\n    // into string outputs only input pointers or pointers to its constant strings."
+            } else {
+                ""
+            }
         );
         let _ = writeln!(
             s,

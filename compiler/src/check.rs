@@ -29,7 +29,7 @@ impl SplitMix {
 
 /// Random values for every graph input (static shapes needed): floats uniform in
 /// [-1, 1), integers in [0, 4) (valid token ids, indices and masks for the models we
-/// meet), booleans half true.
+/// meet), booleans half true, strings such an integer spelled as a float (`"2.0"`).
 pub fn random_inputs(g: &Graph, seed: u64) -> Result<Vec<Value>> {
     let mut rng = SplitMix::new(seed);
     let mut vals = Vec::new();
@@ -61,7 +61,8 @@ pub fn random_inputs(g: &Graph, seed: u64) -> Result<Vec<Value>> {
 }
 
 /// Largest absolute difference over the largest magnitude of the expected tensor (the
-/// measure every whole-model test uses). Shapes must agree; NaNs must match.
+/// measure every whole-model test uses). Shapes must agree; NaNs must match; strings
+/// must be equal (0).
 pub fn rel_err(got: &Tensor, want: &Tensor) -> std::result::Result<f64, String> {
     if got.shape() != want.shape() {
         return Err(format!(
@@ -69,6 +70,20 @@ pub fn rel_err(got: &Tensor, want: &Tensor) -> std::result::Result<f64, String> 
             got.shape(),
             want.shape()
         ));
+    }
+    if got.dtype() == DType::Str || want.dtype() == DType::Str {
+        // Strings: equal or not (0 or an error naming the first difference).
+        let (Some(a), Some(b)) = (got.array::<String>(), want.array::<String>()) else {
+            return Err(format!("{} compared with {}", got.dtype(), want.dtype()));
+        };
+        return match a.iter().zip(b.iter()).position(|(x, y)| x != y) {
+            None => Ok(0.0),
+            Some(i) => Err(format!(
+                "strings differ at flat index {i}: {:?}, expected {:?}",
+                a.iter().nth(i).expect("index"),
+                b.iter().nth(i).expect("index")
+            )),
+        };
     }
     let (Some(a), Some(b)) = (got.to_f64_vec(), want.to_f64_vec()) else {
         return Err(format!(

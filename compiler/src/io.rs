@@ -28,7 +28,8 @@ fn descr(dt: DType) -> Option<&'static str> {
 }
 
 /// Encodes a tensor as `.npy` bytes. bfloat16 and the 8/4-bit float types are written
-/// as float32 (NumPy has no such dtypes); 4/2-bit integers as int8/uint8.
+/// as float32 (NumPy has no such dtypes); 4/2-bit integers as int8/uint8; strings as
+/// NumPy's fixed-width unicode (`<U` + the longest string's length in characters).
 pub fn to_npy(t: &Tensor) -> Result<Vec<u8>> {
     let t = match t.dtype() {
         DType::BF16
@@ -42,8 +43,17 @@ pub fn to_npy(t: &Tensor) -> Result<Vec<u8>> {
         DType::U4 | DType::U2 => t.cast(DType::U8, false).expect("int cast"),
         _ => t.clone(),
     };
-    let d = descr(t.dtype())
-        .ok_or_else(|| Error::Usage(format!("{} tensors cannot be written as .npy", t.dtype())))?;
+    let strings = t.array::<String>();
+    let width = strings.map_or(0, |a| {
+        a.iter().map(|s| s.chars().count()).max().unwrap_or(0)
+    });
+    let unicode = format!("<U{}", width.max(1));
+    let d = match strings {
+        Some(_) => unicode.as_str(),
+        None => descr(t.dtype()).ok_or_else(|| {
+            Error::Usage(format!("{} tensors cannot be written as .npy", t.dtype()))
+        })?,
+    };
     let shape: Vec<String> = t.shape().iter().map(|d| d.to_string()).collect();
     let shape = match shape.len() {
         1 => format!("({},)", shape[0]),
@@ -56,8 +66,22 @@ pub fn to_npy(t: &Tensor) -> Result<Vec<u8>> {
     let mut out = b"\x93NUMPY\x01\x00".to_vec();
     out.extend_from_slice(&(header.len() as u16).to_le_bytes());
     out.extend_from_slice(header.as_bytes());
-    let p = onnx::tensor::to_proto(&t, "");
-    out.extend_from_slice(p.raw_data.as_deref().unwrap_or(&[]));
+    match strings {
+        Some(a) => {
+            for s in a.iter() {
+                let mut n = 0;
+                for c in s.chars() {
+                    out.extend_from_slice(&(c as u32).to_le_bytes());
+                    n += 1;
+                }
+                out.resize(out.len() + 4 * (width.max(1) - n), 0);
+            }
+        }
+        None => {
+            let p = onnx::tensor::to_proto(&t, "");
+            out.extend_from_slice(p.raw_data.as_deref().unwrap_or(&[]));
+        }
+    }
     Ok(out)
 }
 
@@ -97,11 +121,17 @@ pub fn from_npy(bytes: &[u8], what: &str) -> Result<Tensor> {
             "Fortran order is not supported; save with np.ascontiguousarray",
         ));
     }
-    let dt = DType::ALL
-        .iter()
-        .copied()
-        .find(|d| descr(*d).is_some_and(|x| x == descr_s || x.replace('|', "<") == descr_s))
-        .ok_or_else(|| bad(&format!("unsupported dtype `{descr_s}`")))?;
+    let width = descr_s
+        .strip_prefix("<U")
+        .and_then(|w| w.parse::<usize>().ok());
+    let dt = match width {
+        Some(_) => DType::Str,
+        None => DType::ALL
+            .iter()
+            .copied()
+            .find(|d| descr(*d).is_some_and(|x| x == descr_s || x.replace('|', "<") == descr_s))
+            .ok_or_else(|| bad(&format!("unsupported dtype `{descr_s}`")))?,
+    };
     let shape_s = field("shape").ok_or_else(|| bad("no shape"))?;
     let inner = shape_s
         .trim_start_matches('(')
@@ -116,7 +146,28 @@ pub fn from_npy(bytes: &[u8], what: &str) -> Result<Tensor> {
         .collect::<std::result::Result<_, _>>()
         .map_err(|_| bad("bad shape"))?;
     let (shape, n) = onnx::tensor::checked_shape(&dims, what)?;
-    onnx::tensor::from_raw(dt, &shape, n, &bytes[start + hlen..], what)
+    let data = &bytes[start + hlen..];
+    if let Some(w) = width {
+        // Fixed-width UTF-32: each string is w code points, padded with zeros.
+        if w.checked_mul(4).and_then(|b| b.checked_mul(n)) != Some(data.len()) {
+            return Err(bad("the data does not match the shape"));
+        }
+        let mut v = Vec::with_capacity(n);
+        for chunk in data.chunks(4 * w.max(1)).take(n) {
+            let s: Option<String> = chunk
+                .chunks(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .take_while(|&c| c != 0)
+                .map(char::from_u32)
+                .collect();
+            v.push(s.ok_or_else(|| bad("a character is not a Unicode scalar value"))?);
+        }
+        v.resize(n, String::new());
+        let a = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&shape), v)
+            .map_err(|_| bad("bad shape"))?;
+        return Ok(Tensor::from_array(a));
+    }
+    onnx::tensor::from_raw(dt, &shape, n, data, what)
 }
 
 /// Reads an input file: `.npy`, or an ONNX `.pb` (TensorProto, or a sequence/optional
@@ -160,6 +211,14 @@ mod tests {
         assert_eq!(from_npy(&b, "t").unwrap(), t);
         let s = Tensor::from_vec(&[], vec![7i64]);
         assert_eq!(from_npy(&to_npy(&s).unwrap(), "s").unwrap(), s);
+    }
+
+    #[test]
+    fn npy_strings_roundtrip_as_fixed_width_unicode() {
+        let t = Tensor::from_vec(&[3], vec!["a".to_string(), "日本".into(), String::new()]);
+        let b = to_npy(&t).unwrap();
+        assert!(String::from_utf8_lossy(&b).contains("'descr': '<U2'"));
+        assert_eq!(from_npy(&b, "t").unwrap(), t);
     }
 
     #[test]

@@ -17,6 +17,14 @@
  *     required feature) is reported as an onnxc_status_t code; 0 (ONNXC_OK) is success.
  *   - Tensors are dense, row-major (C order), in the element type given by `dtype`, and
  *     naturally aligned for that type. Weights are const data inside the object.
+ *   - String tensors (ONNXC_STRING) are arrays of `const char *`, one pointer per element
+ *     in the same row-major order, each to a NUL-terminated UTF-8 string; `bytes` is
+ *     elems * sizeof(const char *). A model only reads the strings of its inputs (up to
+ *     their NUL) and never writes them. It writes into a string output only pointers it
+ *     already has: an input string's pointer (valid while the caller keeps that input
+ *     alive and unchanged) or a constant string in the object (valid for the life of the
+ *     program). It never allocates new strings, so ops that create string bytes at run
+ *     time (StringConcat, StringNormalizer, StringSplit) are refused at compile time.
  *
  * ABI versioning: `abi_version` in the descriptor is ONNXC_ABI_VERSION of the compiler
  * that emitted it. A harness must refuse a descriptor whose version it does not know.
@@ -62,6 +70,7 @@ typedef enum {
   ONNXC_INT16 = 5,
   ONNXC_INT32 = 6,
   ONNXC_INT64 = 7,
+  ONNXC_STRING = 8,   /* one `const char *` per element, to a NUL-terminated UTF-8 string */
   ONNXC_BOOL = 9,     /* one byte per element, 0 or 1 */
   ONNXC_FLOAT16 = 10,
   ONNXC_DOUBLE = 11,
@@ -78,7 +87,7 @@ typedef struct {
   int32_t rank;          /* number of dimensions; 0 for a scalar */
   const int64_t *shape;  /* `rank` dimensions, all static; may be NULL when rank is 0 */
   uint64_t elems;        /* product of the dimensions (1 for a scalar) */
-  uint64_t bytes;        /* size of the dense buffer in bytes */
+  uint64_t bytes;        /* size of the dense buffer in bytes (strings: elems pointers) */
 } onnxc_tensor_info_t;
 
 /*

@@ -14,6 +14,9 @@
 //! let arena = model.carve_arena(&mut arena)?;
 //! model.run_typed::<f32>(&[&image], &mut [&mut logits], arena)?;
 //! ```
+//!
+//! String tensors are arrays of `const char *`; they go through [`Model::run_tensors`]
+//! as slices of [`StrRef`] (a C string pointer with a lifetime), never as bytes.
 #![no_std]
 
 #[cfg(test)]
@@ -21,6 +24,7 @@ extern crate std;
 
 use core::ffi::{c_char, c_void, CStr};
 use core::fmt;
+use core::marker::PhantomData;
 
 /// Version of the layout of [`ModelDesc`] and [`TensorInfo`] (`ONNXC_ABI_VERSION`).
 /// Version 2 added [`ModelDesc::run_parallel`]; descriptors of version 1 are still
@@ -150,9 +154,11 @@ impl DType {
     }
 
     /// The alignment a buffer of this type needs: its scalar's natural alignment
-    /// (complex types align as their components), 1 for packed sub-byte types.
+    /// (complex types align as their components, strings as pointers), 1 for packed
+    /// sub-byte types.
     pub fn align(self) -> usize {
         match self.0 {
+            8 => core::mem::align_of::<*const c_char>(),
             14 => 4,
             15 => 8,
             _ => match self.bits() {
@@ -353,6 +359,13 @@ pub enum Error {
     Status(Status),
     /// The model returned a status code this ABI version does not define.
     UnknownStatus(i32),
+    /// A string tensor was given as bytes (or a numeric one as strings): string tensors
+    /// are arrays of C string pointers and go through [`Model::run_tensors`] as
+    /// [`Input::Strings`] / [`Output::Strings`].
+    StringTensor {
+        output: bool,
+        index: usize,
+    },
 }
 
 impl fmt::Display for Error {
@@ -402,6 +415,11 @@ impl fmt::Display for Error {
             }
             Error::Status(s) => write!(f, "model returned status {}: {}", s as i32, s.as_str()),
             Error::UnknownStatus(code) => write!(f, "model returned unknown status {code}"),
+            Error::StringTensor { output, index } => write!(
+                f,
+                "{} {index}: string tensors (arrays of C string pointers) go through Model::run_tensors as Strings, other tensors as Bytes",
+                if output { "output" } else { "input" }
+            ),
         }
     }
 }
@@ -425,6 +443,97 @@ macro_rules! element {
 }
 element!(f32 => FLOAT, f64 => DOUBLE, i8 => INT8, u8 => UINT8, i16 => INT16, u16 => UINT16,
          i32 => INT32, u32 => UINT32, i64 => INT64, u64 => UINT64);
+
+/// One element of a string tensor: a pointer to a NUL-terminated string that lives for
+/// `'a`, laid out exactly as the C `const char *` a model reads and writes, so a
+/// `&[StrRef]` is the model's string tensor itself (no copy, no allocation).
+///
+/// A model reads its input strings and writes into string outputs only pointers it
+/// already has: its inputs' (which live for `'a`) or its constant strings (which live
+/// for the program). So outputs filled by [`Model::run_tensors`] are valid for `'a`.
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+pub struct StrRef<'a> {
+    ptr: *const c_char,
+    life: PhantomData<&'a CStr>,
+}
+
+impl<'a> StrRef<'a> {
+    /// The empty string (for initialising output arrays).
+    pub const EMPTY: StrRef<'static> = StrRef {
+        ptr: c"".as_ptr(),
+        life: PhantomData,
+    };
+
+    pub const fn new(s: &'a CStr) -> StrRef<'a> {
+        StrRef {
+            ptr: s.as_ptr(),
+            life: PhantomData,
+        }
+    }
+
+    pub fn as_cstr(&self) -> &'a CStr {
+        // SAFETY: `ptr` came from a `&'a CStr` (new), or a model wrote it into an output
+        // during a run whose inputs live for 'a: by the ABI contract it is then one of
+        // those inputs or one of the model's constant strings ('static).
+        unsafe { CStr::from_ptr(self.ptr) }
+    }
+
+    /// The string as UTF-8, `None` if it is not valid UTF-8.
+    pub fn to_str(&self) -> Option<&'a str> {
+        self.as_cstr().to_str().ok()
+    }
+
+    pub fn as_ptr(&self) -> *const c_char {
+        self.ptr
+    }
+}
+
+impl<'a> From<&'a CStr> for StrRef<'a> {
+    fn from(s: &'a CStr) -> StrRef<'a> {
+        StrRef::new(s)
+    }
+}
+
+impl Default for StrRef<'_> {
+    fn default() -> Self {
+        StrRef::EMPTY
+    }
+}
+
+impl PartialEq for StrRef<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_cstr() == other.as_cstr()
+    }
+}
+
+impl Eq for StrRef<'_> {}
+
+impl fmt::Debug for StrRef<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_cstr(), f)
+    }
+}
+
+// SAFETY: a StrRef is a shared reference to immutable bytes (a `&'a CStr` in effect).
+unsafe impl Send for StrRef<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for StrRef<'_> {}
+
+/// An input for [`Model::run_tensors`]: a dense buffer's bytes, or a string tensor.
+#[derive(Clone, Copy, Debug)]
+pub enum Input<'i, 'a> {
+    Bytes(&'i [u8]),
+    Strings(&'i [StrRef<'a>]),
+}
+
+/// An output for [`Model::run_tensors`]: a dense buffer's bytes, or a string tensor whose
+/// elements the run sets (to strings that live as long as the inputs').
+#[derive(Debug)]
+pub enum Output<'o, 'a> {
+    Bytes(&'o mut [u8]),
+    Strings(&'o mut [StrRef<'a>]),
+}
 
 /// A safe view of one input or output of a model.
 #[derive(Clone, Copy)]
@@ -542,7 +651,10 @@ impl Model {
     /// `name` and every tensor name null or NUL-terminated; `inputs`/`outputs` pointing
     /// to `n_inputs`/`n_outputs` entries; each `shape` to `rank` dimensions; and `run` a
     /// function that, given buffers of the sizes the descriptor states and an arena of
-    /// `arena_bytes` bytes aligned to `arena_align`, reads and writes only those.
+    /// `arena_bytes` bytes aligned to `arena_align`, reads and writes only those (and
+    /// the strings its string inputs point to, up to their NUL), and writes into a string
+    /// output only pointers from its string inputs or to NUL-terminated constants that
+    /// live for the rest of the program.
     pub unsafe fn from_raw(desc: *const ModelDesc) -> Result<Model, Error> {
         // SAFETY: the caller guarantees `desc` is null or valid for 'static.
         let desc: &'static ModelDesc = match unsafe { desc.as_ref() } {
@@ -678,13 +790,88 @@ impl Model {
         let mut ip = [core::ptr::null::<c_void>(); MAX_TENSORS];
         let mut op = [core::ptr::null_mut::<c_void>(); MAX_TENSORS];
         for (index, (buf, t)) in inputs.iter().zip(self.inputs().iter()).enumerate() {
+            not_strings(false, index, t)?;
             check_buffer(false, index, buf.as_ptr(), buf.len(), t)?;
             ip[index] = buf.as_ptr().cast();
         }
         for (index, (buf, t)) in outputs.iter_mut().zip(self.outputs().iter()).enumerate() {
+            not_strings(true, index, t)?;
             check_buffer(true, index, buf.as_ptr(), buf.len(), t)?;
             op[index] = buf.as_mut_ptr().cast();
         }
+        self.call(&ip, &op, arena, threads)
+    }
+
+    /// Runs the model on a mix of dense buffers and string tensors, in graph order:
+    /// what [`Model::run`] checks, plus each tensor's kind (strings for string tensors,
+    /// bytes for the others) and each string tensor's element count. String outputs are
+    /// set to pointers that live as long as the input strings (`'a`).
+    ///
+    /// ```ignore
+    /// let words = [StrRef::new(c"cat"), StrRef::new(c"dog")];
+    /// let mut ids = [0u8; 16];            // two int64 outputs
+    /// let mut echo = [StrRef::EMPTY; 2];  // a string output
+    /// model.run_tensors(&[Input::Strings(&words)],
+    ///                   &mut [Output::Bytes(&mut ids), Output::Strings(&mut echo)], arena)?;
+    /// ```
+    pub fn run_tensors<'a>(
+        &self,
+        inputs: &[Input<'_, 'a>],
+        outputs: &mut [Output<'_, 'a>],
+        arena: &mut [u8],
+    ) -> Result<(), Error> {
+        self.tensors(inputs, outputs, arena, None)
+    }
+
+    /// [`Model::run_tensors`] with the application's threads (see [`Model::run_parallel`]).
+    pub fn run_tensors_parallel<'a>(
+        &self,
+        inputs: &[Input<'_, 'a>],
+        outputs: &mut [Output<'_, 'a>],
+        arena: &mut [u8],
+        threads: &Threads,
+    ) -> Result<(), Error> {
+        self.tensors(inputs, outputs, arena, Some(threads))
+    }
+
+    fn tensors<'a>(
+        &self,
+        inputs: &[Input<'_, 'a>],
+        outputs: &mut [Output<'_, 'a>],
+        arena: &mut [u8],
+        threads: Option<&Threads>,
+    ) -> Result<(), Error> {
+        self.check_counts(inputs.len(), outputs.len())?;
+        let mut ip = [core::ptr::null::<c_void>(); MAX_TENSORS];
+        let mut op = [core::ptr::null_mut::<c_void>(); MAX_TENSORS];
+        for (index, (x, t)) in inputs.iter().zip(self.inputs().iter()).enumerate() {
+            ip[index] = match *x {
+                Input::Bytes(buf) => {
+                    not_strings(false, index, t)?;
+                    check_buffer(false, index, buf.as_ptr(), buf.len(), t)?;
+                    buf.as_ptr().cast()
+                }
+                Input::Strings(s) => {
+                    check_strings(false, index, s.len(), t)?;
+                    s.as_ptr().cast()
+                }
+            };
+        }
+        for (index, (x, t)) in outputs.iter_mut().zip(self.outputs().iter()).enumerate() {
+            op[index] = match x {
+                Output::Bytes(buf) => {
+                    not_strings(true, index, t)?;
+                    check_buffer(true, index, buf.as_ptr(), buf.len(), t)?;
+                    buf.as_mut_ptr().cast()
+                }
+                Output::Strings(s) => {
+                    check_strings(true, index, s.len(), t)?;
+                    s.as_mut_ptr().cast()
+                }
+            };
+        }
+        // The model writes into string outputs only pointers to its input strings ('a)
+        // or to its own constant strings (see StrRef).
         self.call(&ip, &op, arena, threads)
     }
 
@@ -721,6 +908,7 @@ impl Model {
         let mut ip = [core::ptr::null::<c_void>(); MAX_TENSORS];
         let mut op = [core::ptr::null_mut::<c_void>(); MAX_TENSORS];
         for (index, (buf, t)) in inputs.iter().zip(self.inputs().iter()).enumerate() {
+            not_strings(false, index, t)?;
             if t.dtype() != I::DTYPE {
                 return Err(Error::InputType {
                     index,
@@ -738,6 +926,7 @@ impl Model {
             ip[index] = buf.as_ptr().cast();
         }
         for (index, (buf, t)) in outputs.iter_mut().zip(self.outputs().iter()).enumerate() {
+            not_strings(true, index, t)?;
             if t.dtype() != O::DTYPE {
                 return Err(Error::OutputType {
                     index,
@@ -773,7 +962,9 @@ impl Model {
     /// # Safety
     /// `inputs` must hold `inputs().len()` pointers and `outputs` `outputs().len()`
     /// pointers, each to a buffer of the tensor's `bytes()` size aligned for its dtype,
-    /// outputs writable and not aliasing anything else in use.
+    /// outputs writable and not aliasing anything else in use; a string input's buffer
+    /// holds `elems()` pointers to NUL-terminated strings (which a string output's
+    /// pointers may then point to, so they must outlive the outputs' use).
     pub unsafe fn run_raw(
         &self,
         inputs: *const *const c_void,
@@ -891,6 +1082,39 @@ fn table(ptr: *const TensorInfo, n: u32) -> &'static [TensorInfo] {
     // SAFETY: Model::from_raw's contract: a non-null table holds `n` entries that live
     // for 'static and never change.
     unsafe { core::slice::from_raw_parts(ptr, n as usize) }
+}
+
+/// String tensors never go through the byte paths: their buffers hold pointers the
+/// model follows.
+fn not_strings(output: bool, index: usize, t: Tensor) -> Result<(), Error> {
+    if t.dtype() == DType::STRING {
+        return Err(Error::StringTensor { output, index });
+    }
+    Ok(())
+}
+
+/// A string tensor given for tensor `t`: it must be one, of `t.elems()` strings.
+fn check_strings(output: bool, index: usize, len: usize, t: Tensor) -> Result<(), Error> {
+    if t.dtype() != DType::STRING {
+        return Err(Error::StringTensor { output, index });
+    }
+    let (expected, found) = (t.bytes(), (len * core::mem::size_of::<StrRef>()) as u64);
+    if len as u64 != t.elems() || expected != found {
+        return Err(if output {
+            Error::OutputSize {
+                index,
+                expected,
+                found,
+            }
+        } else {
+            Error::InputSize {
+                index,
+                expected,
+                found,
+            }
+        });
+    }
+    Ok(())
 }
 
 fn check_buffer(

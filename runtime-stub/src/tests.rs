@@ -665,3 +665,134 @@ int main(void) {
     }
     assert_eq!(lines[8], "unknown status");
 }
+
+static SHAPE_2: [i64; 1] = [2];
+
+/// pick: for each of 2 strings, out_len = its length (int64) and out_str = the string
+/// itself when it is not empty, else a constant "(empty)".
+unsafe extern "C" fn pick_run(
+    inputs: *const *const c_void,
+    outputs: *const *mut c_void,
+    _arena: *mut c_void,
+) -> i32 {
+    // SAFETY: the wrapper passes 1 string input and 2 outputs (2 int64, 2 strings).
+    unsafe {
+        let s = core::slice::from_raw_parts(*inputs as *const *const c_char, 2);
+        let lens = core::slice::from_raw_parts_mut(*outputs as *mut i64, 2);
+        let out = core::slice::from_raw_parts_mut(*outputs.add(1) as *mut *const c_char, 2);
+        for i in 0..2 {
+            let n = CStr::from_ptr(s[i]).to_bytes().len();
+            lens[i] = n as i64;
+            out[i] = if n == 0 { c"(empty)".as_ptr() } else { s[i] };
+        }
+    }
+    0
+}
+
+const fn info1(name: &'static CStr, dtype: DType, bytes: u64) -> TensorInfo {
+    TensorInfo {
+        name: name.as_ptr(),
+        dtype: dtype.0,
+        rank: 1,
+        shape: SHAPE_2.as_ptr(),
+        elems: 2,
+        bytes,
+    }
+}
+
+static PICK_INPUTS: [TensorInfo; 1] = [info1(c"words", DType::STRING, 16)];
+static PICK_OUTPUTS: [TensorInfo; 2] = [
+    info1(c"lens", DType::INT64, 16),
+    info1(c"same", DType::STRING, 16),
+];
+static PICK: ModelDesc = ModelDesc {
+    abi_version: ABI_VERSION,
+    n_inputs: 1,
+    n_outputs: 2,
+    reserved0: 0,
+    name: c"pick".as_ptr(),
+    inputs: PICK_INPUTS.as_ptr(),
+    outputs: PICK_OUTPUTS.as_ptr(),
+    arena_bytes: 0,
+    arena_align: 64,
+    run: Some(pick_run),
+    cpu_supported: None,
+    run_parallel: None,
+};
+
+#[test]
+fn string_tensors_run_as_c_string_pointers() {
+    // SAFETY: PICK is a valid 'static descriptor built above.
+    let m = unsafe { Model::from_raw(&PICK) }.unwrap();
+    assert_eq!(m.inputs().get(0).unwrap().dtype().align(), 8);
+    let text = std::string::String::from("hello\0");
+    let word = CStr::from_bytes_with_nul(text.as_bytes()).unwrap();
+    let words = [StrRef::new(word), StrRef::new(c"")];
+    let mut lens = Arena64::<16>::new();
+    let mut same = [StrRef::EMPTY; 2];
+    let mut arena = Arena64::<0>::new();
+    m.run_tensors(
+        &[Input::Strings(&words)],
+        &mut [
+            Output::Bytes(lens.as_mut_slice()),
+            Output::Strings(&mut same),
+        ],
+        arena.as_mut_slice(),
+    )
+    .unwrap();
+    assert_eq!(lens.0[..8], 5i64.to_ne_bytes());
+    assert_eq!(lens.0[8..], 0i64.to_ne_bytes());
+    assert_eq!(same[0].to_str(), Some("hello"));
+    assert_eq!(same[0].as_ptr(), word.as_ptr(), "the input's own pointer");
+    assert_eq!(same[1].as_cstr(), c"(empty)");
+}
+
+#[test]
+fn string_tensors_never_go_through_bytes_and_are_counted() {
+    // SAFETY: PICK is a valid 'static descriptor built above.
+    let m = unsafe { Model::from_raw(&PICK) }.unwrap();
+    let (mut lens, mut raw) = (Arena64::<16>::new(), Arena64::<16>::new());
+    let (lens, raw) = (lens.as_mut_slice(), raw.as_mut_slice());
+    let mut arena = Arena64::<0>::new();
+    let arena = arena.as_mut_slice();
+    let fake = [0x41u8; 16];
+    // Bytes for a string input: refused before the model could follow them.
+    assert_eq!(
+        m.run(&[&fake], &mut [&mut *lens, &mut *raw], arena),
+        Err(Error::StringTensor {
+            output: false,
+            index: 0
+        })
+    );
+    let words = [StrRef::new(c"a"), StrRef::new(c"b")];
+    // Strings for an int64 output, and too few strings.
+    let mut two = [StrRef::EMPTY; 2];
+    assert_eq!(
+        m.run_tensors(
+            &[Input::Strings(&words)],
+            &mut [Output::Strings(&mut two), Output::Bytes(&mut *raw)],
+            arena
+        ),
+        Err(Error::StringTensor {
+            output: true,
+            index: 0
+        })
+    );
+    let mut one = [StrRef::EMPTY; 1];
+    assert!(matches!(
+        m.run_tensors(
+            &[Input::Strings(&words)],
+            &mut [Output::Bytes(&mut *lens), Output::Strings(&mut one)],
+            arena
+        ),
+        Err(Error::OutputSize { index: 1, .. })
+    ));
+    assert!(matches!(
+        m.run_tensors(
+            &[Input::Strings(&words[..1])],
+            &mut [Output::Bytes(&mut *lens), Output::Strings(&mut two)],
+            arena
+        ),
+        Err(Error::InputSize { index: 0, .. })
+    ));
+}

@@ -133,7 +133,19 @@ fn ctype(dtype: i32) -> &'static str {
         7 => "int64_t",
         12 => "uint32_t",
         13 => "uint64_t",
+        8 => "const char *",
         _ => "void",
+    }
+}
+
+/// The C parameter of an input (`const T *input_0`) or output (`T *output_0`); string
+/// tensors are arrays of `const char *`.
+fn c_param(dtype: i32, output: bool, i: usize) -> String {
+    match (dtype, output) {
+        (8, false) => format!("const char *const *input_{i}"),
+        (8, true) => format!("const char **output_{i}"),
+        (d, false) => format!("const {} *input_{i}", ctype(d)),
+        (d, true) => format!("{} *output_{i}", ctype(d)),
     }
 }
 
@@ -181,10 +193,15 @@ pub fn header(
             let shape: Vec<String> = t.shape.iter().map(|d| d.to_string()).collect();
             let _ = writeln!(
                 h,
-                "/* {kind} {i}: `{}` {}[{}] */",
+                "/* {kind} {i}: `{}` {}[{}]{} */",
                 t.name,
                 ctype(t.dtype),
-                shape.join("x")
+                shape.join("x"),
+                match (t.dtype, kind) {
+                    (8, "INPUT") => ": NUL-terminated UTF-8 strings, read only",
+                    (8, _) => ": pointers to input strings or to constants in the object",
+                    _ => "",
+                }
             );
             let _ = writeln!(
                 h,
@@ -212,10 +229,10 @@ pub fn header(
     }
     let mut params: Vec<String> = Vec::new();
     for (i, t) in inputs.iter().enumerate() {
-        params.push(format!("const {} *input_{i}", ctype(t.dtype)));
+        params.push(c_param(t.dtype, false, i));
     }
     for (i, t) in outputs.iter().enumerate() {
-        params.push(format!("{} *output_{i}", ctype(t.dtype)));
+        params.push(c_param(t.dtype, true, i));
     }
     params.push("void *arena".into());
     let _ = writeln!(h, "/* Inputs and outputs in graph order. */");

@@ -44,6 +44,12 @@ pub enum Ty {
     U4,
     I2,
     U2,
+    /// An element of a string tensor: a pointer to a NUL-terminated UTF-8 string that
+    /// lives outside every buffer (the caller's input strings, or constant bytes in the
+    /// object). 64 bits (the back ends target 64-bit ISAs). Loads and stores copy the
+    /// pointer, `Select` and variables carry it, [`Expr::StrByte`] reads the bytes; there
+    /// is no arithmetic, comparison or cast on it.
+    Str,
 }
 
 impl Ty {
@@ -55,7 +61,7 @@ impl Ty {
     /// Bits one element occupies (4 and 2 for the packed types).
     pub fn bits(self) -> u64 {
         match self {
-            Ty::F64 | Ty::I64 | Ty::U64 => 64,
+            Ty::F64 | Ty::I64 | Ty::U64 | Ty::Str => 64,
             Ty::F32 | Ty::I32 | Ty::U32 => 32,
             Ty::I16 | Ty::U16 | Ty::F16 | Ty::BF16 => 16,
             Ty::I8
@@ -124,6 +130,7 @@ impl Ty {
             Ty::U4 => "u4",
             Ty::I2 => "i2",
             Ty::U2 => "u2",
+            Ty::Str => "str",
         }
     }
 }
@@ -146,7 +153,9 @@ pub enum BufKind {
     Output(usize),
     /// A slice of the caller's arena, at a byte offset the memory plan fixes.
     Arena { offset: u64 },
-    /// Read-only data placed in the object (weights, index tables).
+    /// Read-only data placed in the object (weights, index tables). For a buffer of
+    /// [`Ty::Str`], `data` holds the strings' bytes one after another, each followed by
+    /// a NUL (`len` strings); the back end places them and a table of pointers to them.
     Const { data: Vec<u8> },
 }
 
@@ -288,6 +297,10 @@ pub enum Expr {
     /// Numeric conversion: float->int truncates (saturating), int->int wraps.
     Cast(Ty, Box<Expr>),
     Call(MathFn, Vec<Expr>),
+    /// Byte `j` (third field) of string element `i` (second field) of a [`Ty::Str`]
+    /// buffer, as a U8. Reading a byte past the string's NUL is undefined: kernels reach
+    /// byte `j` only after bytes `0..j` were seen to be non-zero (see [`Stmt::While`]).
+    StrByte(BufId, Box<Expr>, Box<Expr>),
 }
 
 /// Shorthands for building expressions.
@@ -312,6 +325,9 @@ impl Expr {
     }
     pub fn call(f: MathFn, args: Vec<Expr>) -> Expr {
         Expr::Call(f, args)
+    }
+    pub fn str_byte(buf: BufId, elem: Expr, byte: Expr) -> Expr {
+        Expr::StrByte(buf, Box::new(elem), Box::new(byte))
     }
     // Node constructors (like `bin`, `cast`), not arithmetic on expressions: they take
     // two operands and are not the std::ops traits' methods.
@@ -352,6 +368,12 @@ pub enum Stmt {
     /// A matrix product `C = act(init + alpha * A B)` over f32 buffer views: the back end
     /// picks a microkernel for the target or expands it to loops.
     Gemm(Box<GemmCall>),
+    /// `while cond != 0 { body }`: the one loop without a compile-time trip count, for
+    /// walking NUL-terminated strings. The lowering that emits it guarantees that it ends
+    /// (its condition reads the next byte of a string and stops at the NUL). Analyses
+    /// treat it as a loop of unknown length: the vectorisers and the parallel-loop
+    /// analysis leave loops that contain one alone.
+    While { cond: Expr, body: Vec<Stmt> },
 }
 
 /// A strided 2-D view of a buffer: element `(i, j)` is at `offset + i * rs + j * cs`

@@ -2,7 +2,8 @@
 //!
 //! A loop `for p in 0..n { body }` qualifies when no iteration can see another's effects:
 //!
-//! - its body has no GEMM call (those are split on their own) and no store to a buffer of
+//! - its body has no GEMM call (those are split on their own), no `while` loop (no
+//!   known amount of work; string kernels stay serial) and no store to a buffer of
 //!   sub-byte elements (two iterations could share a byte);
 //! - every variable the body writes is written before it is read in each iteration and is
 //!   not used outside the loop (no value is carried between iterations or out of them);
@@ -68,6 +69,8 @@ fn work(body: &[Stmt]) -> u64 {
             Stmt::For { extent, body, .. } => extent.saturating_mul(work(body)),
             Stmt::If { then, els, .. } => work(then).max(work(els)).saturating_add(1),
             Stmt::Gemm(g) => g.m.saturating_mul(g.n).saturating_mul(g.k),
+            // Unknown trips: counted once.
+            Stmt::While { body, .. } => work(body).saturating_add(1),
             Stmt::Store { .. } | Stmt::Set { .. } => 1,
         })
         .fold(0u64, u64::saturating_add)
@@ -88,6 +91,10 @@ fn expr_vars(e: &Expr, f: &mut dyn FnMut(VarId)) {
             expr_vars(b, f);
         }
         Expr::Call(_, args) => args.iter().for_each(|a| expr_vars(a, f)),
+        Expr::StrByte(_, i, j) => {
+            expr_vars(i, f);
+            expr_vars(j, f);
+        }
     }
 }
 
@@ -97,14 +104,14 @@ fn stmt_exprs(s: &Stmt) -> Vec<&Expr> {
         Stmt::For { .. } => vec![],
         Stmt::Store { index, value, .. } => vec![index, value],
         Stmt::Set { value, .. } => vec![value],
-        Stmt::If { cond, .. } => vec![cond],
+        Stmt::If { cond, .. } | Stmt::While { cond, .. } => vec![cond],
         Stmt::Gemm(g) => g.views().into_iter().map(|v| &v.offset).collect(),
     }
 }
 
 fn children(s: &Stmt) -> Vec<&[Stmt]> {
     match s {
-        Stmt::For { body, .. } => vec![body],
+        Stmt::For { body, .. } | Stmt::While { body, .. } => vec![body],
         Stmt::If { then, els, .. } => vec![then, els],
         _ => vec![],
     }
@@ -178,7 +185,8 @@ fn safe(
                     loops.insert(*var);
                 }
                 Stmt::Set { var, value } => defs.entry(*var).or_default().push(value),
-                Stmt::Gemm(_) => *gemm = true,
+                // A GEMM is split on its own; a while loop has no known work.
+                Stmt::Gemm(_) | Stmt::While { .. } => *gemm = true,
                 _ => {}
             }
             for c in children(s) {
@@ -290,6 +298,11 @@ fn defined_before_use(
                     }
                 }
             }
+            Stmt::While { body, .. }
+                if !defined_before_use(body, &mut defined.clone(), written) =>
+            {
+                return false;
+            }
             _ => {}
         }
     }
@@ -327,6 +340,12 @@ fn access_forms(body: &[Stmt], env: &mut Env, scope: &mut Scope, out: &mut Vec<A
                 loads(b, env, scope, out);
             }
             Expr::Call(_, args) => args.iter().for_each(|a| loads(a, env, scope, out)),
+            // Reads the pointer at `i` (the bytes are never written by kernels).
+            Expr::StrByte(b, i, j) => {
+                out.push((*b, aff(i, env).map(|f| (f, scope.clone())), false));
+                loads(i, env, scope, out);
+                loads(j, env, scope, out);
+            }
         }
     }
     // Variables a scope may set are unknown after it.
@@ -341,6 +360,10 @@ fn access_forms(body: &[Stmt], env: &mut Env, scope: &mut Scope, out: &mut Vec<A
         }
     }
     for s in body {
+        if let Stmt::While { body, .. } = s {
+            // The condition runs again after every pass through the body.
+            forget(body, env);
+        }
         for e in stmt_exprs(s) {
             loads(e, env, scope, out);
         }
@@ -366,6 +389,10 @@ fn access_forms(body: &[Stmt], env: &mut Env, scope: &mut Scope, out: &mut Vec<A
                     access_forms(b, &mut env.clone(), scope, out);
                     forget(b, env);
                 }
+            }
+            Stmt::While { body, .. } => {
+                access_forms(body, env, scope, out);
+                forget(body, env);
             }
             Stmt::Gemm(_) => {}
         }
@@ -504,6 +531,7 @@ pub fn subst(body: &[Stmt], var: VarId, with: &Expr) -> Vec<Stmt> {
             Expr::Cmp(op, a, c) => Expr::Cmp(*op, b(a), b(c)),
             Expr::Select(c, a, d) => Expr::Select(b(c), b(a), b(d)),
             Expr::Call(f, args) => Expr::Call(*f, args.iter().map(|a| e(a, var, w)).collect()),
+            Expr::StrByte(buf, i, j) => Expr::StrByte(*buf, b(i), b(j)),
         }
     }
     body.iter()
@@ -530,6 +558,10 @@ pub fn subst(body: &[Stmt], var: VarId, with: &Expr) -> Vec<Stmt> {
                 cond: e(cond, var, with),
                 then: subst(then, var, with),
                 els: subst(els, var, with),
+            },
+            Stmt::While { cond, body } => Stmt::While {
+                cond: e(cond, var, with),
+                body: subst(body, var, with),
             },
             Stmt::Gemm(g) => {
                 let mut g = g.clone();
@@ -764,6 +796,37 @@ mod tests {
             body[4] = for_(j, 1, vec![st(32)]);
         }
         assert!(parallel_loops(&k, &p, 64).is_empty());
+    }
+
+    #[test]
+    fn loops_around_a_while_stay_serial() {
+        // y[i, j] = x[i, j] after a string-style walk of unknown length.
+        let got = parallel(|i, j| {
+            let walk = Stmt::While {
+                cond: Expr::cmp(
+                    crate::kir::CmpOp::Lt,
+                    v(j),
+                    Expr::cast(Ty::I64, Expr::load(X, row(i, 0))),
+                ),
+                body: vec![Stmt::Set {
+                    var: j,
+                    value: add(v(j), int(1)),
+                }],
+            };
+            vec![for_(
+                i,
+                64,
+                vec![
+                    Stmt::Set {
+                        var: j,
+                        value: int(0),
+                    },
+                    walk,
+                    store(Y, row(i, 0), Expr::load(X, row(i, 0))),
+                ],
+            )]
+        });
+        assert!(got.is_empty(), "{got:?}");
     }
 
     fn row_with(i: i64, j: VarId) -> Expr {

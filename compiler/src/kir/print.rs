@@ -11,6 +11,9 @@ pub fn print_program(p: &Program) -> String {
             BufKind::Input(k) => format!("input {k}"),
             BufKind::Output(k) => format!("output {k}"),
             BufKind::Arena { offset } => format!("arena @{offset}"),
+            BufKind::Const { data } if b.elem == super::Ty::Str => {
+                format!("const strings {}B", data.len())
+            }
             BufKind::Const { data } => format!("const {}B", data.len()),
         };
         let _ = writeln!(s, "  b{i}: {}[{}] {kind}  # {}", b.elem, b.len, b.name);
@@ -45,6 +48,11 @@ fn stmts(body: &[Stmt], depth: usize, s: &mut String) {
                     let _ = writeln!(s, "{pad}}} else {{");
                     stmts(els, depth + 1, s);
                 }
+                let _ = writeln!(s, "{pad}}}");
+            }
+            Stmt::While { cond, body } => {
+                let _ = writeln!(s, "{pad}while {} {{", expr(cond));
+                stmts(body, depth + 1, s);
                 let _ = writeln!(s, "{pad}}}");
             }
             Stmt::Gemm(g) => {
@@ -114,5 +122,6 @@ pub fn expr(e: &Expr) -> String {
             format!("{f:?}").to_lowercase(),
             args.iter().map(expr).collect::<Vec<_>>().join(", ")
         ),
+        Expr::StrByte(b, i, j) => format!("byte(b{b}[{}], {})", expr(i), expr(j)),
     }
 }

@@ -27,7 +27,7 @@ pub fn type_of(e: &Expr, k: &Kernel, p: &Program) -> Result<Ty, String> {
             buf.elem.compute()
         }
         Expr::Un(op, a) => {
-            let t = type_of(a, k, p)?;
+            let t = scalar(type_of(a, k, p)?, "unary operation")?;
             use super::UnOp::*;
             match op {
                 Sqrt | Floor | Ceil | Nearest | Trunc if !t.is_float() => {
@@ -42,6 +42,7 @@ pub fn type_of(e: &Expr, k: &Kernel, p: &Program) -> Result<Ty, String> {
             if ta != tb {
                 return Err(format!("{op:?} of {ta} and {tb}"));
             }
+            scalar(ta, "arithmetic")?;
             if ta.is_float()
                 && matches!(
                     op,
@@ -57,10 +58,11 @@ pub fn type_of(e: &Expr, k: &Kernel, p: &Program) -> Result<Ty, String> {
             if ta != tb {
                 return Err(format!("{op:?} of {ta} and {tb}"));
             }
+            scalar(ta, "comparison (compare the bytes)")?;
             Ty::U8
         }
         Expr::Select(c, a, b) => {
-            let tc = type_of(c, k, p)?;
+            let tc = scalar(type_of(c, k, p)?, "select condition")?;
             if tc.is_float() {
                 return Err("select condition is a float".into());
             }
@@ -71,11 +73,11 @@ pub fn type_of(e: &Expr, k: &Kernel, p: &Program) -> Result<Ty, String> {
             ta
         }
         Expr::Cast(t, a) => {
-            type_of(a, k, p)?;
+            scalar(type_of(a, k, p)?, "cast")?;
             if t.is_storage_only() {
                 return Err("cast to a storage-only type".into());
             }
-            *t
+            scalar(*t, "cast")?
         }
         Expr::Call(f, args) => {
             if args.len() != f.arity() {
@@ -89,7 +91,35 @@ pub fn type_of(e: &Expr, k: &Kernel, p: &Program) -> Result<Ty, String> {
             }
             t
         }
+        Expr::StrByte(b, i, j) => {
+            let buf = p
+                .buffers
+                .get(*b)
+                .ok_or_else(|| format!("buffer b{b} does not exist"))?;
+            if buf.elem != Ty::Str {
+                return Err(format!("string byte of `{}` of {}", buf.name, buf.elem));
+            }
+            if type_of(i, k, p)? != Ty::I64 || type_of(j, k, p)? != Ty::I64 {
+                return Err(format!("string byte index into b{b} is not i64"));
+            }
+            Ty::U8
+        }
     })
+}
+
+/// `t`, or an error when it is a string pointer, which only moves (loads, stores,
+/// selects, variables) and is read through [`Expr::StrByte`].
+fn scalar(t: Ty, what: &str) -> Result<Ty, String> {
+    if t == Ty::Str {
+        Err(format!("{what} of a string pointer"))
+    } else {
+        Ok(t)
+    }
+}
+
+/// Checks that constant string data holds `len` NUL-terminated strings.
+fn check_str_data(data: &[u8], len: u64) -> bool {
+    data.last().is_none_or(|&b| b == 0) && data.iter().filter(|&&b| b == 0).count() as u64 == len
 }
 
 /// Checks every kernel of a program; returns all errors.
@@ -100,7 +130,14 @@ pub fn verify_program(p: &Program) -> Result<(), Vec<String>> {
     }
     for b in &p.buffers {
         if let super::BufKind::Const { data } = &b.kind {
-            if data.len() as u64 != b.bytes() {
+            if b.elem == Ty::Str {
+                if !check_str_data(data, b.len) {
+                    errs.push(format!(
+                        "constant string buffer `{}` does not hold {} NUL-terminated strings",
+                        b.name, b.len
+                    ));
+                }
+            } else if data.len() as u64 != b.bytes() {
                 errs.push(format!(
                     "constant buffer `{}` holds {} bytes, needs {}",
                     b.name,
@@ -115,6 +152,17 @@ pub fn verify_program(p: &Program) -> Result<(), Vec<String>> {
             }
         }
     }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(errs)
+    }
+}
+
+/// Type-checks one kernel against a program's buffers; returns all errors.
+pub fn verify_kernel(k: &Kernel, p: &Program) -> Result<(), Vec<String>> {
+    let mut errs = Vec::new();
+    verify_stmts(&k.body, k, p, &mut errs);
     if errs.is_empty() {
         Ok(())
     } else {
@@ -158,13 +206,21 @@ fn verify_stmts(body: &[Stmt], k: &Kernel, p: &Program, errs: &mut Vec<String>) 
                     }
                 }
                 Stmt::If { cond, then, els } => {
-                    if type_of(cond, k, p)?.is_float() {
-                        return Err("if condition is a float".into());
+                    let t = type_of(cond, k, p)?;
+                    if t.is_float() || t == Ty::Str {
+                        return Err(format!("if condition is a {t}"));
                     }
                     verify_stmts(then, k, p, errs);
                     verify_stmts(els, k, p, errs);
                 }
                 Stmt::Gemm(g) => verify_gemm(g, k, p)?,
+                Stmt::While { cond, body } => {
+                    let t = type_of(cond, k, p)?;
+                    if t.is_float() || t == Ty::Str {
+                        return Err(format!("while condition is a {t}"));
+                    }
+                    verify_stmts(body, k, p, errs);
+                }
             }
             Ok(())
         })();
@@ -242,4 +298,106 @@ fn verify_gemm(g: &super::GemmCall, k: &Kernel, p: &Program) -> Result<(), Strin
         return Err("gemm C shares a buffer with A or B".into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kir::{BufKind, CmpOp};
+
+    /// A program with a string input `s` (b0, 2 strings), a u8 output `y` (b1) and a
+    /// string output `o` (b2), and a kernel with one i64 variable (v0) and one string
+    /// variable (v1) running `body`.
+    fn check(body: impl Fn(VarId) -> Vec<Stmt>) -> Result<(), Vec<String>> {
+        let mut p = Program::default();
+        p.add_buffer("s", BufKind::Input(0), Ty::Str, 2);
+        p.add_buffer("y", BufKind::Output(0), Ty::U8, 2);
+        p.add_buffer("o", BufKind::Output(1), Ty::Str, 2);
+        let mut k = Kernel::new("k");
+        let i = k.var(Ty::I64);
+        k.var(Ty::Str);
+        k.body = body(i);
+        p.kernels.push(k);
+        verify_program(&p)
+    }
+    use crate::kir::VarId;
+
+    #[test]
+    fn string_pointers_move_and_their_bytes_are_read() {
+        let r = check(|i| {
+            let byte = Expr::str_byte(0, Expr::Var(i), Expr::Int(0));
+            vec![Stmt::For {
+                var: i,
+                extent: 2,
+                body: vec![
+                    Stmt::Set {
+                        var: 1,
+                        value: Expr::load(0, Expr::Var(i)),
+                    },
+                    Stmt::Store {
+                        buf: 2,
+                        index: Expr::Var(i),
+                        value: Expr::select(
+                            Expr::cmp(CmpOp::Eq, byte.clone(), Expr::cast(Ty::U8, Expr::Int(97))),
+                            Expr::Var(1),
+                            Expr::load(0, Expr::Int(0)),
+                        ),
+                    },
+                    Stmt::While {
+                        cond: byte.clone(),
+                        body: vec![],
+                    },
+                    Stmt::Store {
+                        buf: 1,
+                        index: Expr::Var(i),
+                        value: byte,
+                    },
+                ],
+            }]
+        });
+        assert_eq!(r, Ok(()));
+    }
+
+    #[test]
+    fn string_pointers_have_no_arithmetic_comparison_or_cast() {
+        let load = || Expr::load(0, Expr::Int(0));
+        for bad in [
+            Expr::cmp(CmpOp::Eq, load(), load()),
+            Expr::cast(Ty::U8, load()),
+            Expr::un(super::super::UnOp::Not, load()),
+            Expr::str_byte(1, Expr::Int(0), Expr::Int(0)),
+        ] {
+            let r = check(|_| {
+                vec![Stmt::Store {
+                    buf: 1,
+                    index: Expr::Int(0),
+                    value: bad.clone(),
+                }]
+            });
+            let e = r.expect_err("rejected").join("\n");
+            assert!(e.contains("string"), "{e}");
+        }
+        // A while condition must be an integer (not a pointer).
+        let r = check(|_| {
+            vec![Stmt::While {
+                cond: load(),
+                body: vec![],
+            }]
+        });
+        assert!(r.is_err());
+    }
+
+    #[test]
+    fn constant_strings_hold_one_nul_per_element() {
+        for (data, ok) in [
+            (b"a\0bc\0".to_vec(), true),
+            (b"\0\0".to_vec(), true),
+            (b"a\0bc".to_vec(), false),
+            (b"a\0".to_vec(), false),
+        ] {
+            let mut p = Program::default();
+            p.add_buffer("c", BufKind::Const { data }, Ty::Str, 2);
+            assert_eq!(verify_program(&p).is_ok(), ok);
+        }
+    }
 }

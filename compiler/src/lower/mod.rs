@@ -212,6 +212,12 @@ pub fn lower(g: &Graph, known: &HashMap<ValueId, Value>) -> Result<Lowered> {
             node.name.clone()
         };
         let before = p.kernels.len();
+        let strings = inputs
+            .iter()
+            .flatten()
+            .map(|t| t.dtype)
+            .chain(outputs.iter().map(|t| t.dtype))
+            .any(|d| d == crate::ir::DType::Str);
         let mut lw = LowerCtx {
             op: &ctx,
             node_op: node.op.as_ref(),
@@ -225,9 +231,12 @@ pub fn lower(g: &Graph, known: &HashMap<ValueId, Value>) -> Result<Lowered> {
             Lowering::Custom(f) => f(&mut lw),
             Lowering::Movement(data) => {
                 let op = node.op.clone();
+                // (String outputs fill with the empty string; lower_by_index_map
+                // places it.)
                 let fill = lw
                     .outputs
                     .first()
+                    .filter(|o| o.dtype != crate::ir::DType::Str)
                     .map(|o| crate::ops::lowering::lit(0.0, o.ty()));
                 lower_by_index_map(&mut lw, &|ins| op.eval(ins), data, &[], fill)
             }
@@ -236,6 +245,25 @@ pub fn lower(g: &Graph, known: &HashMap<ValueId, Value>) -> Result<Lowered> {
             p.kernels.truncate(before);
             errors.push(format!("{label}: {e}"));
             continue;
+        }
+        // String pointers only move and are read byte by byte: a lowering written for
+        // numbers that reaches them (arithmetic, casts, comparisons) fails the type
+        // check, and the node is reported rather than the whole program.
+        if strings {
+            let bad: Vec<String> = p.kernels[before..]
+                .iter()
+                .filter_map(|k| crate::kir::verify::verify_kernel(k, &p).err())
+                .flatten()
+                .collect();
+            if !bad.is_empty() {
+                p.kernels.truncate(before);
+                errors.push(format!(
+                    "{label}: {} is not compiled for string tensors ({})",
+                    node.op_type,
+                    bad.join("; ")
+                ));
+                continue;
+            }
         }
         for _ in before..p.kernels.len() {
             kernel_nodes.push(name.clone());
@@ -265,6 +293,8 @@ pub fn lower(g: &Graph, known: &HashMap<ValueId, Value>) -> Result<Lowered> {
                             continue;
                         }
                     },
+                    // (When a node failed, its message says why.)
+                    None if !errors.is_empty() => continue,
                     None => {
                         errors.push(format!("output `{}` is never computed", g.value(v).name));
                         continue;
@@ -364,6 +394,7 @@ fn writes(body: &[Stmt], buf: BufId) -> bool {
         Stmt::Store { buf: b, .. } => *b == buf,
         Stmt::For { body, .. } => writes(body, buf),
         Stmt::If { then, els, .. } => writes(then, buf) || writes(els, buf),
+        Stmt::While { body, .. } => writes(body, buf),
         Stmt::Set { .. } => false,
         Stmt::Gemm(g) => g.c.buf == buf,
     })

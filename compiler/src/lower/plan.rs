@@ -36,7 +36,12 @@ fn touched(body: &[Stmt], out: &mut Vec<BufId>) {
                 e(b, out);
             }
             Expr::Call(_, args) => args.iter().for_each(|a| e(a, out)),
-            _ => {}
+            Expr::StrByte(b, i, j) => {
+                out.push(*b);
+                e(i, out);
+                e(j, out);
+            }
+            Expr::Var(_) | Expr::Int(_) | Expr::Float(..) => {}
         }
     }
     for s in body {
@@ -52,6 +57,10 @@ fn touched(body: &[Stmt], out: &mut Vec<BufId>) {
                 e(cond, out);
                 touched(then, out);
                 touched(els, out);
+            }
+            Stmt::While { cond, body } => {
+                e(cond, out);
+                touched(body, out);
             }
             Stmt::Gemm(g) => g.views().into_iter().for_each(|v| {
                 out.push(v.buf);

@@ -964,6 +964,11 @@ pub(crate) mod lower {
     /// has one. Every op the elementwise lowerings compile as one expression per element
     /// is here (Pow of integers, which needs a loop, is not).
     pub fn scalar_expr_fn(op_type: &str, tys: &[Option<Ty>]) -> Option<ExprFn> {
+        // String pointers only move (Identity copies and Where selects them); Equal of
+        // strings compares bytes in a loop (`string_equal`), not as one expression.
+        if !matches!(op_type, "Where" | "Identity") && tys.contains(&Some(Ty::Str)) {
+            return None;
+        }
         Some(match op_type {
             "Where" => where_expr,
             "Clip" => clip_expr,
@@ -977,8 +982,33 @@ pub(crate) mod lower {
         })
     }
 
+    /// Equal of two string tensors (broadcasting): per output element, the bytes are
+    /// compared up to the first difference or the end.
+    fn string_equal(lw: &mut LowerCtx) -> OpResult<()> {
+        let (a, b) = (lw.input(0)?.clone(), lw.input(1)?.clone());
+        let out = lw.outputs[0].clone();
+        let mut k = lw.kernel("");
+        let body = nest(&mut k, &out.shape, |k, vars| {
+            let ia = index(vars, &broadcast_strides(&a.shape, &out.shape));
+            let ib = index(vars, &broadcast_strides(&b.shape, &out.shape));
+            let (mut s, x, y) = crate::ops::lowering::str_diff(k, (a.buf, ia), (b.buf, ib));
+            s.push(Stmt::Store {
+                buf: out.buf,
+                index: index(vars, &strides(&out.shape)),
+                value: Expr::cmp(CmpOp::Eq, x, y),
+            });
+            s
+        });
+        k.body = body;
+        lw.push(k);
+        Ok(())
+    }
+
     /// Lowers an elementwise op through its scalar expression builder.
     fn scalar(lw: &mut LowerCtx) -> OpResult<()> {
+        if lw.op.op_type == "Equal" && lw.input(0)?.dtype == crate::ir::DType::Str {
+            return string_equal(lw);
+        }
         let c = lw.op.clone();
         let tys: Vec<Option<Ty>> = lw
             .inputs

@@ -55,12 +55,17 @@ pub fn kir_ty(dt: DType) -> Option<Ty> {
         DType::U4 => Ty::U4,
         DType::I2 => Ty::I2,
         DType::U2 => Ty::U2,
+        DType::Str => Ty::Str,
         _ => return None,
     })
 }
 
-/// Raw little-endian bytes of a tensor in its kernel storage type.
+/// Raw little-endian bytes of a tensor in its kernel storage type; for a string tensor,
+/// [`string_bytes`].
 pub fn tensor_bytes(t: &Tensor) -> OpResult<Vec<u8>> {
+    if t.dtype() == DType::Str {
+        return string_bytes(t);
+    }
     ensure!(
         kir_ty(t.dtype()).is_some(),
         "{} tensors are not supported by compiled code",
@@ -68,6 +73,23 @@ pub fn tensor_bytes(t: &Tensor) -> OpResult<Vec<u8>> {
     );
     let p = crate::onnx::tensor::to_proto(t, "");
     Ok(p.raw_data.unwrap_or_default())
+}
+
+/// The strings of a string tensor, row-major, each followed by a NUL: the data of a
+/// constant string buffer in kernel IR, and how the compiled-model harness passes string
+/// tensors through files. A string holding a NUL byte has no C-string form: an error.
+pub fn string_bytes(t: &Tensor) -> OpResult<Vec<u8>> {
+    let a = super::util::arr::<String>(t)?;
+    let mut out = Vec::new();
+    for s in a.iter() {
+        ensure!(
+            !s.contains('\0'),
+            "the string {s:?} holds a NUL byte, which a C string cannot"
+        );
+        out.extend_from_slice(s.as_bytes());
+        out.push(0);
+    }
+    Ok(out)
 }
 
 /// The node being lowered and the program it adds kernels to.
@@ -376,6 +398,36 @@ pub fn nest(
     body
 }
 
+/// Walks two strings (element `a.1` of string buffer `a.0`, element `b.1` of `b.0`) to
+/// their first difference: the statements, and the two bytes where they stop (equal
+/// only when both are the terminating NUL). The strings are equal when the bytes are,
+/// and the first sorts before the second (bytewise, as Rust's `str` does) when its
+/// byte is the smaller. Reads no byte past either string's NUL.
+pub fn str_diff(k: &mut Kernel, a: (BufId, Expr), b: (BufId, Expr)) -> (Vec<Stmt>, Expr, Expr) {
+    use crate::kir::{BinOp, CmpOp};
+    let j = k.var(Ty::I64);
+    let x = Expr::str_byte(a.0, a.1, Expr::Var(j));
+    let y = Expr::str_byte(b.0, b.1, Expr::Var(j));
+    let stmts = vec![
+        Stmt::Set {
+            var: j,
+            value: Expr::Int(0),
+        },
+        Stmt::While {
+            cond: Expr::bin(
+                BinOp::And,
+                Expr::cmp(CmpOp::Eq, x.clone(), y.clone()),
+                Expr::cmp(CmpOp::Ne, x.clone(), Expr::cast(Ty::U8, Expr::Int(0))),
+            ),
+            body: vec![Stmt::Set {
+                var: j,
+                value: Expr::add(Expr::Var(j), Expr::Int(1)),
+            }],
+        },
+    ];
+    (stmts, x, y)
+}
+
 /// Lowers an elementwise op with NumPy broadcasting: output `o` gets
 /// `f(kernel, [input values])` at every position. Omitted inputs are skipped.
 pub fn elementwise(
@@ -419,7 +471,8 @@ pub type EvalFn<'a> = dyn Fn(&[Option<&Value>]) -> OpResult<Vec<Value>> + 'a;
 /// or a fill value) through index tables. The op's reference evaluation runs on index
 /// tensors: data input k becomes `(k << 40) + flat_index + 1` (int64), the other inputs
 /// keep their constant values, and 0 in the result marks a fill. `data_inputs` lists the
-/// inputs that carry data; `fill` is the fill value as an expression of the output type.
+/// inputs that carry data; `fill` is the fill value as an expression of the output type
+/// (string outputs always fill with the empty string).
 pub fn lower_by_index_map(
     lw: &mut LowerCtx,
     eval: &EvalFn,
@@ -572,8 +625,15 @@ pub fn lower_by_index_map(
             lw.push(k);
         }
         if !fills.is_empty() {
-            let Some(fill) = fill.clone() else {
-                bail!("the index map has fill positions but no fill value")
+            let fill = if out.dtype == DType::Str {
+                // A string fill is the empty string, placed as a constant.
+                let b = lw.constant("empty", &Tensor::from_vec(&[1], vec![String::new()]))?;
+                Expr::load(b, Expr::Int(0))
+            } else {
+                let Some(fill) = fill.clone() else {
+                    bail!("the index map has fill positions but no fill value")
+                };
+                fill
             };
             let pt = table(lw, "fill", &fills)?;
             let mut k = lw.kernel("fill");

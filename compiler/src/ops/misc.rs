@@ -1,20 +1,16 @@
-//! misc ops: string ops, TfIdfVectorizer, random generators and the training optimizers
-//! of `ai.onnx.preview.training`.
+//! misc ops: TfIdfVectorizer, random generators and the training optimizers of
+//! `ai.onnx.preview.training`. (The string ops are in `strings.rs`.)
 
 use super::util::{arr, f64s, input, out, outs, scalar_f64, scalar_i64};
 use super::{OpCtx, Registry, Traits};
 use crate::ir::{DType, OpError, OpResult, Tensor, Value};
 use crate::{bail, ensure};
 use ndarray::{ArrayD, IxDyn};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 const TRAINING: &str = "ai.onnx.preview.training";
 
 pub fn register(r: &mut Registry) {
-    r.add("StringConcat", string_concat);
-    r.add_dynamic("StringSplit", string_split);
-    r.add_dynamic("StringNormalizer", string_normalizer);
-    r.add("RegexFullMatch", regex_full_match);
     r.add("TfIdfVectorizer", tfidf);
     r.add("RandomUniform", random_uniform);
     r.add("RandomNormal", random_normal);
@@ -30,173 +26,6 @@ pub fn register(r: &mut Registry) {
 
 fn shaped<T>(shape: &[usize], v: Vec<T>) -> OpResult<ArrayD<T>> {
     ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| OpError::new(e.to_string()))
-}
-
-// ---------------------------------------------------------------- strings
-
-fn string_concat(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
-    let a = arr::<String>(input(ins, 0)?)?;
-    let b = arr::<String>(input(ins, 1)?)?;
-    let r = super::util::zip_broadcast(a, b, |x, y| x + &y)?;
-    out(Tensor::from_array(r))
-}
-
-/// Python's `str.split(sep, maxsplit)` (sep None: runs of whitespace, no empty parts).
-fn py_split(s: &str, sep: Option<&str>, maxsplit: Option<usize>) -> Vec<String> {
-    let mut parts = Vec::new();
-    match sep {
-        Some(sep) => {
-            let mut rest = s;
-            loop {
-                if maxsplit.is_some_and(|m| parts.len() >= m) {
-                    break;
-                }
-                match rest.find(sep) {
-                    Some(i) => {
-                        parts.push(rest[..i].to_string());
-                        rest = &rest[i + sep.len()..];
-                    }
-                    None => break,
-                }
-            }
-            parts.push(rest.to_string());
-        }
-        None => {
-            let mut rest = s.trim_start();
-            while !rest.is_empty() {
-                if maxsplit.is_some_and(|m| parts.len() >= m) {
-                    parts.push(rest.to_string());
-                    break;
-                }
-                match rest.find(char::is_whitespace) {
-                    Some(i) => {
-                        parts.push(rest[..i].to_string());
-                        rest = rest[i..].trim_start();
-                    }
-                    None => {
-                        parts.push(rest.to_string());
-                        break;
-                    }
-                }
-            }
-        }
-    }
-    parts
-}
-
-fn string_split(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
-    let x = arr::<String>(input(ins, 0)?)?;
-    let delim = ctx.attrs.get_string("delimiter")?.filter(|d| !d.is_empty());
-    let maxsplit = match ctx.attrs.get_int("maxsplit")? {
-        Some(m) => {
-            ensure!(m >= 0, "StringSplit: maxsplit must be non-negative");
-            Some(m as usize)
-        }
-        None => None,
-    };
-    let splits: Vec<Vec<String>> = x
-        .iter()
-        .map(|s| py_split(s, delim.as_deref(), maxsplit))
-        .collect();
-    let width = splits.iter().map(Vec::len).max().unwrap_or(0);
-    let lens: Vec<i64> = splits.iter().map(|v| v.len() as i64).collect();
-    let mut flat = Vec::with_capacity(splits.len() * width);
-    for mut v in splits {
-        v.resize(width, String::new());
-        flat.extend(v);
-    }
-    let mut shape = x.shape().to_vec();
-    shape.push(width);
-    outs(vec![
-        Tensor::from_array(shaped(&shape, flat)?),
-        Tensor::from_array(shaped(x.shape(), lens)?),
-    ])
-}
-
-fn string_normalizer(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
-    let x = arr::<String>(input(ins, 0)?)?;
-    let action = ctx.attrs.string("case_change_action", "NONE".into())?;
-    let sensitive = ctx.attrs.int("is_case_sensitive", 0)? != 0;
-    let stopwords = ctx.attrs.strings("stopwords", vec![])?;
-    let change = |s: &str| -> OpResult<String> {
-        Ok(match action.as_str() {
-            "LOWER" => s.to_lowercase(),
-            "UPPER" => s.to_uppercase(),
-            "NONE" => s.to_string(),
-            other => bail!("StringNormalizer: unknown case_change_action {other:?}"),
-        })
-    };
-    let raw_stops: HashSet<&str> = stopwords.iter().map(String::as_str).collect();
-    let stops: HashSet<String> = stopwords
-        .iter()
-        .map(|w| {
-            change(w).map(|s| {
-                if action == "NONE" {
-                    s.to_lowercase()
-                } else {
-                    s
-                }
-            })
-        })
-        .collect::<OpResult<_>>()?;
-    let remove = |text: &str, keep: &dyn Fn(&str) -> bool| -> String {
-        text.split(' ')
-            .filter(|w| keep(w))
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    let mut res = Vec::with_capacity(x.len());
-    for s in x.iter() {
-        let mut v = s.clone();
-        if sensitive && !raw_stops.is_empty() {
-            v = remove(&v, &|w| !raw_stops.contains(w));
-        }
-        v = change(&v)?;
-        if !sensitive && !stops.is_empty() {
-            let lower = action == "NONE";
-            v = remove(&v, &|w| {
-                if lower {
-                    !stops.contains(&w.to_lowercase())
-                } else {
-                    !stops.contains(w)
-                }
-            });
-        }
-        res.push(v);
-    }
-    let shape = x.shape();
-    let t = match shape.len() {
-        1 => {
-            let mut v: Vec<String> = res.into_iter().filter(|s| !s.is_empty()).collect();
-            if v.is_empty() {
-                v.push(String::new());
-            }
-            let n = v.len();
-            shaped(&[n], v)?
-        }
-        2 if shape[0] == 1 => {
-            let mut v: Vec<String> = res.into_iter().filter(|s| !s.is_empty()).collect();
-            if v.is_empty() {
-                v.push(String::new());
-            }
-            let n = v.len();
-            shaped(&[1, n], v)?
-        }
-        2 => shaped(shape, res)?,
-        _ => bail!("StringNormalizer: input must be [C] or [1, C]"),
-    };
-    out(Tensor::from_array(t))
-}
-
-fn regex_full_match(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
-    let x = arr::<String>(input(ins, 0)?)?;
-    let pat = ctx
-        .attrs
-        .get_string("pattern")?
-        .ok_or_else(|| OpError::new("RegexFullMatch: attribute `pattern` is required"))?;
-    let re = regex::Regex::new(&format!("^(?:{pat})$"))
-        .map_err(|e| OpError::new(format!("RegexFullMatch: invalid pattern {pat:?}: {e}")))?;
-    out(Tensor::from_array(x.map(|s| re.is_match(s))))
 }
 
 // ---------------------------------------------------------------- TfIdfVectorizer

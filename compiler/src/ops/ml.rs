@@ -97,33 +97,31 @@ fn keys_of(t: &Tensor) -> OpResult<Vec<Key>> {
     })
 }
 
-fn label_encoder(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
-    let x = input(ins, 0)?;
+/// What a LabelEncoder node maps: its keys, its values (1-D, of the output dtype) and
+/// the default (a scalar of the same dtype), for an input of dtype `x`. Where keys
+/// repeat, the first wins.
+fn label_encoder_tables(ctx: &OpCtx, x: DType) -> OpResult<(Vec<Key>, Tensor, Tensor)> {
     let a = &ctx.attrs;
     if ctx.opset < 2 {
         // Opset 1: classes_strings maps strings to their index and back.
         let classes = a.strings("classes_strings", vec![])?;
-        if x.dtype() == DType::Str {
-            let def = a.int("default_int64", -1)?;
-            let m: HashMap<&str, i64> = classes
-                .iter()
-                .enumerate()
-                .map(|(i, s)| (s.as_str(), i as i64))
-                .collect();
-            let y = arr::<String>(x)?.map(|s| m.get(s.as_str()).copied().unwrap_or(def));
-            return out(Tensor::from_array(y));
+        let n = classes.len();
+        if x == DType::Str {
+            // A repeated class maps to its last index: listed from the end.
+            let keys = classes.iter().rev().cloned().map(Key::S).collect();
+            let values: Vec<i64> = (0..n as i64).rev().collect();
+            return Ok((
+                keys,
+                Tensor::from_vec(&[n], values),
+                Tensor::scalar(a.int("default_int64", -1)?),
+            ));
         }
-        let def = a.string("default_string", "_Unused".into())?;
-        let y = ints(x)?
-            .into_iter()
-            .map(|i| {
-                usize::try_from(i)
-                    .ok()
-                    .and_then(|i| classes.get(i).cloned())
-                    .unwrap_or_else(|| def.clone())
-            })
-            .collect();
-        return out(Tensor::from_array(shaped(x.shape(), y)?));
+        let keys = (0..n as i64).map(Key::I).collect();
+        return Ok((
+            keys,
+            Tensor::from_vec(&[n], classes),
+            Tensor::scalar(a.string("default_string", "_Unused".into())?),
+        ));
     }
     // Keys.
     let keys: Vec<Key> = if let Some(v) = a.get_ints("keys_int64s")? {
@@ -191,6 +189,30 @@ fn label_encoder(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         keys.len(),
         values.len()
     );
+    Ok((keys, values, default))
+}
+
+/// `values` picked at `idx` (an index past the end picks `default`), as a 1-D tensor.
+fn pick<T: crate::ir::Elem>(
+    values: &ArrayD<T>,
+    default: &Tensor,
+    idx: &[usize],
+) -> OpResult<ArrayD<T>> {
+    let d = default
+        .array::<T>()
+        .and_then(|a| a.iter().next().cloned())
+        .ok_or_else(|| OpError::new("LabelEncoder: the default is not of the values' dtype"))?;
+    let flat: Vec<T> = values.iter().cloned().collect();
+    let v = idx
+        .iter()
+        .map(|&i| flat.get(i).cloned().unwrap_or_else(|| d.clone()))
+        .collect();
+    shaped(&[idx.len()], v)
+}
+
+fn label_encoder(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
+    let x = input(ins, 0)?;
+    let (keys, values, default) = label_encoder_tables(ctx, x.dtype())?;
     let mut map: HashMap<Key, usize> = HashMap::new();
     for (i, k) in keys.into_iter().enumerate() {
         map.entry(k).or_insert(i);
@@ -202,37 +224,10 @@ fn label_encoder(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
         .iter()
         .map(|k| map.get(k).copied().unwrap_or(nv))
         .collect();
-    let dt = values.dtype();
-    let shape = x.shape().to_vec();
-    let y = if dt == DType::Str {
-        let v = arr::<String>(&values)?;
-        let d = arr::<String>(&default)?
-            .iter()
-            .next()
-            .cloned()
-            .unwrap_or_default();
-        let r: Vec<String> = idx
-            .iter()
-            .map(|&i| v.iter().nth(i).cloned().unwrap_or_else(|| d.clone()))
-            .collect();
-        Tensor::from_array(shaped(&shape, r)?)
-    } else if dt.is_float() {
-        let mut v: Vec<f64> = f64s(&values)?.iter().copied().collect();
-        v.extend(f64s(&default)?.iter().copied());
-        let r = idx
-            .iter()
-            .map(|&i| get(&v, i, "values"))
-            .collect::<OpResult<_>>()?;
-        Tensor::from_f64(dt, shaped(&shape, r)?, false)
-    } else {
-        let mut v: Vec<i128> = super::util::i128s(&values)?.iter().copied().collect();
-        v.extend(super::util::i128s(&default)?.iter().copied());
-        let r = idx
-            .iter()
-            .map(|&i| get(&v, i, "values"))
-            .collect::<OpResult<_>>()?;
-        Tensor::from_i128(dt, shaped(&shape, r)?)
-    };
+    let y = crate::try_map_data!(values, a => pick(a, &default, &idx));
+    let y = y
+        .reshape(x.shape())
+        .ok_or_else(|| OpError::new("LabelEncoder: output shape"))?;
     out(y)
 }
 
@@ -1194,10 +1189,11 @@ fn svm_regressor(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
 
 mod lower {
     use crate::ensure;
-    use crate::ir::OpResult;
-    use crate::kir::{BinOp, CmpOp, Expr, Stmt, Ty};
-    use crate::ops::lowering::{elementwise, lit, LowerCtx};
+    use crate::ir::{DType, OpResult, Tensor};
+    use crate::kir::{BinOp, BufId, CmpOp, Expr, Stmt, Ty, VarId};
+    use crate::ops::lowering::{elementwise, lit, str_diff, LowerCtx};
     use crate::ops::{Lowering, Registry, ONNX_ML};
+    use std::collections::HashSet;
 
     fn binarizer(lw: &mut LowerCtx) -> OpResult<()> {
         let t = lw.input(0)?.ty().compute();
@@ -1250,6 +1246,184 @@ mod lower {
                 index: Expr::Var(p),
                 value: Expr::load(x.buf, Expr::add(Expr::mul(outer, Expr::Int(last)), col)),
             }],
+        }];
+        lw.push(k);
+        Ok(())
+    }
+
+    /// LabelEncoder: the distinct keys sorted at compile time, a binary search per
+    /// element (string keys compared byte by byte, floats as f64 with NaN matching NaN),
+    /// and the value at the found key, or the default, read from a table of the values
+    /// in key order with the default last.
+    fn label_encoder(lw: &mut LowerCtx) -> OpResult<()> {
+        use super::Key;
+        let x = lw.input(0)?.clone();
+        let out = lw.outputs[0].clone();
+        let (keys, values, default) = super::label_encoder_tables(lw.op, x.dtype)?;
+        // The first of equal keys wins; keys of another kind than the input never match.
+        let kind = |k: &Key| match k {
+            Key::S(_) => 0,
+            Key::F(_) => 1,
+            Key::I(_) => 2,
+        };
+        let xkind = if x.dtype == DType::Str {
+            0
+        } else if x.dtype.is_float() {
+            1
+        } else {
+            2
+        };
+        let mut seen = HashSet::new();
+        let mut entries: Vec<(Key, usize)> = Vec::new();
+        let mut nan: Option<usize> = None;
+        for (i, k) in keys.into_iter().enumerate() {
+            if kind(&k) != xkind || !seen.insert(k.clone()) {
+                continue;
+            }
+            match &k {
+                Key::F(b) if f64::from_bits(*b).is_nan() => nan = Some(i),
+                _ => entries.push((k, i)),
+            }
+        }
+        entries.sort_by(|(a, _), (b, _)| match (a, b) {
+            (Key::S(a), Key::S(b)) => a.as_bytes().cmp(b.as_bytes()),
+            (Key::I(a), Key::I(b)) => a.cmp(b),
+            (Key::F(a), Key::F(b)) => f64::from_bits(*a).total_cmp(&f64::from_bits(*b)),
+            _ => std::cmp::Ordering::Equal,
+        });
+        let nk = entries.len();
+        // Values in key order, then (at index nk) the default, then the NaN key's value.
+        let mut order: Vec<usize> = entries.iter().map(|(_, i)| *i).collect();
+        order.push(usize::MAX);
+        order.extend(nan);
+        let table = crate::try_map_data!(values, a => super::pick(a, &default, &order));
+        if out.is_empty() {
+            return Ok(());
+        }
+        let table = lw.constant("values", &table)?;
+        let key_table = match xkind {
+            _ if nk == 0 => None,
+            0 => {
+                let v: Vec<String> = entries
+                    .iter()
+                    .map(|(k, _)| match k {
+                        Key::S(s) => s.clone(),
+                        _ => String::new(),
+                    })
+                    .collect();
+                Some(lw.constant("keys", &Tensor::from_vec(&[nk], v))?)
+            }
+            1 => {
+                let v: Vec<f64> = entries
+                    .iter()
+                    .map(|(k, _)| match k {
+                        Key::F(b) => f64::from_bits(*b),
+                        _ => 0.0,
+                    })
+                    .collect();
+                Some(lw.constant("keys", &Tensor::from_vec(&[nk], v))?)
+            }
+            _ => {
+                let v: Vec<i64> = entries
+                    .iter()
+                    .map(|(k, _)| match k {
+                        Key::I(i) => *i,
+                        _ => 0,
+                    })
+                    .collect();
+                Some(lw.constant("keys", &Tensor::from_vec(&[nk], v))?)
+            }
+        };
+        let mut k = lw.kernel("");
+        let i = k.var(Ty::I64);
+        let (lo, hi, mid, r, step) = (
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+        );
+        let v = |x| Expr::Var(x);
+        let set = |var, value| Stmt::Set { var, value };
+        // The input element as a number (i64 or f64), for numeric keys.
+        let xv = match xkind {
+            1 => Expr::cast(Ty::F64, Expr::load(x.buf, v(i))),
+            _ => Expr::cast(Ty::I64, Expr::load(x.buf, v(i))),
+        };
+        // (statements, key at `at` < x, key at `at` == x).
+        let compare = |k: &mut crate::kir::Kernel, keys: BufId, at: VarId| {
+            if xkind == 0 {
+                let (s, kb, xb) = str_diff(k, (keys, v(at)), (x.buf, v(i)));
+                (
+                    s,
+                    Expr::cmp(CmpOp::Lt, kb.clone(), xb.clone()),
+                    Expr::cmp(CmpOp::Eq, kb, xb),
+                )
+            } else {
+                let key = Expr::load(keys, v(at));
+                (
+                    vec![],
+                    Expr::cmp(CmpOp::Lt, key.clone(), xv.clone()),
+                    Expr::cmp(CmpOp::Eq, key, xv.clone()),
+                )
+            }
+        };
+        let mut body = vec![set(r, Expr::Int(nk as i64))];
+        if let Some(keys) = key_table {
+            // Lower bound: the first key not below x, in as many halvings as nk has bits.
+            let steps = (usize::BITS - nk.leading_zeros()) as u64;
+            let (mut probe, less, _) = compare(&mut k, keys, mid);
+            probe.push(Stmt::If {
+                cond: less,
+                then: vec![set(lo, Expr::add(v(mid), Expr::Int(1)))],
+                els: vec![set(hi, v(mid))],
+            });
+            let mut halve = vec![set(
+                mid,
+                Expr::bin(BinOp::Div, Expr::add(v(lo), v(hi)), Expr::Int(2)),
+            )];
+            halve.extend(probe);
+            body.extend([
+                set(lo, Expr::Int(0)),
+                set(hi, Expr::Int(nk as i64)),
+                Stmt::For {
+                    var: step,
+                    extent: steps,
+                    body: vec![Stmt::If {
+                        cond: Expr::cmp(CmpOp::Lt, v(lo), v(hi)),
+                        then: halve,
+                        els: vec![],
+                    }],
+                },
+            ]);
+            let (mut found, _, eq) = compare(&mut k, keys, lo);
+            found.push(Stmt::If {
+                cond: eq,
+                then: vec![set(r, v(lo))],
+                els: vec![],
+            });
+            body.push(Stmt::If {
+                cond: Expr::cmp(CmpOp::Lt, v(lo), Expr::Int(nk as i64)),
+                then: found,
+                els: vec![],
+            });
+        }
+        if nan.is_some() {
+            body.push(Stmt::If {
+                cond: Expr::cmp(CmpOp::Ne, xv.clone(), xv.clone()),
+                then: vec![set(r, Expr::Int(nk as i64 + 1))],
+                els: vec![],
+            });
+        }
+        body.push(Stmt::Store {
+            buf: out.buf,
+            index: v(i),
+            value: Expr::load(table, v(r)),
+        });
+        k.body = vec![Stmt::For {
+            var: i,
+            extent: out.len() as u64,
+            body,
         }];
         lw.push(k);
         Ok(())
@@ -1509,6 +1683,7 @@ mod lower {
 
     pub fn register(r: &mut Registry) {
         tree::register(r);
+        ml(r, "LabelEncoder", Lowering::Custom(label_encoder));
         ml(r, "Binarizer", Lowering::Custom(binarizer));
         ml(
             r,

@@ -29,6 +29,7 @@ mod rnn;
 mod sequence;
 mod shape;
 mod signal;
+mod strings;
 
 use crate::ir::{Attrs, Op, OpResult, Value};
 use std::collections::HashMap;
@@ -143,6 +144,7 @@ impl Registry {
             attention::register(&mut r);
             signal::register(&mut r);
             misc::register(&mut r);
+            strings::register(&mut r);
             ml::register(&mut r);
             fused::register(&mut r);
             r

@@ -91,6 +91,10 @@ pub(crate) fn read_outputs(
         let p = dir.join(format!("out_{k}.bin"));
         let bytes = std::fs::read(&p).map_err(io(&p))?;
         let n: usize = shape.iter().product();
+        if *dt == crate::ir::DType::Str {
+            res.push(read_strings(&bytes, shape, n, k)?);
+            continue;
+        }
         res.push(crate::onnx::tensor::from_raw(
             *dt,
             shape,
@@ -100,6 +104,23 @@ pub(crate) fn read_outputs(
         )?);
     }
     Ok(res)
+}
+
+/// A string output as the harness writes it: `n` NUL-terminated strings in a row.
+fn read_strings(bytes: &[u8], shape: &[usize], n: usize, k: usize) -> Result<Tensor> {
+    let mut parts: Vec<String> = bytes
+        .split(|&b| b == 0)
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect();
+    // The last NUL leaves an empty piece after it.
+    if parts.pop().is_none_or(|last| !last.is_empty()) || parts.len() != n {
+        return Err(Error::Usage(format!(
+            "output {k}: expected {n} NUL-terminated strings from the harness"
+        )));
+    }
+    let a = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), parts)
+        .map_err(|e| Error::Usage(format!("output {k}: {e}")))?;
+    Ok(Tensor::from_array(a))
 }
 
 /// Compiles the harness for a model prefix into `dir/runner.o`.

@@ -2,6 +2,8 @@
  *   runner DIR   reads DIR/in_K.bin (raw little-endian tensors, graph order), runs the
  *                model once, writes DIR/out_K.bin. With ONNXC_THREADS=N (N > 1) in the
  *                environment it runs through run_parallel on an onnxc_pool.h pool.
+ *                A string tensor's file holds its strings one after another, each
+ *                NUL-terminated; the harness passes an array of pointers into them.
  * Built with -DONNXC_MODEL=<prefix>_model. */
 #include <stdint.h>
 #include <stdio.h>
@@ -11,6 +13,28 @@
 #include "onnxc_pool.h"
 
 extern const onnxc_model_t ONNXC_MODEL;
+
+/* Reads a whole file into a fresh buffer (one NUL past its end); NULL on failure. */
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap + 1);
+    size_t got;
+    while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n == cap) {
+            char *b = realloc(buf, 2 * cap + 1);
+            if (!b) { free(buf); buf = NULL; break; }
+            buf = b;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    if (buf) buf[n] = 0;
+    *len = n;
+    return buf;
+}
 
 static void *alloc64(uint64_t n) {
     void *p = NULL;
@@ -33,6 +57,21 @@ int main(int argc, char **argv) {
         uint64_t n = m->inputs[i].bytes;
         void *buf = alloc64(n);
         snprintf(path, sizeof path, "%s/in_%u.bin", argv[1], i);
+        if (m->inputs[i].dtype == ONNXC_STRING) {
+            /* The strings, then one pointer to each. */
+            size_t len = 0;
+            char *text = read_file(path, &len);
+            if (!text || !buf) { fprintf(stderr, "cannot read %s\n", path); return 2; }
+            const char **ptrs = buf;
+            size_t at = 0;
+            for (uint64_t k = 0; k < m->inputs[i].elems; k++) {
+                if (at >= len) { fprintf(stderr, "%s: expected %llu strings\n", path, (unsigned long long)m->inputs[i].elems); return 2; }
+                ptrs[k] = text + at;
+                at += strlen(text + at) + 1;
+            }
+            ins[i] = buf;
+            continue;
+        }
         FILE *f = fopen(path, "rb");
         if (!f || !buf) { fprintf(stderr, "cannot read %s\n", path); return 2; }
         if (n && fread(buf, 1, (size_t)n, f) != n) { fprintf(stderr, "%s: expected %llu bytes\n", path, (unsigned long long)n); return 2; }
@@ -58,7 +97,15 @@ int main(int argc, char **argv) {
         snprintf(path, sizeof path, "%s/out_%u.bin", argv[1], i);
         FILE *f = fopen(path, "wb");
         if (!f) { fprintf(stderr, "cannot write %s\n", path); return 2; }
-        fwrite(outs[i], 1, (size_t)m->outputs[i].bytes, f);
+        if (m->outputs[i].dtype == ONNXC_STRING) {
+            const char *const *ptrs = outs[i];
+            for (uint64_t k = 0; k < m->outputs[i].elems; k++) {
+                if (!ptrs[k]) { fprintf(stderr, "output %u: element %llu is a null pointer\n", i, (unsigned long long)k); return 5; }
+                fwrite(ptrs[k], 1, strlen(ptrs[k]) + 1, f);
+            }
+        } else {
+            fwrite(outs[i], 1, (size_t)m->outputs[i].bytes, f);
+        }
         fclose(f);
     }
     return 0;

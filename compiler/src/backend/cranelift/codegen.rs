@@ -41,7 +41,8 @@ pub fn clty(t: Ty) -> Type {
         | Ty::U2 => types::I8,
         Ty::I16 | Ty::U16 | Ty::F16 | Ty::BF16 => types::I16,
         Ty::I32 | Ty::U32 => types::I32,
-        Ty::I64 | Ty::U64 => types::I64,
+        // String pointers: the back ends target 64-bit ISAs.
+        Ty::I64 | Ty::U64 | Ty::Str => types::I64,
     }
 }
 
@@ -219,6 +220,13 @@ fn collect_bufs(body: &[Stmt], out: &mut Vec<BufId>) {
                 e(b, out);
             }
             Expr::Call(_, args) => args.iter().for_each(|a| e(a, out)),
+            Expr::StrByte(b, i, j) => {
+                if !out.contains(b) {
+                    out.push(*b);
+                }
+                e(i, out);
+                e(j, out);
+            }
             Expr::Var(_) | Expr::Int(_) | Expr::Float(..) => {}
         }
     }
@@ -237,6 +245,10 @@ fn collect_bufs(body: &[Stmt], out: &mut Vec<BufId>) {
                 e(cond, out);
                 collect_bufs(then, out);
                 collect_bufs(els, out);
+            }
+            Stmt::While { cond, body } => {
+                e(cond, out);
+                collect_bufs(body, out);
             }
             Stmt::Gemm(g) => {
                 for v in g.views() {
@@ -299,6 +311,19 @@ impl Gen<'_, '_> {
                 self.stmts(els)?;
                 self.b.ins().jump(m, &[]);
                 self.b.switch_to_block(m);
+            }
+            Stmt::While { cond, body } => {
+                let header = self.b.create_block();
+                let body_blk = self.b.create_block();
+                let exit = self.b.create_block();
+                self.b.ins().jump(header, &[]);
+                self.b.switch_to_block(header);
+                let c = self.expr(cond)?;
+                self.b.ins().brif(c, body_blk, &[], exit, &[]);
+                self.b.switch_to_block(body_blk);
+                self.stmts(body)?;
+                self.b.ins().jump(header, &[]);
+                self.b.switch_to_block(exit);
             }
             Stmt::Gemm(g) => {
                 let plan = self
@@ -934,6 +959,16 @@ impl Gen<'_, '_> {
                     .map(|a| self.expr(a))
                     .collect::<Result<Vec<_>, _>>()?;
                 self.call(*f, t, &vals)?
+            }
+            Expr::StrByte(buf, i, j) => {
+                // The string's pointer, then its byte: never past the NUL (the lowering
+                // walks bytes in order and stops there).
+                let ptr = self.module.isa().pointer_type();
+                let at = self.addr(*buf, i)?;
+                let s = self.b.ins().load(ptr, MemFlagsData::trusted(), at, 0);
+                let j = self.expr(j)?;
+                let a = self.b.ins().iadd(s, j);
+                self.b.ins().load(types::I8, MemFlagsData::trusted(), a, 0)
             }
         })
     }

@@ -137,6 +137,10 @@ impl GemmCtx {
                     then: self.stmts(module, then, vars, p, calls)?,
                     els: self.stmts(module, els, vars, p, calls)?,
                 }),
+                Stmt::While { cond, body } => out.push(Stmt::While {
+                    cond,
+                    body: self.stmts(module, body, vars, p, calls)?,
+                }),
                 Stmt::Gemm(g) => self.gemm(module, g, vars, p, calls, &mut out)?,
                 s => out.push(s),
             }

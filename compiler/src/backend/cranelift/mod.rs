@@ -117,6 +117,11 @@ pub fn compile_object(spec: &ObjectSpec) -> R<Vec<u8>> {
     // Constant buffers: 64-byte aligned read-only data.
     let mut consts: HashMap<usize, DataId> = HashMap::new();
     for (i, b) in p.buffers.iter().enumerate() {
+        if let (BufKind::Const { data }, crate::kir::Ty::Str) = (&b.kind, b.elem) {
+            let id = define_strings(&mut module, &format!("{}__c{i}", spec.prefix), data)?;
+            consts.insert(i, id);
+            continue;
+        }
         if let BufKind::Const { data } = &b.kind {
             let id = module
                 .declare_data(
@@ -332,6 +337,43 @@ pub fn compile_object(spec: &ObjectSpec) -> R<Vec<u8>> {
 
     let product = module.finish();
     product.emit().map_err(err("emit object"))
+}
+
+/// A constant string buffer: its NUL-terminated strings (`data`, one after another) as
+/// read-only bytes, and the buffer itself as a table of pointers to them (relocations;
+/// explicit zero bytes, so the table is never `.bss`).
+fn define_strings(module: &mut ObjectModule, name: &str, data: &[u8]) -> R<DataId> {
+    let bytes = module
+        .declare_data(&format!("{name}_s"), Linkage::Local, false, false)
+        .map_err(err("declare strings"))?;
+    let mut dd = DataDescription::new();
+    dd.define(data.to_vec().into_boxed_slice());
+    module
+        .define_data(bytes, &dd)
+        .map_err(err("define strings"))?;
+    let starts: Vec<usize> = std::iter::once(0)
+        .chain(
+            data.iter()
+                .enumerate()
+                .filter(|(_, &b)| b == 0)
+                .map(|(k, _)| k + 1),
+        )
+        .take(data.iter().filter(|&&b| b == 0).count())
+        .collect();
+    let table = module
+        .declare_data(name, Linkage::Local, false, false)
+        .map_err(err("declare string table"))?;
+    let mut dd = DataDescription::new();
+    dd.define(vec![0u8; 8 * starts.len()].into_boxed_slice());
+    dd.set_align(64);
+    let gv = module.declare_data_in_data(bytes, &mut dd);
+    for (k, &at) in starts.iter().enumerate() {
+        dd.write_data_addr((8 * k) as u32, gv, at as i64);
+    }
+    module
+        .define_data(table, &dd)
+        .map_err(err("define string table"))?;
+    Ok(table)
 }
 
 fn sanitize(s: &str) -> String {

@@ -122,6 +122,10 @@ fn reads(e: &Expr, out: &mut Vec<VarId>) {
             reads(b, out);
         }
         Expr::Call(_, args) => args.iter().for_each(|a| reads(a, out)),
+        Expr::StrByte(_, i, j) => {
+            reads(i, out);
+            reads(j, out);
+        }
     }
 }
 
@@ -140,6 +144,7 @@ pub(super) fn count_reads(body: &[Stmt], var: VarId) -> usize {
             Stmt::If { cond, then, els } => {
                 in_expr(cond) + count_reads(then, var) + count_reads(els, var)
             }
+            Stmt::While { cond, body } => in_expr(cond) + count_reads(body, var),
             Stmt::Gemm(g) => g.views().iter().map(|v| in_expr(&v.offset)).sum(),
         })
         .sum()
@@ -163,6 +168,12 @@ fn loads<'e>(e: &'e Expr, out: &mut Vec<(usize, &'e Expr)>) {
             loads(b, out);
         }
         Expr::Call(_, args) => args.iter().for_each(|a| loads(a, out)),
+        // A string byte loads the pointer at `i` (the bytes themselves no kernel writes).
+        Expr::StrByte(b, i, j) => {
+            out.push((*b, &**i));
+            loads(i, out);
+            loads(j, out);
+        }
     }
 }
 

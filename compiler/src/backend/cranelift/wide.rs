@@ -116,6 +116,7 @@ fn inline(e: &Expr, defs: &[(VarId, Expr)]) -> Expr {
         Expr::Select(c, a, b) => Expr::select(inline(c, defs), inline(a, defs), inline(b, defs)),
         Expr::Load(buf, i) => Expr::load(*buf, inline(i, defs)),
         Expr::Call(f, args) => Expr::call(*f, args.iter().map(|a| inline(a, defs)).collect()),
+        Expr::StrByte(buf, i, j) => Expr::str_byte(*buf, inline(i, defs), inline(j, defs)),
         Expr::Int(_) | Expr::Float(..) => e.clone(),
     }
 }
