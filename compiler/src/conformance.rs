@@ -175,7 +175,12 @@ fn run_case_compiled_inner(case: &Path, env: &CompiledEnv, worker: usize) -> Sta
         match crate::io::read_value(&data.join(format!("input_{k}.pb")), &g.value(id).ty) {
             Ok(Value::Tensor(t)) => inputs.push((g.value(id).name.clone(), t)),
             Ok(_) => {
-                return Status::Unsupported("sequence or optional inputs are not compiled".into())
+                return Status::Unsupported(format!(
+                    "input `{}` is {}: compiled code holds tensors only (sequences and \
+                     optionals have run-time lengths and presence)",
+                    g.value(id).name,
+                    g.value(id).ty
+                ))
             }
             Err(e) => return Status::Failed(e.to_string()),
         }
@@ -558,5 +563,24 @@ pub fn markdown_compiled(results: &[CaseResult], target: &str, triple: &str) -> 
         let _ = writeln!(s, "| {op} | {p} | {f} | {u} |");
     }
     let _ = writeln!(s, "\n</details>");
+    let not_passed: Vec<(&str, &str, &str)> = results
+        .iter()
+        .filter_map(|r| match &r.status {
+            Status::Passed => None,
+            Status::Failed(w) => Some((r.name.as_str(), "failed", w.as_str())),
+            Status::Unsupported(w) => Some((r.name.as_str(), "unsupported", w.as_str())),
+        })
+        .collect();
+    if !not_passed.is_empty() {
+        let _ = writeln!(
+            s,
+            "\n<details><summary>cases not compiled, with the compiler's reason</summary>\n\n| case | status | reason |\n|---|---|---|"
+        );
+        for (name, status, why) in not_passed {
+            let why = why.split_whitespace().collect::<Vec<_>>().join(" ");
+            let _ = writeln!(s, "| {name} | {status} | {} |", why.replace('|', "\\|"));
+        }
+        let _ = writeln!(s, "\n</details>");
+    }
     s
 }

@@ -966,7 +966,9 @@ pub(crate) mod lower {
     pub fn scalar_expr_fn(op_type: &str, tys: &[Option<Ty>]) -> Option<ExprFn> {
         // String pointers only move (Identity copies and Where selects them); Equal of
         // strings compares bytes in a loop (`string_equal`), not as one expression.
-        if !matches!(op_type, "Where" | "Identity") && tys.contains(&Some(Ty::Str)) {
+        if !matches!(op_type, "Where" | "Identity" | "OptionalGetElement")
+            && tys.contains(&Some(Ty::Str))
+        {
             return None;
         }
         Some(match op_type {
@@ -1042,14 +1044,23 @@ pub(crate) mod lower {
         };
         let float_only = !matches!(
             op.as_str(),
-            "Abs" | "Neg" | "Sign" | "Not" | "BitwiseNot" | "Relu" | "Identity"
+            "Abs"
+                | "Neg"
+                | "Sign"
+                | "Not"
+                | "BitwiseNot"
+                | "Relu"
+                | "Identity"
+                | "OptionalGetElement"
         );
         ensure!(f || !float_only, "{op} of {t} is not compiled");
         {
             let x = arg(a, 0)?;
             let l = |v: f64| lit(v, t);
             Ok(match op.as_str() {
-                "Identity" => x,
+                // OptionalGetElement of a tensor (an optional input is refused earlier)
+                // is that tensor.
+                "Identity" | "OptionalGetElement" => x,
                 "Abs" => un(UnOp::Abs, x),
                 "Neg" => un(UnOp::Neg, x),
                 "Not" => bin(BinOp::Xor, x, lit(1.0, Ty::U8)),
@@ -1527,6 +1538,7 @@ pub(crate) mod lower {
     /// Unary elementwise ops with a scalar expression.
     const UNARY: &[&str] = &[
         "Identity",
+        "OptionalGetElement",
         "Abs",
         "Neg",
         "Sign",

@@ -306,7 +306,11 @@ impl LowerCtx<'_> {
     pub fn const_input(&self, i: usize) -> OpResult<&Tensor> {
         let t = self.input(i)?;
         t.value.as_ref().ok_or_else(|| {
-            OpError::unsupported(format!("input {i} must be a constant to compile this op"))
+            OpError::unsupported(format!(
+                "input {i} must be a constant to compile this op: its values decide the \
+                 output's shape or which elements move, and here they are only known at run \
+                 time (make it an initializer)"
+            ))
         })
     }
 
@@ -505,7 +509,9 @@ pub fn lower_by_index_map(
                 Some(v) => Some(Value::Tensor(v.clone())),
                 None => {
                     return Err(OpError::unsupported(format!(
-                        "input {i} must be a constant to compile this op"
+                        "input {i} must be a constant to compile this op: its values decide the \
+                         output's shape or which elements move, and here they are only known \
+                         at run time (make it an initializer)"
                     )))
                 }
             },

@@ -161,7 +161,17 @@ pub fn infer_shapes(g: &mut Graph) -> Result<InferReport> {
                 }
             }
             Ok(None) => {
-                let why = if !node.op.subgraphs().is_empty() {
+                let non_tensor = inputs.iter().enumerate().find_map(|(i, x)| {
+                    let ty = &x.as_ref()?.ty;
+                    matches!(ty, ValueType::Sequence(_) | ValueType::Optional(_))
+                        .then(|| format!("input {i} is {ty}"))
+                });
+                let why = if let Some(what) = non_tensor {
+                    format!(
+                        "{what}: compiled code holds tensors only (sequences and optionals \
+                         have run-time lengths and presence); keep them outside the model"
+                    )
+                } else if !node.op.subgraphs().is_empty() {
                     "control flow (a node with subgraphs): its output types are not inferred statically yet".to_string()
                 } else if node.op.data_dependent_shape() {
                     "its output shape depends on the input data".to_string()
