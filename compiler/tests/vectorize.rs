@@ -560,3 +560,47 @@ fn vectorize_x86_64_sse4() {
 fn vectorize_aarch64_neon_qemu() {
     check_target("aarch64-neon");
 }
+
+/// The parallel copy of a loop runs the same AVX-512 code as the serial one, also when
+/// its rows do not divide evenly among the tasks (the last task's copy of the body once
+/// shared its locals with the others', which left both copies scalar).
+#[test]
+fn parallel_tasks_run_avx512_loops() {
+    // erf(x / s) * x + x: one fused loop whose body sets locals (x is read twice).
+    let case = graph(
+        "erf_rows".into(),
+        &[("x", vec![1, 197, 768])],
+        vec![("s", vec![], Some(vec![std::f32::consts::SQRT_2]))],
+        vec![
+            node("Div", &["x", "s"], &["a"]),
+            node("Erf", &["a"], &["b"]),
+            node("Mul", &["b", "x"], &["c"]),
+            node("Add", &["c", "x"], &["y"]),
+        ],
+        &[1, 197, 768],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::write_model(dir.path(), "erf_rows.onnx", &case.model);
+    let m = onnx::load(&path).unwrap();
+    let opts = onnxc::driver::Options {
+        target: "x86_64-avx512".to_string(),
+        ..Default::default()
+    };
+    let c = onnxc::driver::compile_graph(m.graph, "model", &opts).unwrap();
+    let obj = dir.path().join("model.o");
+    std::fs::write(&obj, &c.artifacts.object).unwrap();
+    let nm = std::process::Command::new("nm").arg(&obj).output().unwrap();
+    let syms = String::from_utf8_lossy(&nm.stdout).into_owned();
+    let task_wide: Vec<&str> = syms
+        .lines()
+        .filter(|l| l.contains("__wide") && l.contains("_task"))
+        .collect();
+    assert!(
+        syms.contains("_task0"),
+        "the loop was not parallelised:\n{syms}"
+    );
+    assert!(
+        task_wide.len() >= 2,
+        "both copies of the task body (even share, last share) should call AVX-512 loops:\n{syms}"
+    );
+}

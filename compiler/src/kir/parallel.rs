@@ -517,6 +517,65 @@ fn disjoint(forms: &[(Aff, Scope)], cx: &AffCtx, extent: u64) -> bool {
     })
 }
 
+/// The variables `body` assigns (Set targets and loop variables), each once, in order.
+pub fn assigned(body: &[Stmt]) -> Vec<VarId> {
+    fn walk(body: &[Stmt], out: &mut Vec<VarId>) {
+        for s in body {
+            match s {
+                Stmt::For { var, body, .. } => {
+                    if !out.contains(var) {
+                        out.push(*var);
+                    }
+                    walk(body, out);
+                }
+                Stmt::Set { var, .. } => {
+                    if !out.contains(var) {
+                        out.push(*var);
+                    }
+                }
+                Stmt::If { then, els, .. } => {
+                    walk(then, out);
+                    walk(els, out);
+                }
+                Stmt::While { body, .. } => walk(body, out),
+                Stmt::Store { .. } | Stmt::Gemm(_) => {}
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(body, &mut out);
+    out
+}
+
+/// `body` with variable `from` renamed `to` everywhere: its uses, Set targets and loop
+/// variables (for a second copy of a body that must not share its locals with the first).
+pub fn rename(body: &[Stmt], from: VarId, to: VarId) -> Vec<Stmt> {
+    fn targets(body: Vec<Stmt>, from: VarId, to: VarId) -> Vec<Stmt> {
+        let r = |v: VarId| if v == from { to } else { v };
+        body.into_iter()
+            .map(|s| match s {
+                Stmt::For { var, extent, body } => Stmt::For {
+                    var: r(var),
+                    extent,
+                    body: targets(body, from, to),
+                },
+                Stmt::Set { var, value } => Stmt::Set { var: r(var), value },
+                Stmt::If { cond, then, els } => Stmt::If {
+                    cond,
+                    then: targets(then, from, to),
+                    els: targets(els, from, to),
+                },
+                Stmt::While { cond, body } => Stmt::While {
+                    cond,
+                    body: targets(body, from, to),
+                },
+                s @ (Stmt::Store { .. } | Stmt::Gemm(_)) => s,
+            })
+            .collect()
+    }
+    targets(subst(body, from, &Expr::Var(to)), from, to)
+}
+
 /// `body` with every use of `var` replaced by `with`.
 pub fn subst(body: &[Stmt], var: VarId, with: &Expr) -> Vec<Stmt> {
     fn e(x: &Expr, var: VarId, w: &Expr) -> Expr {

@@ -421,7 +421,7 @@ impl Gen<'_, '_> {
         extent: u64,
         body: &[Stmt],
     ) -> Result<(FuncId, u32, Vec<Value>), String> {
-        use crate::kir::parallel::{captured, subst};
+        use crate::kir::parallel::{assigned, captured, rename, subst};
         let ptr = self.module.isa().pointer_type();
         let mut bufs = Vec::new();
         collect_bufs(body, &mut bufs);
@@ -448,22 +448,30 @@ impl Gen<'_, '_> {
             var,
             &Expr::bin(BinOp::Add, Expr::Var(first), Expr::Var(q)),
         );
-        let run = |len: u64| Stmt::For {
+        let run = |len: u64, body: Vec<Stmt>| Stmt::For {
             var: q,
             extent: len,
-            body: inner.clone(),
+            body,
         };
         tk.body.push(Stmt::Set {
             var: first,
             value: Expr::bin(BinOp::Mul, Expr::Var(idx), Expr::Int(chunk as i64)),
         });
         tk.body.push(if last == chunk {
-            run(chunk)
+            run(chunk, inner)
         } else {
+            // The last task's copy gets its own locals: a local read in both copies would
+            // look read outside its loop, and the vectorisers would leave it scalar.
+            let mut copy = inner.clone();
+            for v in assigned(&inner) {
+                let fresh = tk.vars.len();
+                tk.vars.push(tk.vars[v]);
+                copy = rename(&copy, v, fresh);
+            }
             Stmt::If {
                 cond: Expr::cmp(CmpOp::Eq, Expr::Var(idx), Expr::Int(n as i64 - 1)),
-                then: vec![run(last)],
-                els: vec![run(chunk)],
+                then: vec![run(last, copy)],
+                els: vec![run(chunk, inner)],
             }
         });
         crate::kir::verify::verify_program(&Program {
