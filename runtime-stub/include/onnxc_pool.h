@@ -39,8 +39,14 @@ typedef struct onnxc_pool {
   atomic_ulong gen;     /* job number (changed under mu); a worker runs each job once */
   int active;           /* workers inside the current job */
   int stop;
-  atomic_uint next;     /* next index to claim */
   atomic_uint done;     /* indices finished */
+  /* Per thread (0: the caller, 1..: workers): the next index of its share of the job,
+   * shares being contiguous runs of n / threads. A thread runs its own share, then takes
+   * what is left of the others'. The same thread runs the same indices on every call of
+   * one shape, so the data a task reads (a split GEMM's weight columns) stays in that
+   * core's cache from run to run. */
+  atomic_uint *cursor;
+  struct onnxc_pool__arg *args;  /* each worker's (pool, thread number) */
 } onnxc_pool_t;
 
 /* How many times a thread polls for a new job (workers) or for the job's end (the caller)
@@ -59,22 +65,39 @@ static inline void onnxc_pool__relax_(void) {
 #endif
 }
 
-/* Claims and runs indices of the current job until none is left. */
-static inline void onnxc_pool__drain_(onnxc_pool_t *p, onnxc_task_fn task, void *ctx, uint32_t n) {
-  for (;;) {
-    unsigned i = atomic_fetch_add(&p->next, 1u);
-    if (i >= n) break;
-    task(ctx, i);
-    if (atomic_fetch_add(&p->done, 1u) + 1u == n) {
-      pthread_mutex_lock(&p->mu);
-      pthread_cond_broadcast(&p->idle);
-      pthread_mutex_unlock(&p->mu);
+/* The end of thread t's share of n indices among `threads`. */
+static inline uint32_t onnxc_pool__end_(uint32_t n, int threads, int t) {
+  return (uint32_t)(((uint64_t)n * (uint64_t)(t + 1)) / (uint64_t)threads);
+}
+
+/* Runs thread `tid`'s share of the current job, then what is left of the others'. */
+static inline void onnxc_pool__drain_(onnxc_pool_t *p, int tid, onnxc_task_fn task, void *ctx, uint32_t n) {
+  int threads = p->n_workers + 1;
+  for (int k = 0; k < threads; k++) {
+    int t = (tid + k) % threads;
+    uint32_t end = onnxc_pool__end_(n, threads, t);
+    for (;;) {
+      unsigned i = atomic_fetch_add(&p->cursor[t], 1u);
+      if (i >= end) break;
+      task(ctx, i);
+      if (atomic_fetch_add(&p->done, 1u) + 1u == n) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->idle);
+        pthread_mutex_unlock(&p->mu);
+      }
     }
   }
 }
 
+/* A worker's argument: its thread number, inside the pool's `ids`. */
+typedef struct onnxc_pool__arg {
+  struct onnxc_pool *p;
+  int tid;
+} onnxc_pool__arg_t;
+
 static inline void *onnxc_pool__worker_(void *arg) {
-  onnxc_pool_t *p = (onnxc_pool_t *)arg;
+  onnxc_pool_t *p = ((onnxc_pool__arg_t *)arg)->p;
+  int tid = ((onnxc_pool__arg_t *)arg)->tid;
   unsigned long seen = 0;
   for (;;) {
     /* Poll for the next job before taking the lock and sleeping. */
@@ -88,7 +111,7 @@ static inline void *onnxc_pool__worker_(void *arg) {
     uint32_t n = p->n;
     p->active++;
     pthread_mutex_unlock(&p->mu);
-    onnxc_pool__drain_(p, task, ctx, n);
+    onnxc_pool__drain_(p, tid, task, ctx, n);
     pthread_mutex_lock(&p->mu);
     if (--p->active == 0) pthread_cond_broadcast(&p->idle);
     pthread_mutex_unlock(&p->mu);
@@ -112,12 +135,13 @@ static inline void onnxc_pool_parallel_for(void *pool, onnxc_task_fn task, void 
   p->task = task;
   p->ctx = ctx;
   p->n = n;
-  atomic_store(&p->next, 0u);
+  for (int t = 0; t <= p->n_workers; t++)
+    atomic_store(&p->cursor[t], t == 0 ? 0u : onnxc_pool__end_(n, p->n_workers + 1, t - 1));
   atomic_store(&p->done, 0u);
   atomic_fetch_add(&p->gen, 1ul);
   pthread_cond_broadcast(&p->wake);
   pthread_mutex_unlock(&p->mu);
-  onnxc_pool__drain_(p, task, ctx, n);
+  onnxc_pool__drain_(p, 0, task, ctx, n);
   for (int s = 0; s < ONNXC_POOL_SPIN && atomic_load(&p->done) < n; s++) onnxc_pool__relax_();
   pthread_mutex_lock(&p->mu);
   while (atomic_load(&p->done) < n) pthread_cond_wait(&p->idle, &p->mu);
@@ -131,15 +155,25 @@ static inline onnxc_pool_t *onnxc_pool_create(int threads) {
   if (!p) return NULL;
   int want = threads > 1 ? threads - 1 : 0;
   p->workers = want ? (pthread_t *)calloc((size_t)want, sizeof(pthread_t)) : NULL;
-  if (want && !p->workers) { free(p); return NULL; }
+  p->args = want ? (onnxc_pool__arg_t *)calloc((size_t)want, sizeof(onnxc_pool__arg_t)) : NULL;
+  p->cursor = (atomic_uint *)calloc((size_t)want + 1, sizeof(atomic_uint));
+  if ((want && (!p->workers || !p->args)) || !p->cursor) {
+    free(p->workers);
+    free(p->args);
+    free(p->cursor);
+    free(p);
+    return NULL;
+  }
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->wake, NULL);
   pthread_cond_init(&p->idle, NULL);
-  atomic_init(&p->next, 0u);
+  for (int t = 0; t <= want; t++) atomic_init(&p->cursor[t], 0u);
   atomic_init(&p->done, 0u);
   atomic_init(&p->gen, 0ul);
   for (int i = 0; i < want; i++) {
-    if (pthread_create(&p->workers[i], NULL, onnxc_pool__worker_, p) != 0) break;
+    p->args[i].p = p;
+    p->args[i].tid = i + 1;
+    if (pthread_create(&p->workers[i], NULL, onnxc_pool__worker_, &p->args[i]) != 0) break;
     p->n_workers++;
   }
   if (p->n_workers < want) {
@@ -150,6 +184,8 @@ static inline onnxc_pool_t *onnxc_pool_create(int threads) {
     pthread_mutex_unlock(&p->mu);
     for (int i = 0; i < p->n_workers; i++) pthread_join(p->workers[i], NULL);
     free(p->workers);
+    free(p->args);
+    free(p->cursor);
     free(p);
     return NULL;
   }
@@ -175,6 +211,8 @@ static inline void onnxc_pool_destroy(onnxc_pool_t *p) {
   pthread_cond_destroy(&p->wake);
   pthread_cond_destroy(&p->idle);
   free(p->workers);
+  free(p->args);
+  free(p->cursor);
   free(p);
 }
 

@@ -53,7 +53,7 @@ pub struct Split {
 
 /// The least work (multiply-adds) of a GEMM worth handing to threads: below it the
 /// dispatch (tens of microseconds with a sleeping pool) costs more than it saves.
-pub const SPLIT_MIN_MACS: usize = 1 << 20;
+pub const SPLIT_MIN_MACS: usize = 1 << 18;
 /// The most parts one call is cut into (12: divisible by 2, 3, 4 and 6 threads).
 pub const SPLIT_MAX_TASKS: usize = 12;
 
