@@ -52,7 +52,11 @@ pub struct Split {
 }
 
 /// The least work (multiply-adds) of a GEMM worth handing to threads: below it the
-/// dispatch (tens of microseconds with a sleeping pool) costs more than it saves.
+/// dispatch (a microsecond or two with a spinning pool) costs more than it saves. A
+/// matrix-vector product of 512 x 784 (an MLP layer, bound by reading its weights) is
+/// above it: split by columns, each core reads half the weights, from its own cache once
+/// the pool gives a thread the same share on every run (mlp on 2 threads 0.067 ->
+/// 0.019 ms).
 pub const SPLIT_MIN_MACS: usize = 1 << 18;
 /// The most parts one call is cut into (12: divisible by 2, 3, 4 and 6 threads).
 pub const SPLIT_MAX_TASKS: usize = 12;
