@@ -103,7 +103,7 @@ enum Cmd {
         /// Timed runs of each engine.
         #[arg(long, default_value_t = 50)]
         iters: usize,
-        /// Untimed runs before timing.
+        /// Untimed runs before timing (each engine warms up for at least 200 ms too).
         #[arg(long, default_value_t = 5)]
         warmup: usize,
         /// Target to compile for; must run on this machine.

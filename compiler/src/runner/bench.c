@@ -1,6 +1,7 @@
 /* Benchmark harness for any model compiled by onnxc, driven by its descriptor.
  *   bench DIR ITERS WARMUP [THREADS]
- * reads DIR/in_K.bin, runs the model WARMUP times untimed and ITERS times timed
+ * reads DIR/in_K.bin, runs the model WARMUP times (and at least 200 ms) untimed and
+ * ITERS times timed
  * (on THREADS threads through onnxc_pool.h and run_parallel when THREADS > 1)
  * (CLOCK_MONOTONIC around each call), writes one time in nanoseconds per line to
  * DIR/times_ns.txt and the last run's outputs to DIR/out_K.bin.
@@ -10,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define WARMUP_MIN_NS 200000000ull
 #include <time.h>
 #include "onnxc_runtime.h"
 #include "onnxc_pool.h"
@@ -62,9 +65,15 @@ int main(int argc, char **argv) {
     }
     for (uint32_t i = 0; i < m->n_outputs; i++) outs[i] = alloc64(m->outputs[i].bytes);
     void *arena = alloc64(m->arena_bytes);
-    for (long r = 0; r < warmup; r++) {
-        int32_t rc = RUN();
-        if (rc != ONNXC_OK) { fprintf(stderr, "run failed: %s\n", onnxc_status_str(rc)); return 4; }
+    /* Warm-up: WARMUP runs, and at least WARMUP_MIN_NS in all (idle cores and a pool's
+     * sleeping workers take a millisecond or more to come up to speed; a few runs of a
+     * 20-microsecond model would leave the timed runs in that). */
+    {
+        uint64_t w0 = now_ns();
+        for (long r = 0; r < warmup || now_ns() - w0 < WARMUP_MIN_NS; r++) {
+            int32_t rc = RUN();
+            if (rc != ONNXC_OK) { fprintf(stderr, "run failed: %s\n", onnxc_status_str(rc)); return 4; }
+        }
     }
     uint64_t *t = calloc((size_t)iters, sizeof(uint64_t));
     for (long r = 0; r < iters; r++) {
