@@ -261,8 +261,9 @@ fn cases() -> Vec<Case> {
     // row spanning many panels (long 1-D), 1x1 stride 2 (a ResNet downsample), 1x1 with
     // rows not whole vectors apart and many output channels (copied into panels); deep
     // kernels on small planes, with pixels as the GEMM's rows (channels in the lanes; the
-    // im2col as an A operand in row panels), batch 2 and stride 2.
-    let convs: [ConvCase; 11] = [
+    // im2col as an A operand in row panels), batch 2 and stride 2; small planes through
+    // zero-padded planes (conv_padded), dilated and with uneven pads.
+    let convs: [ConvCase; 13] = [
         (
             "conv1x1",
             vec![2, 17, 9, 11],
@@ -339,6 +340,23 @@ fn cases() -> Vec<Case> {
             vec![48, 128, 3, 3],
             vec![ints_attr("pads", &[1, 1, 1, 1])],
             vec![2, 48, 7, 5],
+        ),
+        (
+            "conv3x3_small_plane",
+            vec![2, 12, 14, 14],
+            vec![24, 12, 3, 3],
+            vec![ints_attr("pads", &[1, 1, 1, 1])],
+            vec![2, 24, 14, 14],
+        ),
+        (
+            "conv3x2_small_plane_dil",
+            vec![1, 10, 15, 16],
+            vec![17, 10, 3, 2],
+            vec![
+                ints_attr("pads", &[2, 1, 2, 0]),
+                ints_attr("dilations", &[2, 1]),
+            ],
+            vec![1, 17, 15, 16],
         ),
         (
             "conv3x3_deep_stride2",

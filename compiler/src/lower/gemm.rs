@@ -376,6 +376,12 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
             return Ok(true);
         }
     }
+    if !direct {
+        if let Some(p2) = Plane::of(g).filter(|p2| padded_fits(p2, c)) {
+            conv_padded(lw, &p2, &x, w.buf, bias, &out, (nimg, c, m));
+            return Ok(true);
+        }
+    }
     // Output [n, m, spatial...] as [batch = n][rows = m][cols = spatial].
     let oshape = out.shape.clone();
     let split = OutSplit {
@@ -637,6 +643,202 @@ fn conv_transposed(
                 buf: out.buf,
                 index: oidx,
                 value: v,
+            }],
+        }],
+    });
+    k.body = vec![Stmt::For {
+        var: nv,
+        extent: nimg as u64,
+        body,
+    }];
+    lw.push(k);
+}
+
+/// The padded plane `(hp, wp)` of a stride-1 conv: the output plus the kernel's reach.
+fn padded_plane(p2: &Plane) -> (usize, usize) {
+    (p2.oh + (p2.kh - 1) * p2.dh, p2.ow + (p2.kw - 1) * p2.dw)
+}
+
+/// Whether a conv runs as [`conv_padded`]: stride 1, a kernel wider than one tap, a
+/// small plane (rows of at most 16 outputs, where [`Plane::im2col`] is mostly short
+/// runs and their calls), the columns wasted on each padded row at most an eighth of
+/// it, and the panels of the whole image within one im2col block.
+fn padded_fits(p2: &Plane, c: usize) -> bool {
+    let (hp, wp) = padded_plane(p2);
+    let kd = c * p2.kh * p2.kw;
+    let n = (p2.oh - 1) * wp + p2.ow;
+    p2.sh == 1
+        && p2.sw == 1
+        && p2.kh * p2.kw > 1
+        && p2.ow <= 16
+        && p2.ph >= 0
+        && p2.pw >= 0
+        && p2.ph as usize + p2.h <= hp
+        && p2.pw as usize + p2.w <= wp
+        && (wp - p2.ow) * 8 <= wp
+        && kd * n.div_ceil(PANEL) * PANEL * 4 <= IM2COL_BLOCK_BYTES
+}
+
+/// A group-1, stride-1 f32 conv on a small plane, per image, through zero-padded
+/// planes: the input is copied into `P[c][hp][wp]` (zero borders), where output pixel
+/// `(r, q)` is column `r * wp + q` and tap `(i, j)` of channel `ci` is plane `ci`
+/// shifted by `i * dh * wp + j * dw`. Each B panel row `(ci, tap)` is then one
+/// contiguous run of the plane (no bounds to test: the padding is in the plane), copied
+/// as one 2-D nest per tap and panel, where [`Plane::im2col`] copies a run per output
+/// row and tap. The GEMM computes the `wp - ow` columns at the end of each row too; the
+/// result goes to scratch with rows of `wp`, and `out = epilogue(scratch)` copies the
+/// pixels out. (On large planes this measured slower than im2col: see decisions.)
+#[allow(clippy::too_many_arguments)]
+fn conv_padded(
+    lw: &mut LowerCtx,
+    p2: &Plane,
+    x: &TensorRef,
+    wb: usize,
+    bias: Option<TensorRef>,
+    out: &TensorRef,
+    (nimg, c, m): (usize, usize, usize),
+) {
+    let (hp, wp) = padded_plane(p2);
+    let (oh, ow) = (p2.oh, p2.ow);
+    let (il, ol, pl) = (p2.h * p2.w, oh * ow, hp * wp);
+    let taps = p2.kh * p2.kw;
+    let kd = c * taps;
+    let n = (oh - 1) * wp + ow;
+    let npan = n.div_ceil(PANEL);
+    let tap_off = |t: usize| (t / p2.kw) * p2.dh * wp + (t % p2.kw) * p2.dw;
+    // The planes, and after them what the last panel reads past the last one.
+    let xlen = (c - 1) * pl + tap_off(taps - 1) + npan * PANEL;
+    let ep = lw.epilogue.take().filter(|e| !e.is_empty());
+    let xp = lw.program.add_buffer(
+        format!("{}/padded", lw.name),
+        BufKind::Arena { offset: 0 },
+        Ty::F32,
+        xlen as u64,
+    );
+    let cb = lw.program.add_buffer(
+        format!("{}/panels", lw.name),
+        BufKind::Arena { offset: 0 },
+        Ty::F32,
+        (kd * npan * PANEL) as u64,
+    );
+    let rows = lw.program.add_buffer(
+        format!("{}/rows", lw.name),
+        BufKind::Arena { offset: 0 },
+        Ty::F32,
+        (m * n) as u64,
+    );
+    let mut k = lw.kernel("");
+    let nv = k.var(Ty::I64);
+    let v = |x: VarId| Expr::Var(x);
+    let int = |x: usize| Expr::Int(x as i64);
+    // The padded planes: zero, then the input rows.
+    let zv = k.var(Ty::I64);
+    let mut body = vec![Stmt::For {
+        var: zv,
+        extent: xlen as u64,
+        body: vec![Stmt::Store {
+            buf: xp,
+            index: v(zv),
+            value: Expr::f(0.0, Ty::F32),
+        }],
+    }];
+    let (cv, yv, xv) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+    let dst = Expr::add(
+        Expr::add(Expr::mul(v(cv), int(pl)), Expr::mul(v(yv), int(wp))),
+        Expr::add(v(xv), int(p2.ph as usize * wp + p2.pw as usize)),
+    );
+    let src = Expr::add(
+        Expr::add(Expr::mul(v(nv), int(c * il)), Expr::mul(v(cv), int(il))),
+        Expr::add(Expr::mul(v(yv), int(p2.w)), v(xv)),
+    );
+    body.push(Stmt::For {
+        var: cv,
+        extent: c as u64,
+        body: vec![Stmt::For {
+            var: yv,
+            extent: p2.h as u64,
+            body: vec![Stmt::For {
+                var: xv,
+                extent: p2.w as u64,
+                body: vec![Stmt::Store {
+                    buf: xp,
+                    index: dst,
+                    value: Expr::load(x.buf, src),
+                }],
+            }],
+        }],
+    });
+    // The B panels: cb[(jp * kd + ci * taps + t) * PANEL + jj] = P[ci * pl + off(t) + jp * PANEL + jj],
+    // one (channel, column) nest per tap and panel.
+    let (ci, jj) = (k.var(Ty::I64), k.var(Ty::I64));
+    for t in 0..taps {
+        for jp in 0..npan {
+            let dst = Expr::add(
+                Expr::mul(v(ci), int(taps * PANEL)),
+                Expr::add(v(jj), int((jp * kd + t) * PANEL)),
+            );
+            let src = Expr::add(
+                Expr::mul(v(ci), int(pl)),
+                Expr::add(v(jj), int(tap_off(t) + jp * PANEL)),
+            );
+            body.push(Stmt::For {
+                var: ci,
+                extent: c as u64,
+                body: vec![Stmt::For {
+                    var: jj,
+                    extent: PANEL as u64,
+                    body: vec![Stmt::Store {
+                        buf: cb,
+                        index: dst,
+                        value: Expr::load(xp, src),
+                    }],
+                }],
+            });
+        }
+    }
+    body.push(Stmt::Gemm(Box::new(GemmCall {
+        m: m as u64,
+        n: n as u64,
+        k: kd as u64,
+        a: MatView::strided(wb, Expr::Int(0), kd as i64, 1),
+        b: MatView {
+            buf: cb,
+            offset: Expr::Int(0),
+            rs: PANEL as i64,
+            cs: 1,
+            panel: Some((PANEL as u64, (kd * PANEL) as i64)),
+        },
+        c: MatView::strided(rows, Expr::Int(0), n as i64, 1),
+        alpha: 1.0,
+        init: bias.map(|b| MatView::strided(b.buf, Expr::Int(0), 1, 0)),
+        act: GemmAct::None,
+    })));
+    // Out: the pixels of each padded row, through the epilogue.
+    let (mv, rv, qv) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+    let oidx = Expr::add(
+        Expr::add(Expr::mul(v(nv), int(m * ol)), Expr::mul(v(mv), int(ol))),
+        Expr::add(Expr::mul(v(rv), int(ow)), v(qv)),
+    );
+    let pix = Expr::add(Expr::mul(v(rv), int(wp)), v(qv));
+    let val = Expr::load(rows, Expr::add(Expr::mul(v(mv), int(n)), pix));
+    let val = match &ep {
+        Some(ep) => ep.apply_flat(val, Ty::F32, oidx.clone(), &out.shape),
+        None => val,
+    };
+    body.push(Stmt::For {
+        var: mv,
+        extent: m as u64,
+        body: vec![Stmt::For {
+            var: rv,
+            extent: oh as u64,
+            body: vec![Stmt::For {
+                var: qv,
+                extent: ow as u64,
+                body: vec![Stmt::Store {
+                    buf: out.buf,
+                    index: oidx,
+                    value: val,
+                }],
             }],
         }],
     });
