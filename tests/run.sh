@@ -12,6 +12,7 @@ command -v nm >/dev/null || need_apt+=(binutils)
 command -v aarch64-linux-gnu-gcc >/dev/null || need_apt+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
 command -v qemu-aarch64-static >/dev/null || need_apt+=(qemu-user-static)
 command -v valgrind >/dev/null || need_apt+=(valgrind)
+python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "== installing Debian packages: ${need_apt[*]}"
   sudo=""
@@ -19,6 +20,15 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   $sudo apt-get update -q >/dev/null
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${need_apt[@]}" >/dev/null
 fi
+
+# The style checks need rustfmt and clippy; a toolchain installed without them gets them.
+for comp in rustfmt clippy; do
+  sub=${comp/rustfmt/fmt}
+  if ! cargo "$sub" --version >/dev/null 2>&1; then
+    echo "== installing the Rust component $comp"
+    rustup component add "$comp"
+  fi
+done
 
 echo "== installing the Python oracles (onnx, onnxruntime, numpy)"
 python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
