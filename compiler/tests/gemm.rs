@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{f32_tensor, int_attr, model, node, value_info};
+use common::{f32_tensor, int_attr, ints_attr, model, node, value_info};
 use onnxc::conformance::CompiledEnv;
 use onnxc::ir::{DType, Tensor, Value};
 use onnxc::onnx::proto::{tensor_proto::DataType, AttributeProto, GraphProto, ModelProto};
@@ -31,15 +31,6 @@ fn float_attr(name: &str, v: f32) -> AttributeProto {
         name: Some(name.into()),
         r#type: Some(1),
         f: Some(v),
-        ..Default::default()
-    }
-}
-
-fn ints_attr(name: &str, v: &[i64]) -> AttributeProto {
-    AttributeProto {
-        name: Some(name.into()),
-        r#type: Some(7),
-        ints: v.to_vec(),
         ..Default::default()
     }
 }

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{model, node, value_info};
+use common::{ints_attr, model, node, value_info};
 use onnxc::driver::{compile_file, Options};
 use onnxc::ir::{DType, Tensor, Value};
 use onnxc::onnx::proto::{
@@ -29,15 +29,6 @@ fn string_attr(name: &str, v: &str) -> AttributeProto {
         name: Some(name.into()),
         r#type: Some(3),
         s: Some(v.as_bytes().to_vec()),
-        ..Default::default()
-    }
-}
-
-fn ints_attr(name: &str, v: &[i64]) -> AttributeProto {
-    AttributeProto {
-        name: Some(name.into()),
-        r#type: Some(7),
-        ints: v.to_vec(),
         ..Default::default()
     }
 }

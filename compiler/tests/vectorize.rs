@@ -6,10 +6,10 @@
 
 mod common;
 
-use common::{f32_tensor, int_attr, model, node, value_info};
+use common::{f32_tensor, int_attr, ints_attr, model, node, value_info};
 use onnxc::conformance::CompiledEnv;
 use onnxc::ir::{DType, Tensor, Value};
-use onnxc::onnx::proto::{tensor_proto::DataType, AttributeProto, GraphProto, ModelProto};
+use onnxc::onnx::proto::{tensor_proto::DataType, GraphProto, ModelProto};
 use onnxc::{eval, onnx};
 
 const LENS: [usize; 6] = [1, 3, 4, 5, 17, 33];
@@ -27,15 +27,6 @@ fn rand(n: usize, seed: u64) -> Vec<f32> {
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
-}
-
-fn ints_attr(name: &str, v: &[i64]) -> AttributeProto {
-    AttributeProto {
-        name: Some(name.into()),
-        r#type: Some(7),
-        ints: v.to_vec(),
-        ..Default::default()
-    }
 }
 
 fn dims(s: &[usize]) -> Vec<i64> {

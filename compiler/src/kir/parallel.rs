@@ -521,24 +521,13 @@ fn disjoint(forms: &[(Aff, Scope)], cx: &AffCtx, extent: u64) -> bool {
 pub fn assigned(body: &[Stmt]) -> Vec<VarId> {
     fn walk(body: &[Stmt], out: &mut Vec<VarId>) {
         for s in body {
-            match s {
-                Stmt::For { var, body, .. } => {
-                    if !out.contains(var) {
-                        out.push(*var);
-                    }
-                    walk(body, out);
+            if let Stmt::For { var, .. } | Stmt::Set { var, .. } = s {
+                if !out.contains(var) {
+                    out.push(*var);
                 }
-                Stmt::Set { var, .. } => {
-                    if !out.contains(var) {
-                        out.push(*var);
-                    }
-                }
-                Stmt::If { then, els, .. } => {
-                    walk(then, out);
-                    walk(els, out);
-                }
-                Stmt::While { body, .. } => walk(body, out),
-                Stmt::Store { .. } | Stmt::Gemm(_) => {}
+            }
+            for c in children(s) {
+                walk(c, out);
             }
         }
     }

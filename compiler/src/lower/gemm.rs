@@ -617,41 +617,73 @@ fn conv_transposed(
         init: bias.map(|b| MatView::strided(b.buf, Expr::Int(0), 0, 1)),
         act: GemmAct::None,
     })));
-    let (mv, pv) = (k.var(Ty::I64), k.var(Ty::I64));
-    let oidx = Expr::add(
-        Expr::add(
-            Expr::mul(Expr::Var(nv), Expr::Int((m * ol) as i64)),
-            Expr::mul(Expr::Var(mv), Expr::Int(ol as i64)),
-        ),
-        Expr::Var(pv),
-    );
-    let v = Expr::load(
-        ct,
-        Expr::add(Expr::mul(Expr::Var(pv), Expr::Int(m as i64)), Expr::Var(mv)),
-    );
-    let v = match &ep {
-        Some(ep) => ep.apply_flat(v, Ty::F32, oidx.clone(), &out.shape),
-        None => v,
-    };
-    body.push(Stmt::For {
-        var: mv,
-        extent: m as u64,
-        body: vec![Stmt::For {
-            var: pv,
-            extent: ol as u64,
-            body: vec![Stmt::Store {
-                buf: out.buf,
-                index: oidx,
-                value: v,
-            }],
-        }],
-    });
+    body.push(copy_out(
+        &mut k,
+        out,
+        ep.as_ref(),
+        (nv, m),
+        (1, ol),
+        |mv, _, pv| Expr::load(ct, Expr::add(Expr::mul(pv, Expr::Int(m as i64)), mv)),
+    ));
     k.body = vec![Stmt::For {
         var: nv,
         extent: nimg as u64,
         body,
     }];
     lw.push(k);
+}
+
+/// `out[img, co, r, q] = epilogue(src(co, r, q))` over the `m` channels and the
+/// `oh x ow` plane of image `nv`: how a conv computed into scratch in another layout
+/// stores its output (`oh == 1`: a flat plane, without the row loop).
+fn copy_out(
+    k: &mut Kernel,
+    out: &TensorRef,
+    ep: Option<&Epilogue>,
+    (nv, m): (VarId, usize),
+    (oh, ow): (usize, usize),
+    src: impl Fn(Expr, Expr, Expr) -> Expr,
+) -> Stmt {
+    let ol = oh * ow;
+    let (mv, rv, qv) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+    let v = |x: VarId| Expr::Var(x);
+    let int = |x: usize| Expr::Int(x as i64);
+    let pix = if oh == 1 {
+        v(qv)
+    } else {
+        Expr::add(Expr::mul(v(rv), int(ow)), v(qv))
+    };
+    let oidx = Expr::add(
+        Expr::add(Expr::mul(v(nv), int(m * ol)), Expr::mul(v(mv), int(ol))),
+        pix,
+    );
+    let row = if oh == 1 { Expr::Int(0) } else { v(rv) };
+    let val = src(v(mv), row, v(qv));
+    let val = match ep {
+        Some(ep) => ep.apply_flat(val, Ty::F32, oidx.clone(), &out.shape),
+        None => val,
+    };
+    let mut inner = Stmt::For {
+        var: qv,
+        extent: ow as u64,
+        body: vec![Stmt::Store {
+            buf: out.buf,
+            index: oidx,
+            value: val,
+        }],
+    };
+    if oh > 1 {
+        inner = Stmt::For {
+            var: rv,
+            extent: oh as u64,
+            body: vec![inner],
+        };
+    }
+    Stmt::For {
+        var: mv,
+        extent: m as u64,
+        body: vec![inner],
+    }
 }
 
 /// The padded plane `(hp, wp)` of a stride-1 conv: the output plus the kernel's reach.
@@ -700,7 +732,7 @@ fn conv_padded(
 ) {
     let (hp, wp) = padded_plane(p2);
     let (oh, ow) = (p2.oh, p2.ow);
-    let (il, ol, pl) = (p2.h * p2.w, oh * ow, hp * wp);
+    let (il, pl) = (p2.h * p2.w, hp * wp);
     let taps = p2.kh * p2.kw;
     let kd = c * taps;
     let n = (oh - 1) * wp + ow;
@@ -814,34 +846,17 @@ fn conv_padded(
         act: GemmAct::None,
     })));
     // Out: the pixels of each padded row, through the epilogue.
-    let (mv, rv, qv) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
-    let oidx = Expr::add(
-        Expr::add(Expr::mul(v(nv), int(m * ol)), Expr::mul(v(mv), int(ol))),
-        Expr::add(Expr::mul(v(rv), int(ow)), v(qv)),
-    );
-    let pix = Expr::add(Expr::mul(v(rv), int(wp)), v(qv));
-    let val = Expr::load(rows, Expr::add(Expr::mul(v(mv), int(n)), pix));
-    let val = match &ep {
-        Some(ep) => ep.apply_flat(val, Ty::F32, oidx.clone(), &out.shape),
-        None => val,
-    };
-    body.push(Stmt::For {
-        var: mv,
-        extent: m as u64,
-        body: vec![Stmt::For {
-            var: rv,
-            extent: oh as u64,
-            body: vec![Stmt::For {
-                var: qv,
-                extent: ow as u64,
-                body: vec![Stmt::Store {
-                    buf: out.buf,
-                    index: oidx,
-                    value: val,
-                }],
-            }],
-        }],
-    });
+    body.push(copy_out(
+        &mut k,
+        out,
+        ep.as_ref(),
+        (nv, m),
+        (oh, ow),
+        |mv, rv, qv| {
+            let pix = Expr::add(Expr::mul(rv, int(wp)), qv);
+            Expr::load(rows, Expr::add(Expr::mul(mv, int(n)), pix))
+        },
+    ));
     k.body = vec![Stmt::For {
         var: nv,
         extent: nimg as u64,

@@ -92,6 +92,15 @@ pub fn string_bytes(t: &Tensor) -> OpResult<Vec<u8>> {
     Ok(out)
 }
 
+/// The refusal of an op whose input `i` must be known at compile time.
+fn not_constant(i: usize) -> OpError {
+    OpError::unsupported(format!(
+        "input {i} must be a constant to compile this op: its values decide the output's \
+         shape or which elements move, and here they are only known at run time (make it an \
+         initializer)"
+    ))
+}
+
 /// The node being lowered and the program it adds kernels to.
 pub struct LowerCtx<'a> {
     pub op: &'a OpCtx,
@@ -305,13 +314,7 @@ impl LowerCtx<'_> {
     /// constant).
     pub fn const_input(&self, i: usize) -> OpResult<&Tensor> {
         let t = self.input(i)?;
-        t.value.as_ref().ok_or_else(|| {
-            OpError::unsupported(format!(
-                "input {i} must be a constant to compile this op: its values decide the \
-                 output's shape or which elements move, and here they are only known at run \
-                 time (make it an initializer)"
-            ))
-        })
+        t.value.as_ref().ok_or_else(|| not_constant(i))
     }
 
     /// Adds read-only data and returns its buffer.
@@ -507,13 +510,7 @@ pub fn lower_by_index_map(
             )),
             Some(t) => match &t.value {
                 Some(v) => Some(Value::Tensor(v.clone())),
-                None => {
-                    return Err(OpError::unsupported(format!(
-                        "input {i} must be a constant to compile this op: its values decide the \
-                         output's shape or which elements move, and here they are only known \
-                         at run time (make it an initializer)"
-                    )))
-                }
+                None => return Err(not_constant(i)),
             },
         };
         vals.push(v);

@@ -7,7 +7,9 @@
 //! score tensors, need no per-element machinery.
 
 use super::inline_if::node_prefix;
-use super::inline_util::{add_node_to, add_op, inline_body, reshape, typed_body, Budget};
+use super::inline_util::{
+    add_node_to, add_op, inline_body, reshape, rewrite_each, typed_body, Budget,
+};
 use super::util::add_const;
 use crate::error::Result;
 use crate::ir::{Attr, DType, Graph, NodeId, Tensor, Value, ValueId, ValueType};
@@ -33,19 +35,7 @@ pub fn expand_flex_attention(
         .node_indices()
         .filter(|&n| g.nodes[n].domain == DOMAIN && g.nodes[n].op_type == "FlexAttention")
         .collect();
-    let mut done = 0;
-    for n in nodes {
-        match expand(g, budget, n, known)? {
-            None => done += 1,
-            Some(why) => {
-                refused.insert(g.node_label(n), why);
-            }
-        }
-    }
-    if done > 0 {
-        g.rewire();
-    }
-    Ok(done)
+    rewrite_each(g, nodes, refused, |g, n| expand(g, budget, n, known))
 }
 
 /// The static (dtype, shape) of input `i` of `n`.

@@ -12,7 +12,9 @@
 //! Branch values get fresh names (`IFNAME/name`, `IFNAME/then/name`); nested subgraphs are
 //! renamed to follow (see `inline_util`). Shape inference then sees ordinary nodes.
 
-use super::inline_util::{add_node_to, add_op, inline_body, known_flag, typed_body, Budget};
+use super::inline_util::{
+    add_node_to, add_op, identity_to, inline_body, known_flag, rewrite_each, typed_body, Budget,
+};
 use crate::error::Result;
 use crate::ir::{Graph, NodeId, Tensor, Value, ValueId, ValueType};
 use std::collections::{BTreeMap, HashMap};
@@ -68,15 +70,7 @@ pub fn inline_constant_ifs(
         let outs = inline_body(g, budget, &prefix, &body, &[])?;
         g.remove_node(n);
         for (k, (&bo, &io)) in outs.iter().zip(&node.outputs).enumerate() {
-            add_node_to(
-                g,
-                node.opset,
-                format!("{prefix}/output{k}"),
-                "Identity",
-                &[],
-                vec![Some(bo)],
-                vec![io],
-            )?;
+            identity_to(g, node.opset, format!("{prefix}/output{k}"), bo, io)?;
         }
         done += 1;
     }
@@ -95,19 +89,8 @@ pub fn select_runtime_ifs(
     known: &HashMap<ValueId, Value>,
     refused: &mut BTreeMap<String, String>,
 ) -> Result<usize> {
-    let mut done = 0;
-    for n in if_nodes(g) {
-        match select_one(g, budget, n, known)? {
-            None => done += 1,
-            Some(why) => {
-                refused.insert(g.node_label(n), why);
-            }
-        }
-    }
-    if done > 0 {
-        g.rewire();
-    }
-    Ok(done)
+    let nodes = if_nodes(g);
+    rewrite_each(g, nodes, refused, |g, n| select_one(g, budget, n, known))
 }
 
 /// Rewrites one If into a select; Some(reason) when it cannot (the graph is untouched).

@@ -6,9 +6,11 @@
 use super::infer_shapes::InferReport;
 use super::util::{new_node, order, rebuild};
 use crate::error::{Error, Result};
-use crate::ir::{Attr, Attrs, Graph, Node, Source, Tensor, Value, ValueId, ValueType};
+use crate::ir::{
+    Attr, Attrs, DType, Graph, Node, NodeId, Source, Tensor, Value, ValueId, ValueType,
+};
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 /// Node copies the control-flow rewrites of one compile may make in all (typing a body and
@@ -39,6 +41,30 @@ impl Budget {
         self.0.set(left - n);
         Ok(())
     }
+}
+
+/// Rewrites each of `nodes` with `rewrite` (`None`: rewritten; `Some(why)`: left alone,
+/// `refused` gets the reason by node label), then rewires `g` when any was rewritten.
+/// Returns how many were rewritten. The driver of the control-flow rewrites.
+pub fn rewrite_each(
+    g: &mut Graph,
+    nodes: Vec<NodeId>,
+    refused: &mut BTreeMap<String, String>,
+    mut rewrite: impl FnMut(&mut Graph, NodeId) -> Result<Option<String>>,
+) -> Result<usize> {
+    let mut done = 0;
+    for n in nodes {
+        match rewrite(g, n)? {
+            None => done += 1,
+            Some(why) => {
+                refused.insert(g.node_label(n), why);
+            }
+        }
+    }
+    if done > 0 {
+        g.rewire();
+    }
+    Ok(done)
 }
 
 /// Copies `body`'s nodes into `g`. Every body value gets a fresh name `prefix/name`;
@@ -241,6 +267,31 @@ pub fn add_node_to(
     let node = new_node(name, op, a, opset, inputs, outputs)?;
     g.add_node(node);
     Ok(())
+}
+
+/// Adds `Identity(from) -> to` named `name`: how a rewrite hands a value it computed to
+/// an output of the node it replaces.
+pub fn identity_to(
+    g: &mut Graph,
+    opset: i64,
+    name: String,
+    from: ValueId,
+    to: ValueId,
+) -> Result<()> {
+    add_node_to(g, opset, name, "Identity", &[], vec![Some(from)], vec![to])
+}
+
+/// Hands `to` an empty `[0]` tensor of `dt` (a scan output of no iterations, as the
+/// evaluator gives): a constant named `names.0`, through [`identity_to`] named `names.1`.
+pub fn empty_to(
+    g: &mut Graph,
+    opset: i64,
+    dt: DType,
+    names: (String, String),
+    to: ValueId,
+) -> Result<()> {
+    let e = super::util::add_const(g, &names.0, Tensor::zeros(dt, &[0]));
+    identity_to(g, opset, names.1, e, to)
 }
 
 /// Adds a one-output node of the default domain (see [`add_node_to`]); its output is a

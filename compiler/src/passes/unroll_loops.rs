@@ -18,7 +18,8 @@
 
 use super::inline_if::node_prefix;
 use super::inline_util::{
-    add_node_to, add_op, inline_body, known_flag, stack_into, typed_body, Budget,
+    add_op, empty_to, identity_to, inline_body, known_flag, rewrite_each, stack_into, typed_body,
+    Budget,
 };
 use super::util::add_const;
 use crate::error::Result;
@@ -44,24 +45,13 @@ pub fn unroll_loops(
             node.domain.is_empty() && matches!(node.op_type.as_str(), "Loop" | "Scan")
         })
         .collect();
-    let mut done = 0;
-    for n in loops {
-        let r = if g.nodes[n].op_type == "Loop" {
-            unroll_loop(g, budget, n, known)?
+    rewrite_each(g, loops, refused, |g, n| {
+        if g.nodes[n].op_type == "Loop" {
+            unroll_loop(g, budget, n, known)
         } else {
-            unroll_scan(g, budget, n, known)?
-        };
-        match r {
-            None => done += 1,
-            Some(why) => {
-                refused.insert(g.node_label(n), why);
-            }
+            unroll_scan(g, budget, n, known)
         }
-    }
-    if done > 0 {
-        g.rewire();
-    }
-    Ok(done)
+    })
 }
 
 fn scalar_type(dt: DType) -> ValueType {
@@ -237,15 +227,7 @@ fn unroll_loop(
     }
     g.remove_node(n);
     for (j, &o) in node.outputs.iter().enumerate().take(n_carried) {
-        add_node_to(
-            g,
-            node.opset,
-            format!("{prefix}/output{j}"),
-            "Identity",
-            &[],
-            vec![Some(carried[j])],
-            vec![o],
-        )?;
+        identity_to(g, node.opset, format!("{prefix}/output{j}"), carried[j], o)?;
     }
     for (j, &o) in node.outputs.iter().enumerate().skip(n_carried) {
         let items = &scans[j - n_carried];
@@ -256,16 +238,8 @@ fn unroll_loop(
                 .ty
                 .dtype()
                 .unwrap_or(DType::F32);
-            let e = add_const(g, &format!("{prefix}/empty{j}"), Tensor::zeros(dt, &[0]));
-            add_node_to(
-                g,
-                node.opset,
-                format!("{prefix}/output{j}"),
-                "Identity",
-                &[],
-                vec![Some(e)],
-                vec![o],
-            )?;
+            let names = (format!("{prefix}/empty{j}"), format!("{prefix}/output{j}"));
+            empty_to(g, node.opset, dt, names, o)?;
         } else {
             let item = scan_types
                 .as_ref()
@@ -475,15 +449,7 @@ fn unroll_scan(
         let outs = scan.once(g, &prefix, &states, &xs)?;
         g.remove_node(n);
         for (k, (&o, &v)) in node.outputs.iter().zip(&outs).enumerate() {
-            add_node_to(
-                g,
-                node.opset,
-                format!("{prefix}/output{k}"),
-                "Identity",
-                &[],
-                vec![Some(v)],
-                vec![o],
-            )?;
+            identity_to(g, node.opset, format!("{prefix}/output{k}"), v, o)?;
         }
         return Ok(None);
     }
@@ -591,16 +557,8 @@ impl Unroll<'_> {
                     .ty
                     .dtype()
                     .unwrap_or(DType::F32);
-                let e = add_const(g, &format!("{p}/empty"), Tensor::zeros(dt, &[0]));
-                add_node_to(
-                    g,
-                    self.opset,
-                    format!("{p}/output"),
-                    "Identity",
-                    &[],
-                    vec![Some(e)],
-                    vec![out],
-                )?;
+                let names = (format!("{p}/empty"), format!("{p}/output"));
+                empty_to(g, self.opset, dt, names, out)?;
             } else {
                 if self.attrs.out_dirs.get(j).copied().unwrap_or(0) == 1 {
                     items.reverse();

@@ -63,6 +63,15 @@ pub fn int_attr(name: &str, v: i64) -> AttributeProto {
     }
 }
 
+pub fn ints_attr(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(7),
+        ints: v.to_vec(),
+        ..Default::default()
+    }
+}
+
 pub fn f32_tensor(name: &str, dims: &[i64], data: &[f32]) -> TensorProto {
     TensorProto {
         name: Some(name.into()),
