@@ -187,8 +187,10 @@ fn grouped_convs(w: usize) -> Vec<Case> {
         usize,
         Option<&'static str>,
     );
-    let geoms: [G; 7] = [
+    let geoms: [G; 8] = [
         ("dw3x3_pad", 4, 4, 3, (1, 1), 1, 1, Some("Relu")),
+        // A residual Add fused after the convolution (an epilogue that reads a tensor).
+        ("dw3x3_res", 3, 3, 3, (1, 1), 1, 1, Some("AddX")),
         ("dw3x3_s2", 3, 3, 3, (2, 0), 2, 1, None),
         ("grouped_dil", 4, 2, 3, (2, 2), 1, 2, Some("Sigmoid")),
         ("dw5_wide", 2, 2, 5, (2, 3), 1, 1, None),
@@ -216,8 +218,10 @@ fn grouped_convs(w: usize) -> Vec<Case> {
         ];
         conv.output = vec![if post.is_some() { "c0" } else { "y" }.into()];
         let mut nodes = vec![conv];
-        if let Some(p) = post {
-            nodes.push(node(p, &["c0"], &["y"]));
+        match post {
+            Some("AddX") => nodes.push(node("Add", &["c0", "x"], &["y"])),
+            Some(p) => nodes.push(node(p, &["c0"], &["y"])),
+            None => {}
         }
         v.push(graph(
             format!("{name}_{w}"),

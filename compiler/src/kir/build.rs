@@ -5,6 +5,24 @@ pub fn add(a: Expr, b: Expr) -> Expr {
     Expr::add(a, b)
 }
 
+/// The sum of `terms` as a balanced tree of additions (`((t0 + t1) + (t2 + t3))`): a
+/// chain of n additions waits on n latencies, the tree on about log2 n. `None` when
+/// there are no terms.
+pub fn sum_tree(mut terms: Vec<Expr>) -> Option<Expr> {
+    while terms.len() > 1 {
+        let mut next = Vec::with_capacity(terms.len().div_ceil(2));
+        let mut it = terms.into_iter();
+        while let Some(a) = it.next() {
+            next.push(match it.next() {
+                Some(b) => add(a, b),
+                None => a,
+            });
+        }
+        terms = next;
+    }
+    terms.pop()
+}
+
 pub fn and(a: Expr, b: Expr) -> Expr {
     Expr::bin(BinOp::And, a, b)
 }
