@@ -407,6 +407,20 @@ impl MatView {
             panel: None,
         }
     }
+
+    /// `buf` from element 0 in the microkernels' packed layout, panels of `w` of a
+    /// `depth`-deep operand: as B, `[n/w][depth][w]` (`rs = w, cs = 1`); as A,
+    /// `[m/w][depth][w]` (`rs = 1, cs = w`).
+    pub fn packed(buf: BufId, w: usize, depth: usize, as_a: bool) -> MatView {
+        let (rs, cs) = if as_a { (1, w as i64) } else { (w as i64, 1) };
+        MatView {
+            buf,
+            offset: Expr::Int(0),
+            rs,
+            cs,
+            panel: Some((w as u64, (depth * w) as i64)),
+        }
+    }
 }
 
 /// An activation a [`GemmCall`] applies to each result before storing it.

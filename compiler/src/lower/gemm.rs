@@ -193,27 +193,9 @@ pub fn matmul(lw: &mut LowerCtx) -> OpResult<bool> {
             m: gm as u64,
             n: n as u64,
             k: kd as u64,
-            a: MatView {
-                buf: a.buf,
-                offset: offset(bv, &abs),
-                rs: kd as i64,
-                cs: 1,
-                panel: None,
-            },
-            b: MatView {
-                buf: b.buf,
-                offset: offset(bv, &bbs),
-                rs: n as i64,
-                cs: 1,
-                panel: None,
-            },
-            c: MatView {
-                buf: out.buf,
-                offset: offset(bv, &ost),
-                rs: n as i64,
-                cs: 1,
-                panel: None,
-            },
+            a: MatView::strided(a.buf, offset(bv, &abs), kd as i64, 1),
+            b: MatView::strided(b.buf, offset(bv, &bbs), n as i64, 1),
+            c: MatView::strided(out.buf, offset(bv, &ost), n as i64, 1),
             alpha: 1.0,
             init: plan.init_view(&split, bv),
             act: plan.act,
@@ -273,13 +255,12 @@ pub fn gemm(lw: &mut LowerCtx) -> OpResult<bool> {
                 return Ok(false);
             }
             let st = broadcast_strides(&c.shape, &shape);
-            Some(MatView {
-                buf: c.buf,
-                offset: Expr::Int(0),
-                rs: st[0] as i64,
-                cs: st[1] as i64,
-                panel: None,
-            })
+            Some(MatView::strided(
+                c.buf,
+                Expr::Int(0),
+                st[0] as i64,
+                st[1] as i64,
+            ))
         }
         _ => None,
     };
@@ -294,27 +275,9 @@ pub fn gemm(lw: &mut LowerCtx) -> OpResult<bool> {
         m: m as u64,
         n: n as u64,
         k: kd as u64,
-        a: MatView {
-            buf: a.buf,
-            offset: Expr::Int(0),
-            rs: ars,
-            cs: acs,
-            panel: None,
-        },
-        b: MatView {
-            buf: b.buf,
-            offset: Expr::Int(0),
-            rs: brs,
-            cs: bcs,
-            panel: None,
-        },
-        c: MatView {
-            buf: out.buf,
-            offset: Expr::Int(0),
-            rs: n as i64,
-            cs: 1,
-            panel: None,
-        },
+        a: MatView::strided(a.buf, Expr::Int(0), ars, acs),
+        b: MatView::strided(b.buf, Expr::Int(0), brs, bcs),
+        c: MatView::strided(out.buf, Expr::Int(0), n as i64, 1),
         alpha,
         init,
         act: plan.act,
@@ -394,13 +357,7 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
     let plan = plan_epilogue(ep.as_ref(), &split, bias.is_none());
     let init_for = |nv: VarId, col0: Expr| -> Option<MatView> {
         match &bias {
-            Some(bt) => Some(MatView {
-                buf: bt.buf,
-                offset: Expr::Int(0),
-                rs: 1,
-                cs: 0,
-                panel: None,
-            }),
+            Some(bt) => Some(MatView::strided(bt.buf, Expr::Int(0), 1, 0)),
             None => plan.init_view(&split, &[nv]).map(|v| MatView {
                 offset: shift(v.offset.clone(), col0, v.cs),
                 ..v
@@ -412,13 +369,7 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
             m: m as u64,
             n: n as u64,
             k: kd as u64,
-            a: MatView {
-                buf: w.buf,
-                offset: Expr::Int(0),
-                rs: kd as i64,
-                cs: 1,
-                panel: None,
-            },
+            a: MatView::strided(w.buf, Expr::Int(0), kd as i64, 1),
             b,
             c: MatView {
                 buf: out.buf,
@@ -444,13 +395,12 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
     // copy in panels.
     let in_place = direct && (il.is_multiple_of(16) || m < 48 || Plane::of(g).is_none());
     if in_place {
-        let b = MatView {
-            buf: x.buf,
-            offset: Expr::mul(Expr::Var(nv), Expr::Int((c * il) as i64)),
-            rs: il as i64,
-            cs: 1,
-            panel: None,
-        };
+        let b = MatView::strided(
+            x.buf,
+            Expr::mul(Expr::Var(nv), Expr::Int((c * il) as i64)),
+            il as i64,
+            1,
+        );
         body.push(gemm_call(b, nv, Expr::Int(0), ol));
     } else if let Some(p2) = Plane::of(g) {
         // Output rows in blocks: im2col of one block (its B operand stays in cache),
@@ -467,13 +417,7 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
         let block = |k: &mut Kernel, oh0: Expr, rows: usize| -> Vec<Stmt> {
             let mut st = p2.im2col(k, x.buf, cb, nv, c, kd, oh0.clone(), rows, PANEL);
             let col0 = Expr::mul(oh0, Expr::Int(p2.ow as i64));
-            let b = MatView {
-                buf: cb,
-                offset: Expr::Int(0),
-                rs: PANEL as i64,
-                cs: 1,
-                panel: Some((PANEL as u64, (kd * PANEL) as i64)),
-            };
+            let b = MatView::packed(cb, PANEL, kd, false);
             st.push(gemm_call(b, nv, col0, rows * p2.ow));
             st
         };
@@ -498,13 +442,7 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
             (kd * ol) as u64,
         );
         body.extend(im2col(&mut k, g, x.buf, cb, nv, c, il, ol));
-        let b = MatView {
-            buf: cb,
-            offset: Expr::Int(0),
-            rs: ol as i64,
-            cs: 1,
-            panel: None,
-        };
+        let b = MatView::strided(cb, Expr::Int(0), ol as i64, 1);
         body.push(gemm_call(b, nv, Expr::Int(0), ol));
     }
     let mut all = vec![Stmt::For {
@@ -604,13 +542,7 @@ fn conv_transposed(
         m: ol as u64,
         n: m as u64,
         k: kd as u64,
-        a: MatView {
-            buf: cb,
-            offset: Expr::Int(0),
-            rs: 1,
-            cs: A_PANEL as i64,
-            panel: Some((A_PANEL as u64, (kd * A_PANEL) as i64)),
-        },
+        a: MatView::packed(cb, A_PANEL, kd, true),
         b: MatView::strided(wt, Expr::Int(0), m as i64, 1),
         c: MatView::strided(ct, Expr::Int(0), m as i64, 1),
         alpha: 1.0,
@@ -833,13 +765,7 @@ fn conv_padded(
         n: n as u64,
         k: kd as u64,
         a: MatView::strided(wb, Expr::Int(0), kd as i64, 1),
-        b: MatView {
-            buf: cb,
-            offset: Expr::Int(0),
-            rs: PANEL as i64,
-            cs: 1,
-            panel: Some((PANEL as u64, (kd * PANEL) as i64)),
-        },
+        b: MatView::packed(cb, PANEL, kd, false),
         c: MatView::strided(rows, Expr::Int(0), n as i64, 1),
         alpha: 1.0,
         init: bias.map(|b| MatView::strided(b.buf, Expr::Int(0), 1, 0)),

@@ -889,8 +889,8 @@ mod lower {
     use super::{conv_shapes, group_attr, positive, window};
     use crate::ir::OpResult;
     use crate::kir::build::*;
-    use crate::kir::{BinOp, CmpOp, Expr, MathFn, Stmt, Ty, UnOp, VarId};
-    use crate::ops::lowering::{index, lit, strides, Act, EpStep, LowerCtx, TensorRef};
+    use crate::kir::{BinOp, CmpOp, Expr, Kernel, MathFn, Stmt, Ty, UnOp, VarId};
+    use crate::ops::lowering::{index, lit, strides, Act, EpStep, Epilogue, LowerCtx, TensorRef};
     use crate::ops::{Lowering, Registry};
     use crate::{bail, ensure};
 
@@ -1131,6 +1131,60 @@ mod lower {
         Ok(())
     }
 
+    /// A depthwise lowering's epilogue with a trailing Relu / Clip taken off: that clamp
+    /// is applied by compare-and-select on a local (cheaper vector code than min/max;
+    /// NaN stays NaN), the steps before it as usual.
+    struct ClampEpilogue {
+        rest: Option<Epilogue>,
+        clamp: Option<(f64, Option<f64>)>,
+    }
+
+    impl ClampEpilogue {
+        fn take(lw: &mut LowerCtx) -> ClampEpilogue {
+            let mut rest = lw.epilogue.take();
+            let clamp = match rest.as_ref().and_then(|e| e.steps.last()) {
+                Some(EpStep::Act(Act::Relu)) => Some((0.0, None)),
+                Some(EpStep::Act(Act::Clip(lo, hi))) => Some((*lo, Some(*hi))),
+                _ => None,
+            };
+            if clamp.is_some() {
+                if let Some(ep) = rest.as_mut() {
+                    ep.steps.pop();
+                }
+            }
+            ClampEpilogue {
+                rest: rest.filter(|e| !e.is_empty()),
+                clamp,
+            }
+        }
+
+        /// Statements storing `sum` through the epilogue at `out[oidx]` (a fresh local
+        /// for the clamp, private to the loop the statements go in).
+        fn store(&self, k: &mut Kernel, sum: Expr, out: &TensorRef, oidx: Expr) -> Vec<Stmt> {
+            let value = match &self.rest {
+                Some(ep) => ep.apply_flat(sum, Ty::F32, oidx.clone(), &out.shape),
+                None => sum,
+            };
+            let mut st = Vec::new();
+            let value = match self.clamp {
+                None => value,
+                Some((lo, hi)) => {
+                    let t = k.var(Ty::F32);
+                    st.push(set(t, value));
+                    let lo = lit(lo, Ty::F32);
+                    st.push(set(t, sel(cmp(CmpOp::Lt, v(t), lo.clone()), lo, v(t))));
+                    if let Some(hi) = hi {
+                        let hi = lit(hi, Ty::F32);
+                        st.push(set(t, sel(cmp(CmpOp::Gt, v(t), hi.clone()), hi, v(t))));
+                    }
+                    v(t)
+                }
+            };
+            st.push(store(out.buf, oidx, value));
+            st
+        }
+    }
+
     /// Most phase planes (`sh * sw`) `dw_flat` splits an input plane into.
     const DW_FLAT_PHASES: i64 = 16;
     /// Most scratch slots (groups computed at once) of `dw_flat`: scratch per group for
@@ -1214,20 +1268,7 @@ mod lower {
             Ty::F32,
             (slots as i64 * gplane) as u64,
         );
-        // The epilogue is applied as each output is stored; a trailing Relu / Clip by
-        // compare-and-select on a local (cheaper vector code than min/max; NaN stays NaN).
-        let mut epilogue = lw.epilogue.take().filter(|e| !e.is_empty());
-        let bounds = match epilogue.as_ref().and_then(|e| e.steps.last()) {
-            Some(EpStep::Act(Act::Relu)) => Some((0.0, None)),
-            Some(EpStep::Act(Act::Clip(lo, hi))) => Some((*lo, Some(*hi))),
-            _ => None,
-        };
-        if bounds.is_some() {
-            if let Some(ep) = epilogue.as_mut() {
-                ep.steps.pop();
-            }
-        }
-        let epilogue = epilogue.filter(|e| !e.is_empty());
+        let epilogue = ClampEpilogue::take(lw);
         let mut k_ = lw.kernel("");
         let kr = &mut k_;
         let nv = kr.var(Ty::I64);
@@ -1237,7 +1278,6 @@ mod lower {
         let (rv, qv, zv) = (kr.var(Ty::I64), kr.var(Ty::I64), kr.var(Ty::I64));
         let (xb, sb, ob) = (kr.var(Ty::I64), kr.var(Ty::I64), kr.var(Ty::I64));
         let bv = kr.var(Ty::F32);
-        let tv = kr.var(Ty::F32);
         let wv: Vec<VarId> = (0..kh_n * kw_n).map(|_| kr.var(Ty::F32)).collect();
         // The group: block * slots + slot.
         let gv = add(mul(v(blk), int(slots as i64)), v(slot));
@@ -1294,46 +1334,23 @@ mod lower {
                 None => lit(0.0, Ty::F32),
             },
         ));
-        let shape = out.shape.clone();
         // Output (rv, qv) reads the phase planes at i = rv * wp + qv.
         let iv_at = add(mul(v(rv), int(wp)), v(qv));
         // One multiply-add chain per kernel row (the bias starts the first), the rows
         // summed as a tree: a 5x5 window waits on 6 + 3 latencies instead of 25.
-        let mut rows = Vec::new();
-        for kh in 0..kh_n {
-            let mut chain = (kh == 0).then(|| v(bv));
-            for kw in 0..kw_n {
-                let (ph_i, off) = tap(kh, kw);
-                let xi = add(add(v(sb), iv_at.clone()), int(ph_i * plane + off));
-                let t = mul(Expr::load(scratch, xi), v(wv[(kh * kw_n + kw) as usize]));
-                chain = Some(match chain {
-                    Some(c) => add(c, t),
-                    None => t,
+        let rows: Vec<Expr> = (0..kh_n)
+            .filter_map(|kh| {
+                let taps = (0..kw_n).map(|kw| {
+                    let (ph_i, off) = tap(kh, kw);
+                    let xi = add(add(v(sb), iv_at.clone()), int(ph_i * plane + off));
+                    mul(Expr::load(scratch, xi), v(wv[(kh * kw_n + kw) as usize]))
                 });
-            }
-            rows.extend(chain);
-        }
+                (kh == 0).then(|| v(bv)).into_iter().chain(taps).reduce(add)
+            })
+            .collect();
         let sum = sum_tree(rows).unwrap_or_else(|| v(bv));
         let oidx = add(add(v(ob), mul(v(rv), int(ow_n))), v(qv));
-        let value = match &epilogue {
-            Some(ep) => ep.apply_flat(sum, Ty::F32, oidx.clone(), &shape),
-            None => sum,
-        };
-        let mut st = Vec::new();
-        let value = match bounds {
-            None => value,
-            Some((lo, hi)) => {
-                st.push(set(tv, value));
-                let lo = lit(lo, Ty::F32);
-                st.push(set(tv, sel(cmp(CmpOp::Lt, v(tv), lo.clone()), lo, v(tv))));
-                if let Some(hi) = hi {
-                    let hi = lit(hi, Ty::F32);
-                    st.push(set(tv, sel(cmp(CmpOp::Gt, v(tv), hi.clone()), hi, v(tv))));
-                }
-                v(tv)
-            }
-        };
-        st.push(store(out.buf, oidx, value));
+        let st = epilogue.store(&mut k_, sum, &out, oidx);
         cbody.push(for_(rv, oh_n as usize, vec![for_(qv, ow_n as usize, st)]));
         gbody.extend(loops(&[(mv, mg)], cbody));
         k_.body = vec![for_(
@@ -1451,20 +1468,7 @@ mod lower {
         } else {
             None
         };
-        // A trailing Relu / Clip is applied with compare-and-select on a local (cheaper
-        // vector code than min/max; NaN stays NaN); the steps before it as usual.
-        let mut epilogue = lw.epilogue.take();
-        let bounds = match epilogue.as_ref().and_then(|e| e.steps.last()) {
-            Some(EpStep::Act(Act::Relu)) => Some((0.0, None)),
-            Some(EpStep::Act(Act::Clip(lo, hi))) => Some((*lo, Some(*hi))),
-            _ => None,
-        };
-        if bounds.is_some() {
-            if let Some(ep) = epilogue.as_mut() {
-                ep.steps.pop();
-            }
-        }
-        let epilogue = epilogue.filter(|e| !e.is_empty());
+        let epilogue = ClampEpilogue::take(lw);
         let mut k_ = lw.kernel("");
         let kr = &mut k_;
         let nv = kr.var(Ty::I64);
@@ -1527,7 +1531,6 @@ mod lower {
                 None => lit(0.0, Ty::F32),
             },
         ));
-        let shape = out.shape.clone();
         // One output row (`oh` its index; `rb`, `orb` set for it) seeing kernel rows `khs`.
         let mut row = |oh: Expr, khs: &[i64]| -> Vec<Stmt> {
             let base = match phases {
@@ -1567,27 +1570,7 @@ mod lower {
                     }
                 }
                 let oidx = add(add(v(orb), v(j)), int(a));
-                let value = match &epilogue {
-                    Some(ep) => ep.apply_flat(sum, Ty::F32, oidx.clone(), &shape),
-                    None => sum,
-                };
-                let mut st = Vec::new();
-                let value = match bounds {
-                    None => value,
-                    Some((lo, hi)) => {
-                        // Loop-local, fresh per loop.
-                        let t = k_.var(Ty::F32);
-                        st.push(set(t, value));
-                        let lo = lit(lo, Ty::F32);
-                        st.push(set(t, sel(cmp(CmpOp::Lt, v(t), lo.clone()), lo, v(t))));
-                        if let Some(hi) = hi {
-                            let hi = lit(hi, Ty::F32);
-                            st.push(set(t, sel(cmp(CmpOp::Gt, v(t), hi.clone()), hi, v(t))));
-                        }
-                        v(t)
-                    }
-                };
-                st.push(store(out.buf, oidx, value));
+                let st = epilogue.store(&mut k_, sum, &out, oidx);
                 b.push(for_(j, (e - a) as usize, st));
             }
             b

@@ -457,6 +457,23 @@ mod lower {
     }
 
     /// Kernel-shape window geometry for a pool over X.
+    /// The largest of `taps` (a NaN tap wins, as in the reference), folded on two
+    /// fresh locals private to the loop `st` goes in; NaN when there are no taps.
+    fn max_of(k: &mut Kernel, st: &mut Vec<Stmt>, taps: Vec<Expr>) -> Expr {
+        let mut it = taps.into_iter();
+        let Some(first) = it.next() else {
+            return lit(f64::NAN, Ty::F32);
+        };
+        let (t, xl) = (k.var(Ty::F32), k.var(Ty::F32));
+        st.push(set(t, first));
+        for tap in it {
+            st.push(set(xl, tap));
+            let better = or(cmp(CmpOp::Gt, v(xl), v(t)), cmp(CmpOp::Ne, v(t), v(t)));
+            st.push(set(t, Expr::select(better, v(xl), v(t))));
+        }
+        v(t)
+    }
+
     fn setup(lw: &LowerCtx) -> OpResult<(TensorRef, Window)> {
         let x = lw.input(0)?.clone();
         ensure!(x.shape.len() >= 3, "X must have rank >= 3");
@@ -725,25 +742,7 @@ mod lower {
                         );
                         Expr::bin(BinOp::Div, sum, cnt)
                     }
-                    _ => {
-                        let mut it = taps.into_iter();
-                        match it.next() {
-                            None => lit(f64::NAN, Ty::F32),
-                            Some(first) => {
-                                // Loop-local variables, fresh per loop.
-                                let t = k.var(Ty::F32);
-                                let xl = k.var(Ty::F32);
-                                st.push(set(t, first));
-                                for tap in it {
-                                    st.push(set(xl, tap));
-                                    let better =
-                                        or(cmp(CmpOp::Gt, v(xl), v(t)), cmp(CmpOp::Ne, v(t), v(t)));
-                                    st.push(set(t, Expr::select(better, v(xl), v(t))));
-                                }
-                                v(t)
-                            }
-                        }
-                    }
+                    _ => max_of(&mut k, &mut st, taps),
                 };
                 st.push(Stmt::Store {
                     buf: out.buf,
@@ -844,17 +843,7 @@ mod lower {
                 }
                 Expr::bin(BinOp::Div, sum, lit((kh_n * kw_n) as f64, Ty::F32))
             }
-            RowPool::Max => {
-                let (t, xl) = (k.var(Ty::F32), k.var(Ty::F32));
-                let mut it = taps.into_iter();
-                st.push(set(t, it.next().expect("a window has taps")));
-                for tap in it {
-                    st.push(set(xl, tap));
-                    let better = or(cmp(CmpOp::Gt, v(xl), v(t)), cmp(CmpOp::Ne, v(t), v(t)));
-                    st.push(set(t, Expr::select(better, v(xl), v(t))));
-                }
-                v(t)
-            }
+            RowPool::Max => max_of(&mut k, &mut st, taps),
         };
         st.push(Stmt::Store {
             buf: out.buf,
@@ -959,22 +948,7 @@ mod lower {
         // `for j in 0..len: buf[at + j] = max of taps` (NaN-ignoring fold on locals).
         let mut fold = |buf: usize, at: Expr, len: i64, taps: Vec<Expr>| -> Stmt {
             let mut st = Vec::new();
-            let mut it = taps.into_iter();
-            let value = match it.next() {
-                None => lit(f64::NAN, Ty::F32),
-                Some(first) => {
-                    // Loop-local variables, fresh per loop.
-                    let t = k.var(Ty::F32);
-                    let xl = k.var(Ty::F32);
-                    st.push(set(t, first));
-                    for tap in it {
-                        st.push(set(xl, tap));
-                        let better = or(cmp(CmpOp::Gt, v(xl), v(t)), cmp(CmpOp::Ne, v(t), v(t)));
-                        st.push(set(t, Expr::select(better, v(xl), v(t))));
-                    }
-                    v(t)
-                }
-            };
+            let value = max_of(&mut k, &mut st, taps);
             st.push(Stmt::Store {
                 buf,
                 index: add(at, v(j)),
