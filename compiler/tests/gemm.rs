@@ -126,6 +126,9 @@ fn cases() -> Vec<Case> {
         (65, 3, 1),
         (129, 100, 31),
         (13, 600, 40),
+        // Two k blocks and two column blocks: the microkernel fetches the next B block
+        // ahead, across the column blocks too.
+        (40, 600, 1000),
     ];
     for &(m, k, n) in &sizes {
         for konst in [true, false] {

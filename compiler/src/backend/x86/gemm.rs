@@ -235,6 +235,21 @@ struct Gen<'s> {
     mask_table: CodeLabel,
     /// The SiLU epilogue's constants, one vector each ([`SILU_CONSTS`]).
     consts: CodeLabel,
+    /// The B block after the current one, fetched into L2 by the tiles being emitted.
+    far: Option<Far>,
+}
+
+/// How the whole row tiles of a B block fetch the next B block into L2 (see
+/// [`Gen::rows`]): row tile `r` of every panel fetches `per_tile` bytes of that panel's
+/// next block from `rbx + base + r * per_tile` (held in rdx), `lines` lines every
+/// `every` k steps.
+#[derive(Clone, Copy)]
+struct Far {
+    base: i64,
+    per_tile: i64,
+    full: i64,
+    lines: usize,
+    every: usize,
 }
 
 /// SiLU's constants: Cephes' `expf` (as in the Cranelift back end's vmath) with the
@@ -303,6 +318,7 @@ pub fn generate(s: &Spec) -> R<Vec<u8>> {
         s,
         mask_table: CodeLabel::default(),
         consts: CodeLabel::default(),
+        far: None,
     };
     g.mask_table = g.a.create_label();
     g.consts = g.a.create_label();
@@ -436,6 +452,7 @@ impl Gen<'_> {
         let full = s.m / mr;
         let rem = s.m % mr;
         if full > 0 {
+            self.far = self.far_plan(jc, ncb, kc, full, last);
             let mut top = self.a.create_label();
             self.a.mov(r14, full as u64).map_err(e)?;
             self.a.set_label(&mut top).map_err(e)?;
@@ -447,11 +464,51 @@ impl Gen<'_> {
             }
             self.a.dec(r14).map_err(e)?;
             self.a.jne(top).map_err(e)?;
+            self.far = None;
         }
         if rem > 0 {
             self.cols(rem, ncb, kc, first, last)?;
         }
         Ok(())
+    }
+
+    /// The next B block's fetch, when B outgrows one block (then it streams from L3 or
+    /// memory on every call: ResNet-18's 7x7 layers read 9 MB of weights each, and the
+    /// first row tile of each block waited on them). The next block is the next k block
+    /// of these columns, or after the last one the next column block's first; spread over
+    /// the `full` whole row tiles, the fetch asks the memory for about as many bytes per
+    /// cycle as the tiles consume, instead of bursts on the first tile.
+    fn far_plan(&self, jc: usize, ncb: usize, kc: usize, full: usize, last: bool) -> Option<Far> {
+        let s = self.s;
+        let gw = (s.b_group.max(1) * s.isa.nr()) as i64;
+        let delta = if !last {
+            kc as i64 * s.b_k
+        } else if jc + ncb < s.n {
+            // From this block's (k = k - kc, column jc) to (k = 0, column jc + ncb).
+            let p0 = (s.k - kc) as i64;
+            -p0 * s.b_k + (jc + ncb) as i64 / gw * s.b_panel - jc as i64 / gw * s.b_panel
+                + ((jc + ncb) as i64 % gw - jc as i64 % gw) * 4
+        } else {
+            return None;
+        };
+        // Lines of B per k step, and how the tiles share them.
+        let lines = (s.isa.nr() * 4).div_ceil(64);
+        let (every, per_step) = if full >= lines {
+            ((full / lines).min(4), 1)
+        } else {
+            (1, lines.div_ceil(full))
+        };
+        let per_tile = (kc.div_ceil(every) * per_step * 64) as i64;
+        let far = Far {
+            base: delta + full as i64 * per_tile,
+            per_tile,
+            full: full as i64,
+            lines: per_step,
+            every,
+        };
+        // The displacements and the immediate must fit 32 bits.
+        let fits = d32(far.base.abs() + far.per_tile * far.full).is_ok();
+        fits.then_some(far)
     }
 
     fn cols(&mut self, rows: usize, ncb: usize, kc: usize, first: bool, last: bool) -> R<()> {
@@ -557,16 +614,30 @@ impl Gen<'_> {
                 }
             }
         }
-        // The k-loop, unrolled by UNROLL; the remainder steps follow it.
+        // The k-loop, unrolled by UNROLL (or the far fetch's period); the remainder steps
+        // follow it.
         self.a.mov(rax, r12).map_err(e)?;
         self.a.mov(r11, rbx).map_err(e)?;
-        let u = UNROLL;
+        let far = self.far.filter(|_| rows == s.isa.mr());
+        if let Some(f) = far {
+            // rdx = rbx + base - r14 * per_tile: row tile full - r14's share.
+            self.a.imul_3(rdx, r14, d32(-f.per_tile)?).map_err(e)?;
+            self.a.add(rdx, rbx).map_err(e)?;
+            self.add_imm(rdx, f.base)?;
+        }
+        let u = far.map_or(UNROLL, |f| f.every);
         let (iters, rest) = (kc / u, kc % u);
         if iters > 0 {
             self.a.mov(ecx, iters as u32).map_err(e)?;
             let mut top = self.a.create_label();
             self.a.set_label(&mut top).map_err(e)?;
             for q in 0..u as i64 {
+                if let (Some(f), 0) = (far, q) {
+                    for l in 0..f.lines as i32 {
+                        self.a.prefetcht1(byte_ptr(rdx + 64 * l)).map_err(e)?;
+                    }
+                    self.add_imm(rdx, 64 * f.lines as i64)?;
+                }
                 self.kstep(rows, nv, masked, q * s.a_k, q * s.b_k)?;
             }
             self.add_imm(rax, u as i64 * s.a_k)?;
@@ -607,6 +678,7 @@ impl Gen<'_> {
             let at = db + B_PREFETCH_STEPS * s.b_k + 64 * l;
             self.a.prefetcht0(byte_ptr(r11 + d32(at)?)).map_err(e)?;
         }
+
         match s.isa {
             Isa::Avx512 => {
                 for v in 0..nv {
