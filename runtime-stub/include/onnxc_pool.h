@@ -37,7 +37,7 @@ typedef struct onnxc_pool {
   void *ctx;
   uint32_t n;
   atomic_ulong gen;     /* job number (changed under mu); a worker runs each job once */
-  int active;           /* workers inside the current job */
+  atomic_int active;    /* workers inside the current job (changed under mu) */
   int stop;
   atomic_uint done;     /* indices finished */
   /* Per thread (0: the caller, 1..: workers): the next index of its share of the job,
@@ -109,11 +109,11 @@ static inline void *onnxc_pool__worker_(void *arg) {
     onnxc_task_fn task = p->task;
     void *ctx = p->ctx;
     uint32_t n = p->n;
-    p->active++;
+    atomic_fetch_add(&p->active, 1);
     pthread_mutex_unlock(&p->mu);
     onnxc_pool__drain_(p, tid, task, ctx, n);
     pthread_mutex_lock(&p->mu);
-    if (--p->active == 0) pthread_cond_broadcast(&p->idle);
+    if (atomic_fetch_sub(&p->active, 1) == 1) pthread_cond_broadcast(&p->idle);
     pthread_mutex_unlock(&p->mu);
   }
   pthread_mutex_unlock(&p->mu);
@@ -128,10 +128,13 @@ static inline void onnxc_pool_parallel_for(void *pool, onnxc_task_fn task, void 
     for (uint32_t i = 0; i < n; i++) task(ctx, i);
     return;
   }
-  pthread_mutex_lock(&p->mu);
   /* A worker still inside the previous job (claiming nothing) must leave it before the
-   * counters are reset, or it could run an index of this job with the old task. */
-  while (p->active > 0) pthread_cond_wait(&p->idle, &p->mu);
+   * counters are reset, or it could run an index of this job with the old task. It is
+   * usually a few instructions from leaving: poll before sleeping (a sleep and its
+   * wake-up cost tens of microseconds, and came once per job). */
+  for (int s = 0; s < ONNXC_POOL_SPIN && atomic_load(&p->active) > 0; s++) onnxc_pool__relax_();
+  pthread_mutex_lock(&p->mu);
+  while (atomic_load(&p->active) > 0) pthread_cond_wait(&p->idle, &p->mu);
   p->task = task;
   p->ctx = ctx;
   p->n = n;
@@ -170,6 +173,7 @@ static inline onnxc_pool_t *onnxc_pool_create(int threads) {
   for (int t = 0; t <= want; t++) atomic_init(&p->cursor[t], 0u);
   atomic_init(&p->done, 0u);
   atomic_init(&p->gen, 0ul);
+  atomic_init(&p->active, 0);
   for (int i = 0; i < want; i++) {
     p->args[i].p = p;
     p->args[i].tid = i + 1;

@@ -2,9 +2,12 @@
 //!
 //! A loop `for p in 0..n { body }` qualifies when no iteration can see another's effects:
 //!
-//! - its body has no GEMM call (those are split on their own), no `while` loop (no
-//!   known amount of work; string kernels stay serial) and no store to a buffer of
-//!   sub-byte elements (two iterations could share a byte);
+//! - its body has no `while` loop (no known amount of work; string kernels stay serial)
+//!   and no store to a buffer of sub-byte elements (two iterations could share a byte);
+//! - a GEMM call in its body reads an operand the body itself writes (a convolution's
+//!   im2col block, packed per iteration): other GEMMs are split on their own, but such
+//!   a call split across threads would have each core read the block the other packed.
+//!   The GEMM's views count as accesses of all their elements (see [`gemm_forms`]);
 //! - every variable the body writes is written before it is read in each iteration and is
 //!   not used outside the loop (no value is carried between iterations or out of them);
 //! - every access (load or store) to a buffer the body stores to has an index that is
@@ -17,7 +20,7 @@
 //!
 //! The analysis is conservative: a loop it cannot prove safe runs serially.
 
-use super::{BinOp, BufId, BufKind, Expr, Kernel, Program, Stmt, VarId};
+use super::{BinOp, BufId, BufKind, Expr, GemmCall, Kernel, MatView, Program, Stmt, VarId};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Loops doing fewer element operations than this (iterations times statements) stay
@@ -185,8 +188,8 @@ fn safe(
                     loops.insert(*var);
                 }
                 Stmt::Set { var, value } => defs.entry(*var).or_default().push(value),
-                // A GEMM is split on its own; a while loop has no known work.
-                Stmt::Gemm(_) | Stmt::While { .. } => *gemm = true,
+                // A while loop has no known work.
+                Stmt::While { .. } => *gemm = true,
                 _ => {}
             }
             for c in children(s) {
@@ -195,7 +198,7 @@ fn safe(
         }
     }
     scan(body, &mut defs, &mut loops, &mut gemm);
-    if gemm || defs.contains_key(&var) || loops.contains(&var) {
+    if gemm || defs.contains_key(&var) || loops.contains(&var) || !gemms_pack_here(body) {
         return false;
     }
     let written: HashSet<VarId> = defs.keys().chain(loops.iter()).copied().collect();
@@ -394,9 +397,95 @@ fn access_forms(body: &[Stmt], env: &mut Env, scope: &mut Scope, out: &mut Vec<A
                 access_forms(body, env, scope, out);
                 forget(body, env);
             }
-            Stmt::Gemm(_) => {}
+            Stmt::Gemm(g) => gemm_forms(g, env, scope, out),
         }
     }
+}
+
+/// Whether every GEMM in `body` reads an operand (A or B) that `body` stores to.
+fn gemms_pack_here(body: &[Stmt]) -> bool {
+    fn stored(b: &[Stmt], out: &mut HashSet<BufId>) {
+        for s in b {
+            if let Stmt::Store { buf, .. } = s {
+                out.insert(*buf);
+            }
+            for c in children(s) {
+                stored(c, out);
+            }
+        }
+    }
+    fn gemms<'a>(b: &'a [Stmt], out: &mut Vec<&'a GemmCall>) {
+        for s in b {
+            if let Stmt::Gemm(g) = s {
+                out.push(g);
+            }
+            for c in children(s) {
+                gemms(c, out);
+            }
+        }
+    }
+    let (mut st, mut gs) = (HashSet::new(), Vec::new());
+    stored(body, &mut st);
+    gemms(body, &mut gs);
+    gs.iter()
+        .all(|g| st.contains(&g.a.buf) || st.contains(&g.b.buf))
+}
+
+/// The accesses of a GEMM: each view as every element it covers, `offset` plus its
+/// strides times fresh variables ranging over the view's rows, columns and panels
+/// (see [`MatView`]); C is stored, the rest (init included, even when it is C) loaded.
+fn gemm_forms(g: &GemmCall, env: &Env, scope: &Scope, out: &mut Vec<Access>) {
+    // Fresh variables: past every kernel variable.
+    let mut next = usize::MAX / 2;
+    let mut fresh = |n: u64, sc: &mut Scope| {
+        next += 1;
+        sc.insert(next, n);
+        next
+    };
+    let (m, n, k) = (g.m, g.n, g.k);
+    let mut view = |v: &MatView, rows: u64, cols: u64, is_a: bool, store: bool| {
+        let mut sc = scope.clone();
+        let form = aff(&v.offset, env).and_then(|mut f| {
+            let term = |f: &mut Aff, coef: i64, var: VarId| -> Option<()> {
+                if coef != 0 {
+                    let e = f.terms.entry(var).or_default();
+                    *e = e.checked_add(coef)?;
+                }
+                Some(())
+            };
+            match v.panel {
+                None => {
+                    let (i, j) = (fresh(rows, &mut sc), fresh(cols, &mut sc));
+                    term(&mut f, v.rs, i)?;
+                    term(&mut f, v.cs, j)?;
+                }
+                Some((w, ps)) => {
+                    // Panels across the columns of B or the rows of A.
+                    let (along, across) = if is_a { (rows, cols) } else { (cols, rows) };
+                    let (pstride, inner, other) = if is_a {
+                        (ps, v.rs, v.cs)
+                    } else {
+                        (ps, v.cs, v.rs)
+                    };
+                    let p = fresh(along.div_ceil(w.max(1)), &mut sc);
+                    let q = fresh(w.min(along), &mut sc);
+                    let o = fresh(across, &mut sc);
+                    term(&mut f, pstride, p)?;
+                    term(&mut f, inner, q)?;
+                    term(&mut f, other, o)?;
+                }
+            }
+            f.terms.retain(|_, c| *c != 0);
+            Some(f)
+        });
+        out.push((v.buf, form.map(|f| (f, sc)), store));
+    };
+    view(&g.a, m, k, true, false);
+    view(&g.b, k, n, false, false);
+    if let Some(i) = &g.init {
+        view(i, m, n, false, false);
+    }
+    view(&g.c, m, n, false, true);
 }
 
 /// The affine form of an index, variables set in the body replaced by their current
@@ -672,6 +761,67 @@ mod tests {
 
     fn row(i: VarId, j: VarId) -> Expr {
         add(mul(v(i), int(64)), v(j))
+    }
+
+    /// `for i in 0..4 { pack 16 x 16 of x into t[i * 256 ..]; y[block i] = W t_i }`:
+    /// `own` packs per iteration (t at i * 256), else every iteration packs t at 0; with
+    /// `columns_of` the GEMMs write column block `i * 16` of y (rows 64 apart), else all
+    /// of y.
+    fn gemm_loop(own: bool, columns_of: bool) -> HashSet<VarId> {
+        parallel(|i, j| {
+            let slot = if own { mul(v(i), int(256)) } else { int(0) };
+            let pack = for_(
+                j,
+                256,
+                vec![store(T, add(slot.clone(), v(j)), Expr::load(X, v(j)))],
+            );
+            let c_off = if columns_of {
+                mul(v(i), int(16))
+            } else {
+                int(0)
+            };
+            let g = crate::kir::GemmCall {
+                m: 16,
+                n: 16,
+                k: 16,
+                a: MatView::strided(X, int(0), 16, 1),
+                b: MatView::strided(T, slot, 16, 1),
+                c: MatView::strided(Y, c_off, 64, 1),
+                alpha: 1.0,
+                init: None,
+                act: crate::kir::GemmAct::None,
+            };
+            vec![for_(i, 4, vec![pack, Stmt::Gemm(Box::new(g))])]
+        })
+    }
+
+    #[test]
+    fn gemms_on_blocks_packed_per_iteration_run_in_parallel() {
+        // (Variable 0 is the outer loop's.)
+        assert_eq!(gemm_loop(true, true), HashSet::from([0]));
+        // The packed block shared by every iteration, or every GEMM writing all of y:
+        // iterations would race (the packing loop alone may still run in parallel).
+        assert!(!gemm_loop(false, true).contains(&0));
+        assert!(!gemm_loop(true, false).contains(&0));
+    }
+
+    #[test]
+    fn gemms_on_operands_packed_elsewhere_stay_split_on_their_own() {
+        let got = parallel(|i, _| {
+            let g = crate::kir::GemmCall {
+                m: 16,
+                n: 16,
+                k: 16,
+                a: MatView::strided(X, int(0), 16, 1),
+                b: MatView::strided(X, mul(v(i), int(256)), 16, 1),
+                c: MatView::strided(Y, mul(v(i), int(16)), 64, 1),
+                alpha: 1.0,
+                init: None,
+                act: crate::kir::GemmAct::None,
+            };
+            vec![for_(i, 4, vec![Stmt::Gemm(Box::new(g))])]
+        });
+        assert!(got.is_empty());
     }
 
     #[test]

@@ -404,34 +404,89 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
         body.push(gemm_call(b, nv, Expr::Int(0), ol));
     } else if let Some(p2) = Plane::of(g) {
         // Output rows in blocks: im2col of one block (its B operand stays in cache),
-        // then the GEMM on that block.
+        // then the GEMM on that block. Blocks go in groups of `slots`, each block of a
+        // group in its own scratch: the groups' blocks may run on different threads,
+        // each packing and multiplying its own block (a GEMM split by columns instead
+        // has each core read the panels the other packed, and its halves of a 3.5-panel
+        // block were unequal).
         let rb = p2.block_rows(kd);
         let full = p2.oh / rb;
         let tail = p2.oh - full * rb;
+        let blk = kd * (rb * p2.ow).div_ceil(PANEL) * PANEL;
+        let slots = [4, 2]
+            .into_iter()
+            .find(|&s| full >= s && s * blk * 4 <= IM2COL_SLOTS_BYTES)
+            .unwrap_or(1);
         let cb = lw.program.add_buffer(
             format!("{}/im2col", lw.name),
             BufKind::Arena { offset: 0 },
             Ty::F32,
-            (kd * (rb * p2.ow).div_ceil(PANEL) * PANEL) as u64,
+            (slots * blk) as u64,
         );
-        let block = |k: &mut Kernel, oh0: Expr, rows: usize| -> Vec<Stmt> {
-            let mut st = p2.im2col(k, x.buf, cb, nv, c, kd, oh0.clone(), rows, PANEL);
+        let block = |k: &mut Kernel, oh0: Expr, rows: usize, slot: Expr| -> Vec<Stmt> {
+            let base = Expr::mul(slot, Expr::Int(blk as i64));
+            let mut st = p2.im2col(
+                k,
+                x.buf,
+                cb,
+                nv,
+                c,
+                kd,
+                oh0.clone(),
+                rows,
+                PANEL,
+                base.clone(),
+            );
             let col0 = Expr::mul(oh0, Expr::Int(p2.ow as i64));
-            let b = MatView::packed(cb, PANEL, kd, false);
+            let b = MatView {
+                offset: base,
+                ..MatView::packed(cb, PANEL, kd, false)
+            };
             st.push(gemm_call(b, nv, col0, rows * p2.ow));
             st
         };
-        if full > 0 {
+        let groups = full / slots;
+        if groups > 0 && slots > 1 {
+            let (gv, sv) = (k.var(Ty::I64), k.var(Ty::I64));
+            let oh0 = Expr::mul(
+                Expr::add(
+                    Expr::mul(Expr::Var(gv), Expr::Int(slots as i64)),
+                    Expr::Var(sv),
+                ),
+                Expr::Int(rb as i64),
+            );
+            let inner = block(&mut k, oh0, rb, Expr::Var(sv));
+            body.push(Stmt::For {
+                var: gv,
+                extent: groups as u64,
+                body: vec![Stmt::For {
+                    var: sv,
+                    extent: slots as u64,
+                    body: inner,
+                }],
+            });
+        }
+        let done = if slots > 1 { groups * slots } else { 0 };
+        if full > done {
             let bv = k.var(Ty::I64);
-            let inner = block(&mut k, Expr::mul(Expr::Var(bv), Expr::Int(rb as i64)), rb);
+            let oh0 = Expr::mul(
+                Expr::add(Expr::Var(bv), Expr::Int(done as i64)),
+                Expr::Int(rb as i64),
+            );
+            let inner = block(&mut k, oh0, rb, Expr::Int(0));
             body.push(Stmt::For {
                 var: bv,
-                extent: full as u64,
+                extent: (full - done) as u64,
                 body: inner,
             });
         }
         if tail > 0 {
-            body.extend(block(&mut k, Expr::Int((full * rb) as i64), tail));
+            body.extend(block(
+                &mut k,
+                Expr::Int((full * rb) as i64),
+                tail,
+                Expr::Int(0),
+            ));
         }
     } else {
         // Other ranks: the whole im2col matrix of one image.
@@ -537,7 +592,18 @@ fn conv_transposed(
     );
     let mut k = lw.kernel("");
     let nv = k.var(Ty::I64);
-    let mut body = p2.im2col(&mut k, x.buf, cb, nv, c, kd, Expr::Int(0), p2.oh, A_PANEL);
+    let mut body = p2.im2col(
+        &mut k,
+        x.buf,
+        cb,
+        nv,
+        c,
+        kd,
+        Expr::Int(0),
+        p2.oh,
+        A_PANEL,
+        Expr::Int(0),
+    );
     body.push(Stmt::Gemm(Box::new(GemmCall {
         m: ol as u64,
         n: m as u64,
@@ -810,6 +876,10 @@ fn shift(e: Expr, col0: Expr, cs: i64) -> Expr {
 /// Bytes of one im2col block (the GEMM's B operand) that should stay in L2.
 const IM2COL_BLOCK_BYTES: usize = 256 * 1024;
 
+/// Most bytes of a conv's im2col slots (blocks packed side by side, see [`conv`]): half
+/// of a 2 MiB L2, so that the weights stay in L2 while one thread cycles through them.
+const IM2COL_SLOTS_BYTES: usize = 5 << 18;
+
 /// Columns per panel of an im2col block: the widest microkernel's (AVX-512, 32). Back
 /// ends whose microkernel reads other widths run one call per panel.
 const PANEL: usize = 32;
@@ -915,6 +985,7 @@ impl Plane {
         oh0: Expr,
         rows: usize,
         w: usize,
+        base: Expr,
     ) -> Vec<Stmt> {
         use crate::kir::{BinOp, CmpOp};
         let ps = (kd * w) as i64;
@@ -978,15 +1049,19 @@ impl Plane {
             }
             out
         };
+        let mut rb = Expr::mul(
+            Expr::add(
+                Expr::mul(Expr::Var(ci), Expr::Int((self.kh * self.kw) as i64)),
+                Expr::mul(Expr::Var(khv), Expr::Int(self.kw as i64)),
+            ),
+            Expr::Int(w as i64),
+        );
+        if base != Expr::Int(0) {
+            rb = Expr::add(base, rb);
+        }
         let mut body = vec![Stmt::Set {
             var: rbv,
-            value: Expr::mul(
-                Expr::add(
-                    Expr::mul(Expr::Var(ci), Expr::Int((self.kh * self.kw) as i64)),
-                    Expr::mul(Expr::Var(khv), Expr::Int(self.kw as i64)),
-                ),
-                Expr::Int(w as i64),
-            ),
+            value: rb,
         }];
         for t in 0..rows {
             let ih = Expr::add(

@@ -192,6 +192,18 @@ pub fn kernel(
     Ok(())
 }
 
+/// The GEMM calls in `body`, nested ones included.
+fn count_gemms(body: &[Stmt]) -> usize {
+    body.iter()
+        .map(|s| match s {
+            Stmt::Gemm(_) => 1,
+            Stmt::For { body, .. } | Stmt::While { body, .. } => count_gemms(body),
+            Stmt::If { then, els, .. } => count_gemms(then) + count_gemms(els),
+            _ => 0,
+        })
+        .sum()
+}
+
 fn zero(b: &mut FunctionBuilder, t: Ty) -> Value {
     match t {
         Ty::F32 => b.ins().f32const(0.0),
@@ -277,7 +289,13 @@ impl Gen<'_, '_> {
     fn stmt(&mut self, s: &Stmt) -> Result<(), String> {
         match s {
             Stmt::For { var, extent, body } if self.par.contains(var) => {
-                let (task, n, args) = self.par_task(*var, *extent, body)?;
+                // The body's GEMM calls (kir::parallel lets in those that read a block
+                // the body packs) run whole inside the tasks; the serial path, for a
+                // null hook, takes their plans again.
+                let plans: Vec<_> = self.gemms.by_ref().take(count_gemms(body)).collect();
+                let (task, n, args) = self.par_task(*var, *extent, body, &plans)?;
+                let rest: Vec<_> = plans.into_iter().chain(self.gemms.by_ref()).collect();
+                self.gemms = rest.into_iter();
                 self.with_hook(task, n, &args, &mut |g| g.serial_for(*var, *extent, body))?;
             }
             Stmt::For { var, extent, body } => self.serial_for(*var, *extent, body)?,
@@ -420,6 +438,7 @@ impl Gen<'_, '_> {
         var: VarId,
         extent: u64,
         body: &[Stmt],
+        plans: &[super::gemm::Plan],
     ) -> Result<(FuncId, u32, Vec<Value>), String> {
         use crate::kir::parallel::{assigned, captured, rename, subst};
         let ptr = self.module.isa().pointer_type();
@@ -537,7 +556,21 @@ impl Gen<'_, '_> {
                 vars,
                 bases,
                 libm: &mut *self.libm,
-                gemms: Vec::new().into_iter(),
+                // A task's GEMMs run on its thread: no split (parallel_for is not
+                // reentrant).
+                gemms: plans
+                    .iter()
+                    .map(|p| match p {
+                        super::gemm::Plan::Asm { func, a, b, .. } => super::gemm::Plan::Asm {
+                            func: *func,
+                            a: *a,
+                            b: *b,
+                            split: None,
+                        },
+                        p => p.clone(),
+                    })
+                    .collect::<Vec<_>>()
+                    .into_iter(),
                 threads: null,
                 par: HashSet::new(),
                 fname: name.clone(),
