@@ -409,7 +409,8 @@ fn check_target(target: &str) {
 
 /// Products big enough that the microkernel call is split into tasks for the
 /// `parallel_for` hook: by columns (wide N), by rows (tall M, narrow N), with both
-/// operands inputs, with a fused epilogue, as a convolution, and with an uneven N.
+/// operands inputs, with a fused epilogue, as a convolution (five blocks of output rows:
+/// four in slots that threads take whole, one split), and with an uneven N.
 fn split_cases() -> Vec<Case> {
     let mut v = Vec::new();
     for (m, k, n, konst) in [
@@ -444,10 +445,10 @@ fn split_cases() -> Vec<Case> {
         "Conv",
         &[
             ("x", &[1, 16, 40, 40], false),
-            ("w", &[32, 16, 3, 3], true),
-            ("bias", &[32], true),
+            ("w", &[64, 16, 3, 3], true),
+            ("bias", &[64], true),
         ],
-        &[1, 32, 40, 40],
+        &[1, 64, 40, 40],
         vec![ints_attr("pads", &[1, 1, 1, 1])],
         &["Relu"],
     ));

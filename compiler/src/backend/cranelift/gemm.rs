@@ -58,6 +58,12 @@ pub struct Split {
 /// the pool gives a thread the same share on every run (mlp on 2 threads 0.067 ->
 /// 0.019 ms).
 pub const SPLIT_MIN_MACS: usize = 1 << 18;
+/// The fewest rows of a call on panels the kernel packed just before (on the caller's
+/// core) worth splitting: each part reads its panels from the other core's cache, and
+/// with few rows using each panel element the transfer costs about what the multiply
+/// does (small_cnn's 32 x 210 x 144 conv on 2 threads: 0.026 -> 0.032 ms, slower than
+/// on one).
+pub const SPLIT_MIN_ROWS_PACKED: usize = 64;
 /// The most parts one call is cut into (12: divisible by 2, 3, 4 and 6 threads).
 pub const SPLIT_MAX_TASKS: usize = 12;
 
@@ -349,7 +355,7 @@ impl GemmCtx {
     /// packed: split by rows, every thread would read all of them, half from the other
     /// core's cache; ResNet-18 on 2 threads -7%), else by rows in whole register tiles.
     fn split(&mut self, module: &mut ObjectModule, spec: &Spec, b_cols: bool) -> R<Option<Split>> {
-        if spec.m * spec.n * spec.k < SPLIT_MIN_MACS {
+        if spec.m * spec.n * spec.k < SPLIT_MIN_MACS || (b_cols && spec.m < SPLIT_MIN_ROWS_PACKED) {
             return Ok(None);
         }
         let isa = spec.isa;
