@@ -74,9 +74,24 @@ fn work(body: &[Stmt]) -> u64 {
             Stmt::Gemm(g) => g.m.saturating_mul(g.n).saturating_mul(g.k),
             // Unknown trips: counted once.
             Stmt::While { body, .. } => work(body).saturating_add(1),
-            Stmt::Store { .. } | Stmt::Set { .. } => 1,
+            // A store of a long sum (a depthwise window's taps) weighs more: a quarter
+            // per element it loads.
+            Stmt::Store { value, .. } => (count_loads(value) / 4).max(1),
+            Stmt::Set { .. } => 1,
         })
         .fold(0u64, u64::saturating_add)
+}
+
+fn count_loads(e: &Expr) -> u64 {
+    match e {
+        Expr::Load(_, i) => 1 + count_loads(i),
+        Expr::Var(_) | Expr::Int(_) | Expr::Float(..) => 0,
+        Expr::Un(_, a) | Expr::Cast(_, a) => count_loads(a),
+        Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => count_loads(a) + count_loads(b),
+        Expr::Select(c, a, b) => count_loads(c) + count_loads(a) + count_loads(b),
+        Expr::Call(_, args) => args.iter().map(count_loads).sum(),
+        Expr::StrByte(_, i, j) => count_loads(i) + count_loads(j),
+    }
 }
 
 fn expr_vars(e: &Expr, f: &mut dyn FnMut(VarId)) {

@@ -1191,6 +1191,10 @@ mod lower {
     /// a whole layer outgrows the caches (a 96-channel 112x112 layer measured 14% slower
     /// than the row-by-row lowering with it).
     const DW_FLAT_SLOTS: usize = 8;
+    /// Scratch bytes that small planes may fill with more slots than [`DW_FLAT_SLOTS`]:
+    /// the groups of a block are the loop threads share, and 8 groups of a 7x7 plane
+    /// were too little work to hand out (EfficientNet-B0's 7x7 layers ran on one thread).
+    const DW_FLAT_SLOT_BYTES: usize = 128 << 10;
 
     /// 2-D depthwise f32 convolution over whole planes: each input plane is copied into
     /// zero-padded scratch, split into its `sh x sw` row and column phases, so that every
@@ -1257,8 +1261,10 @@ mod lower {
         let plane = ((flat_n + max_off).max(hq * wp) + 15) / 16 * 16;
         let phases = sh * sw;
         let gplane = phases * plane;
-        // Groups per block: the largest divisor of the group count up to the slot count.
-        let slots = (1..=DW_FLAT_SLOTS.min(group))
+        // Groups per block: the largest divisor of the group count up to the slot count
+        // (more for small planes, within DW_FLAT_SLOT_BYTES).
+        let most = DW_FLAT_SLOTS.max(DW_FLAT_SLOT_BYTES / (4 * gplane.max(1) as usize));
+        let slots = (1..=most.min(group))
             .rev()
             .find(|s| group.is_multiple_of(*s))
             .unwrap_or(1);
