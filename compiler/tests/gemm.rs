@@ -257,7 +257,7 @@ fn cases() -> Vec<Case> {
     // kernels on small planes, with pixels as the GEMM's rows (channels in the lanes; the
     // im2col as an A operand in row panels), batch 2 and stride 2; small planes through
     // zero-padded planes (conv_padded), dilated and with uneven pads.
-    let convs: [ConvCase; 13] = [
+    let convs: [ConvCase; 14] = [
         (
             "conv1x1",
             vec![2, 17, 9, 11],
@@ -351,6 +351,14 @@ fn cases() -> Vec<Case> {
                 ints_attr("dilations", &[2, 1]),
             ],
             vec![1, 17, 15, 16],
+        ),
+        (
+            // Weights past 1 MiB: the panel copy of X in larger blocks.
+            "conv1x1_big_weights",
+            vec![1, 300, 15, 15],
+            vec![900, 300, 1, 1],
+            vec![],
+            vec![1, 900, 15, 15],
         ),
         (
             "conv3x3_deep_stride2",

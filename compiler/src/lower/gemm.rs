@@ -409,7 +409,7 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
         // each packing and multiplying its own block (a GEMM split by columns instead
         // has each core read the panels the other packed, and its halves of a 3.5-panel
         // block were unequal).
-        let rb = p2.block_rows(kd);
+        let rb = p2.block_rows(kd, m);
         let full = p2.oh / rb;
         let tail = p2.oh - full * rb;
         let blk = kd * (rb * p2.ow).div_ceil(PANEL) * PANEL;
@@ -876,6 +876,9 @@ fn shift(e: Expr, col0: Expr, cs: i64) -> Expr {
 /// Bytes of one im2col block (the GEMM's B operand) that should stay in L2.
 const IM2COL_BLOCK_BYTES: usize = 256 * 1024;
 
+/// Weights bytes past which a conv's im2col blocks grow (see [`Plane::block_rows`]).
+const BIG_WEIGHTS_BYTES: usize = 1 << 20;
+
 /// Most bytes of a conv's im2col slots (blocks packed side by side, see [`conv`]): half
 /// of a 2 MiB L2, so that the weights stay in L2 while one thread cycles through them.
 const IM2COL_SLOTS_BYTES: usize = 5 << 18;
@@ -938,9 +941,16 @@ impl Plane {
     /// Output rows per block: at most about [`IM2COL_BLOCK_BYTES`] of im2col (but at least
     /// one row and 4 panels), choosing the count that wastes the fewest padding columns
     /// (a block costs about half a panel more: its call, and A read once more).
-    fn block_rows(&self, kd: usize) -> usize {
+    fn block_rows(&self, kd: usize, m: usize) -> usize {
         let w = PANEL;
-        let max_cols = (IM2COL_BLOCK_BYTES / (kd * 4)).max(4 * w);
+        // Each block reads all the weights again: when they outgrow L2 (and come from
+        // L3 or memory every time), fewer, larger blocks.
+        let budget = if m * kd * 4 > BIG_WEIGHTS_BYTES {
+            4 * IM2COL_BLOCK_BYTES
+        } else {
+            IM2COL_BLOCK_BYTES
+        };
+        let max_cols = (budget / (kd * 4)).max(4 * w);
         let rb_max = (max_cols / self.ow).clamp(1, self.oh);
         let pad = |x: usize| x.div_ceil(w) * w;
         let cost = |rb: usize| {
