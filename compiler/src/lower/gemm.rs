@@ -447,24 +447,11 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
         };
         let groups = full / slots;
         if groups > 0 && slots > 1 {
+            use crate::kir::build::{lin, loops};
             let (gv, sv) = (k.var(Ty::I64), k.var(Ty::I64));
-            let oh0 = Expr::mul(
-                Expr::add(
-                    Expr::mul(Expr::Var(gv), Expr::Int(slots as i64)),
-                    Expr::Var(sv),
-                ),
-                Expr::Int(rb as i64),
-            );
+            let oh0 = lin(vec![(Expr::Var(gv), slots * rb), (Expr::Var(sv), rb)]);
             let inner = block(&mut k, oh0, rb, Expr::Var(sv));
-            body.push(Stmt::For {
-                var: gv,
-                extent: groups as u64,
-                body: vec![Stmt::For {
-                    var: sv,
-                    extent: slots as u64,
-                    body: inner,
-                }],
-            });
+            body.extend(loops(&[(gv, groups), (sv, slots)], inner));
         }
         let done = if slots > 1 { groups * slots } else { 0 };
         if full > done {
