@@ -479,6 +479,12 @@ fn split_cases() -> Vec<Case> {
 /// serial entry point), and checks every run against the reference evaluator (1e-4) and
 /// every threaded run bit for bit against the serial one.
 fn check(target: &str, cases: Vec<Case>, threads: &[usize]) {
+    check_tasks(target, cases, threads, b"model__gemm_task")
+}
+
+/// [`check`], with threaded runs requiring a function whose name contains `task` in the
+/// object (the hook must have been used).
+fn check_tasks(target: &str, cases: Vec<Case>, threads: &[usize], task: &[u8]) {
     let scratch = tempfile::tempdir().unwrap();
     let env = match CompiledEnv::new(target, scratch.path()) {
         Ok(e) => e,
@@ -523,16 +529,11 @@ fn check(target: &str, cases: Vec<Case>, threads: &[usize]) {
         let obj = dir.join("model.o");
         let exe = dir.join("model.exe");
         std::fs::write(&obj, &c.artifacts.object).unwrap();
-        if threads.len() > 1
-            && !c
-                .artifacts
-                .object
-                .windows(16)
-                .any(|w| w == b"model__gemm_task")
-        {
+        if threads.len() > 1 && !c.artifacts.object.windows(task.len()).any(|w| w == task) {
             failures.push(format!(
-                "{}: no split task function in the object",
-                case.name
+                "{}: no {} function in the object",
+                case.name,
+                String::from_utf8_lossy(task)
             ));
         }
         onnxc::runner::link(&env.toolchain, &env.harness, &obj, &exe).unwrap();
@@ -590,6 +591,19 @@ fn gemm_split_threads_x86_64_avx512() {
 #[test]
 fn gemm_split_threads_x86_64_avx2() {
     check_split("x86_64-avx2");
+}
+
+/// A convolution whose blocks of output rows run in slots, one parallel task each, with
+/// a GEMM inside every task (Cranelift's f32x4 tiles on aarch64), on 1-3 threads under
+/// qemu: every run against the reference, threaded runs bit for bit against the serial.
+#[test]
+fn gemm_conv_blocks_threads_aarch64_neon_qemu() {
+    let conv: Vec<Case> = split_cases()
+        .into_iter()
+        .filter(|c| c.name == "split_conv3x3")
+        .collect();
+    assert_eq!(conv.len(), 1);
+    check_tasks("aarch64-neon", conv, &[1, 2, 3], b"_task0");
 }
 
 #[test]

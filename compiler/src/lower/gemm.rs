@@ -424,7 +424,10 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
             (slots * blk) as u64,
         );
         let block = |k: &mut Kernel, oh0: Expr, rows: usize, slot: Expr| -> Vec<Stmt> {
-            let base = Expr::mul(slot, Expr::Int(blk as i64));
+            let base = match slot {
+                Expr::Int(0) => Expr::Int(0),
+                s => Expr::mul(s, Expr::Int(blk as i64)),
+            };
             let mut st = p2.im2col(
                 k,
                 x.buf,
