@@ -190,12 +190,14 @@ fn safe(
     // Variables: written ones (Set targets, inner loop variables) stay inside.
     let mut defs: HashMap<VarId, Vec<&Expr>> = HashMap::new();
     let mut loops: HashSet<VarId> = HashSet::new();
-    let mut gemm = false;
+    let mut has_while = false;
+    let mut gemms: Vec<&GemmCall> = Vec::new();
     fn scan<'a>(
         b: &'a [Stmt],
         defs: &mut HashMap<VarId, Vec<&'a Expr>>,
         loops: &mut HashSet<VarId>,
-        gemm: &mut bool,
+        has_while: &mut bool,
+        gemms: &mut Vec<&'a GemmCall>,
     ) {
         for s in b {
             match s {
@@ -204,16 +206,17 @@ fn safe(
                 }
                 Stmt::Set { var, value } => defs.entry(*var).or_default().push(value),
                 // A while loop has no known work.
-                Stmt::While { .. } => *gemm = true,
+                Stmt::While { .. } => *has_while = true,
+                Stmt::Gemm(g) => gemms.push(g),
                 _ => {}
             }
             for c in children(s) {
-                scan(c, defs, loops, gemm);
+                scan(c, defs, loops, has_while, gemms);
             }
         }
     }
-    scan(body, &mut defs, &mut loops, &mut gemm);
-    if gemm || defs.contains_key(&var) || loops.contains(&var) || !gemms_pack_here(body) {
+    scan(body, &mut defs, &mut loops, &mut has_while, &mut gemms);
+    if has_while || defs.contains_key(&var) || loops.contains(&var) {
         return false;
     }
     let written: HashSet<VarId> = defs.keys().chain(loops.iter()).copied().collect();
@@ -238,6 +241,13 @@ fn safe(
         s.dedup();
         s
     };
+    // Every GEMM must read an operand the body writes (see the module comment).
+    if !gemms
+        .iter()
+        .all(|g| stored.contains(&g.a.buf) || stored.contains(&g.b.buf))
+    {
+        return false;
+    }
     if stored.iter().any(|&b| p.buffers[b].elem.bits() < 8) {
         return false;
     }
@@ -417,35 +427,6 @@ fn access_forms(body: &[Stmt], env: &mut Env, scope: &mut Scope, out: &mut Vec<A
     }
 }
 
-/// Whether every GEMM in `body` reads an operand (A or B) that `body` stores to.
-fn gemms_pack_here(body: &[Stmt]) -> bool {
-    fn stored(b: &[Stmt], out: &mut HashSet<BufId>) {
-        for s in b {
-            if let Stmt::Store { buf, .. } = s {
-                out.insert(*buf);
-            }
-            for c in children(s) {
-                stored(c, out);
-            }
-        }
-    }
-    fn gemms<'a>(b: &'a [Stmt], out: &mut Vec<&'a GemmCall>) {
-        for s in b {
-            if let Stmt::Gemm(g) = s {
-                out.push(g);
-            }
-            for c in children(s) {
-                gemms(c, out);
-            }
-        }
-    }
-    let (mut st, mut gs) = (HashSet::new(), Vec::new());
-    stored(body, &mut st);
-    gemms(body, &mut gs);
-    gs.iter()
-        .all(|g| st.contains(&g.a.buf) || st.contains(&g.b.buf))
-}
-
 /// The accesses of a GEMM: each view as every element it covers, `offset` plus its
 /// strides times fresh variables ranging over the view's rows, columns and panels
 /// (see [`MatView`]); C is stored, the rest (init included, even when it is C) loaded.
@@ -461,34 +442,27 @@ fn gemm_forms(g: &GemmCall, env: &Env, scope: &Scope, out: &mut Vec<Access>) {
     let mut view = |v: &MatView, rows: u64, cols: u64, is_a: bool, store: bool| {
         let mut sc = scope.clone();
         let form = aff(&v.offset, env).and_then(|mut f| {
-            let term = |f: &mut Aff, coef: i64, var: VarId| -> Option<()> {
-                if coef != 0 {
-                    let e = f.terms.entry(var).or_default();
-                    *e = e.checked_add(coef)?;
-                }
-                Some(())
-            };
-            match v.panel {
-                None => {
-                    let (i, j) = (fresh(rows, &mut sc), fresh(cols, &mut sc));
-                    term(&mut f, v.rs, i)?;
-                    term(&mut f, v.cs, j)?;
-                }
+            // (coefficient, extent) of each fresh variable.
+            let dims = match v.panel {
+                None => vec![(v.rs, rows), (v.cs, cols)],
+                // Panels across the rows of A or the columns of B.
                 Some((w, ps)) => {
-                    // Panels across the columns of B or the rows of A.
-                    let (along, across) = if is_a { (rows, cols) } else { (cols, rows) };
-                    let (pstride, inner, other) = if is_a {
-                        (ps, v.rs, v.cs)
+                    let (along, across, inner, other) = if is_a {
+                        (rows, cols, v.rs, v.cs)
                     } else {
-                        (ps, v.cs, v.rs)
+                        (cols, rows, v.cs, v.rs)
                     };
-                    let p = fresh(along.div_ceil(w.max(1)), &mut sc);
-                    let q = fresh(w.min(along), &mut sc);
-                    let o = fresh(across, &mut sc);
-                    term(&mut f, pstride, p)?;
-                    term(&mut f, inner, q)?;
-                    term(&mut f, other, o)?;
+                    vec![
+                        (ps, along.div_ceil(w.max(1))),
+                        (inner, w.min(along)),
+                        (other, across),
+                    ]
                 }
+            };
+            for (coef, n) in dims {
+                let var = fresh(n, &mut sc);
+                let e = f.terms.entry(var).or_default();
+                *e = e.checked_add(coef)?;
             }
             f.terms.retain(|_, c| *c != 0);
             Some(f)

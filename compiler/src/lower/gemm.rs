@@ -9,6 +9,7 @@
 //! over the output inside the same kernel.
 
 use crate::ir::{broadcast_shapes, DType, OpResult};
+use crate::kir::build::{lin, loops, store};
 use crate::kir::{BufKind, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId};
 use crate::ops::lowering::{
     broadcast_strides, index, nest, strides, Act, EpStep, Epilogue, LowerCtx, TensorRef,
@@ -450,7 +451,6 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
         };
         let groups = full / slots;
         if groups > 0 && slots > 1 {
-            use crate::kir::build::{lin, loops};
             let (gv, sv) = (k.var(Ty::I64), k.var(Ty::I64));
             let oh0 = lin(vec![(Expr::Var(gv), slots * rb), (Expr::Var(sv), rb)]);
             let inner = block(&mut k, oh0, rb, Expr::Var(sv));
@@ -771,23 +771,10 @@ fn conv_padded(
         Expr::add(Expr::mul(v(nv), int(c * il)), Expr::mul(v(cv), int(il))),
         Expr::add(Expr::mul(v(yv), int(p2.w)), v(xv)),
     );
-    body.push(Stmt::For {
-        var: cv,
-        extent: c as u64,
-        body: vec![Stmt::For {
-            var: yv,
-            extent: p2.h as u64,
-            body: vec![Stmt::For {
-                var: xv,
-                extent: p2.w as u64,
-                body: vec![Stmt::Store {
-                    buf: xp,
-                    index: dst,
-                    value: Expr::load(x.buf, src),
-                }],
-            }],
-        }],
-    });
+    body.extend(loops(
+        &[(cv, c), (yv, p2.h), (xv, p2.w)],
+        vec![store(xp, dst, Expr::load(x.buf, src))],
+    ));
     // The B panels: cb[(jp * kd + ci * taps + t) * PANEL + jj] = P[ci * pl + off(t) + jp * PANEL + jj],
     // one (channel, column) nest per tap and panel.
     let (ci, jj) = (k.var(Ty::I64), k.var(Ty::I64));
@@ -801,19 +788,10 @@ fn conv_padded(
                 Expr::mul(v(ci), int(pl)),
                 Expr::add(v(jj), int(tap_off(t) + jp * PANEL)),
             );
-            body.push(Stmt::For {
-                var: ci,
-                extent: c as u64,
-                body: vec![Stmt::For {
-                    var: jj,
-                    extent: PANEL as u64,
-                    body: vec![Stmt::Store {
-                        buf: cb,
-                        index: dst,
-                        value: Expr::load(xp, src),
-                    }],
-                }],
-            });
+            body.extend(loops(
+                &[(ci, c), (jj, PANEL)],
+                vec![store(cb, dst, Expr::load(xp, src))],
+            ));
         }
     }
     body.push(Stmt::Gemm(Box::new(GemmCall {

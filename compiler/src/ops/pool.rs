@@ -672,19 +672,10 @@ mod lower {
                         add(v(xb), mul(v(iv), int(iw))),
                         add(mul(v(qv), int(sw)), int(r)),
                     );
-                    body.push(Stmt::For {
-                        var: iv,
-                        extent: ih as u64,
-                        body: vec![Stmt::For {
-                            var: qv,
-                            extent: len as u64,
-                            body: vec![Stmt::Store {
-                                buf: pbuf,
-                                index: dst,
-                                value: Expr::load(x.buf, srci),
-                            }],
-                        }],
-                    });
+                    body.extend(loops(
+                        &[(iv, ih as usize), (qv, len as usize)],
+                        vec![store(pbuf, dst, Expr::load(x.buf, srci))],
+                    ));
                 }
                 (pbuf, lp)
             }

@@ -560,15 +560,7 @@ impl Gen<'_, '_> {
                 // reentrant).
                 gemms: plans
                     .iter()
-                    .map(|p| match p {
-                        super::gemm::Plan::Asm { func, a, b, .. } => super::gemm::Plan::Asm {
-                            func: *func,
-                            a: *a,
-                            b: *b,
-                            split: None,
-                        },
-                        p => p.clone(),
-                    })
+                    .map(super::gemm::Plan::whole)
                     .collect::<Vec<_>>()
                     .into_iter(),
                 threads: null,

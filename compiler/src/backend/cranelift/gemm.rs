@@ -38,6 +38,22 @@ pub enum Plan {
     Vec4,
 }
 
+impl Plan {
+    /// The plan run whole on the calling thread (inside a parallel task, where
+    /// `parallel_for` cannot be called again).
+    pub fn whole(&self) -> Plan {
+        match self {
+            Plan::Asm { func, a, b, .. } => Plan::Asm {
+                func: *func,
+                a: *a,
+                b: *b,
+                split: None,
+            },
+            p => p.clone(),
+        }
+    }
+}
+
 /// A microkernel call cut into `tasks` equal parts of whole register tiles (the last may
 /// be smaller), by columns or, when C has too few columns, by rows. Part `t` runs `func`
 /// (`last` for the final part) on the operands advanced by `t` times the steps (bytes).

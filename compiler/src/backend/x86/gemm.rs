@@ -247,7 +247,6 @@ struct Gen<'s> {
 struct Far {
     base: i64,
     per_tile: i64,
-    full: i64,
     lines: usize,
     every: usize,
 }
@@ -401,16 +400,11 @@ impl Gen<'_> {
         last: bool,
     ) -> R<()> {
         let s = self.s;
-        let nr = s.isa.nr();
-        // r8 = a + p0 * a_k; r9 = b + p0 * b_k + (jc / (g NR)) * b_panel.
-        let gw = s.b_group.max(1) * nr;
+        // r8 = a + p0 * a_k; r9 = b + p0 * b_k + B's column jc.
         self.a.mov(r8, qword_ptr(rsp)).map_err(e)?;
         self.add_imm(r8, p0 as i64 * s.a_k)?;
         self.a.mov(r9, qword_ptr(rsp + 8)).map_err(e)?;
-        self.add_imm(
-            r9,
-            p0 as i64 * s.b_k + (jc / gw) as i64 * s.b_panel + (jc % gw * 4) as i64,
-        )?;
+        self.add_imm(r9, p0 as i64 * s.b_k + self.b_col(jc))?;
         let mut top = self.a.create_label();
         if count > 1 {
             self.a.mov(r15, count as u64).map_err(e)?;
@@ -424,6 +418,12 @@ impl Gen<'_> {
             self.a.jne(top).map_err(e)?;
         }
         Ok(())
+    }
+
+    /// Bytes from B to its column `j` (at k = 0): `(j / (g NR)) * b_panel + (j % (g NR)) * 4`.
+    fn b_col(&self, j: usize) -> i64 {
+        let gw = self.s.b_group.max(1) * self.s.isa.nr();
+        (j / gw) as i64 * self.s.b_panel + (j % gw * 4) as i64
     }
 
     fn add_imm(&mut self, r: AsmRegister64, x: i64) -> R<()> {
@@ -480,14 +480,11 @@ impl Gen<'_> {
     /// cycle as the tiles consume, instead of bursts on the first tile.
     fn far_plan(&self, jc: usize, ncb: usize, kc: usize, full: usize, last: bool) -> Option<Far> {
         let s = self.s;
-        let gw = (s.b_group.max(1) * s.isa.nr()) as i64;
         let delta = if !last {
             kc as i64 * s.b_k
         } else if jc + ncb < s.n {
             // From this block's (k = k - kc, column jc) to (k = 0, column jc + ncb).
-            let p0 = (s.k - kc) as i64;
-            -p0 * s.b_k + (jc + ncb) as i64 / gw * s.b_panel - jc as i64 / gw * s.b_panel
-                + ((jc + ncb) as i64 % gw - jc as i64 % gw) * 4
+            self.b_col(jc + ncb) - self.b_col(jc) - (s.k - kc) as i64 * s.b_k
         } else {
             return None;
         };
@@ -499,16 +496,15 @@ impl Gen<'_> {
             (1, lines.div_ceil(full))
         };
         let per_tile = (kc.div_ceil(every) * per_step * 64) as i64;
-        let far = Far {
-            base: delta + full as i64 * per_tile,
+        let base = delta + full as i64 * per_tile;
+        // The displacements and the immediate must fit 32 bits.
+        d32(base.abs() + per_tile * full as i64).ok()?;
+        Some(Far {
+            base,
             per_tile,
-            full: full as i64,
             lines: per_step,
             every,
-        };
-        // The displacements and the immediate must fit 32 bits.
-        let fits = d32(far.base.abs() + far.per_tile * far.full).is_ok();
-        fits.then_some(far)
+        })
     }
 
     fn cols(&mut self, rows: usize, ncb: usize, kc: usize, first: bool, last: bool) -> R<()> {
@@ -618,7 +614,7 @@ impl Gen<'_> {
         // follow it.
         self.a.mov(rax, r12).map_err(e)?;
         self.a.mov(r11, rbx).map_err(e)?;
-        let far = self.far.filter(|_| rows == s.isa.mr());
+        let far = self.far;
         if let Some(f) = far {
             // rdx = rbx + base - r14 * per_tile: row tile full - r14's share.
             self.a.imul_3(rdx, r14, d32(-f.per_tile)?).map_err(e)?;
@@ -678,7 +674,6 @@ impl Gen<'_> {
             let at = db + B_PREFETCH_STEPS * s.b_k + 64 * l;
             self.a.prefetcht0(byte_ptr(r11 + d32(at)?)).map_err(e)?;
         }
-
         match s.isa {
             Isa::Avx512 => {
                 for v in 0..nv {
