@@ -257,7 +257,31 @@ fn cases() -> Vec<Case> {
     // kernels on small planes, with pixels as the GEMM's rows (channels in the lanes; the
     // im2col as an A operand in row panels), batch 2 and stride 2; small planes through
     // zero-padded planes (conv_padded), dilated and with uneven pads.
-    let convs: [ConvCase; 14] = [
+    // 3x3 stride-1 convs through Winograd F(2x2, 3x3): odd output sizes (tiles that
+    // lose a column or a row), uneven pads, and enough channels for several tile
+    // blocks that start and end inside tile rows.
+    let convs: [ConvCase; 17] = [
+        (
+            "wino3x3_odd",
+            vec![2, 6, 17, 13],
+            vec![24, 6, 3, 3],
+            vec![ints_attr("pads", &[1, 1, 1, 1])],
+            vec![2, 24, 17, 13],
+        ),
+        (
+            "wino3x3_uneven_pads",
+            vec![1, 8, 20, 18],
+            vec![16, 8, 3, 3],
+            vec![ints_attr("pads", &[0, 1, 2, 1])],
+            vec![1, 16, 20, 18],
+        ),
+        (
+            "wino3x3_blocks",
+            vec![1, 64, 30, 27],
+            vec![72, 64, 3, 3],
+            vec![ints_attr("pads", &[1, 1, 1, 1])],
+            vec![1, 72, 30, 27],
+        ),
         (
             "conv1x1",
             vec![2, 17, 9, 11],
@@ -448,12 +472,26 @@ fn split_cases() -> Vec<Case> {
         vec![],
         &["Relu"],
     ));
+    // 3x2, not 3x3: a 3x3 stride-1 conv goes through Winograd, not im2col blocks.
     v.push(one_node(
-        "split_conv3x3",
+        "split_conv3x2",
         "Conv",
         &[
             ("x", &[1, 16, 40, 40], false),
-            ("w", &[64, 16, 3, 3], true),
+            ("w", &[64, 16, 3, 2], true),
+            ("bias", &[64], true),
+        ],
+        &[1, 64, 40, 40],
+        vec![ints_attr("pads", &[1, 1, 1, 0])],
+        &["Relu"],
+    ));
+    // Winograd: its 16 GEMMs per block split, its transforms parallel loops.
+    v.push(one_node(
+        "split_wino3x3",
+        "Conv",
+        &[
+            ("x", &[1, 32, 40, 40], false),
+            ("w", &[64, 32, 3, 3], true),
             ("bias", &[64], true),
         ],
         &[1, 64, 40, 40],
@@ -595,14 +633,15 @@ fn gemm_split_threads_x86_64_avx2() {
 
 /// A convolution whose blocks of output rows run in slots, one parallel task each, with
 /// a GEMM inside every task (Cranelift's f32x4 tiles on aarch64), on 1-3 threads under
-/// qemu: every run against the reference, threaded runs bit for bit against the serial.
+/// qemu, and a Winograd conv (strided stores, GEMMs and transforms in tasks): every run
+/// against the reference, threaded runs bit for bit against the serial.
 #[test]
 fn gemm_conv_blocks_threads_aarch64_neon_qemu() {
     let conv: Vec<Case> = split_cases()
         .into_iter()
-        .filter(|c| c.name == "split_conv3x3")
+        .filter(|c| c.name == "split_conv3x2" || c.name == "split_wino3x3")
         .collect();
-    assert_eq!(conv.len(), 1);
+    assert_eq!(conv.len(), 2);
     check_tasks("aarch64-neon", conv, &[1, 2, 3], b"_task0");
 }
 

@@ -8,6 +8,8 @@
 //! a following Relu / Clip / LeakyRelu its activation; the remaining steps run as a pass
 //! over the output inside the same kernel.
 
+mod winograd;
+
 use crate::ir::{broadcast_shapes, DType, OpResult};
 use crate::kir::build::{lin, loops, store};
 use crate::kir::{BufKind, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId};
@@ -333,6 +335,16 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
     let direct = kl == 1 && g.s.iter().all(|&s| s == 1) && g.pb.iter().all(|&p| p == 0);
     if direct && ol != il {
         return Ok(false);
+    }
+    if !direct {
+        if let Some(p2) = Plane::of(g).filter(|p2| winograd::fits(p2, c, m)) {
+            let ep = lw.epilogue.take().filter(|e| !e.is_empty());
+            let dims = (nimg, c, m);
+            if winograd::conv(lw, &p2, &x, &w, bias.as_ref(), &out, ep.as_ref(), dims) {
+                return Ok(true);
+            }
+            lw.epilogue = ep;
+        }
     }
     if !direct && channels_in_lanes(m, ol, kd) {
         if let (Some(p2), Some(wt)) = (Plane::of(g), transposed_weights(lw, &w, m, kd)) {

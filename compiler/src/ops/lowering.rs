@@ -158,17 +158,33 @@ impl Epilogue {
     /// The epilogue applied to `acc` (of compute type `ty`) at output position `vars`
     /// (one loop variable per dim of `out_shape`).
     pub fn apply(&self, acc: Expr, ty: Ty, vars: &[VarId], out_shape: &[usize]) -> Expr {
+        let coords: Vec<Expr> = vars.iter().map(|&v| Expr::Var(v)).collect();
+        self.apply_at(acc, ty, &coords, out_shape)
+    }
+
+    /// Same, at output position `coords` (one index expression per dim of `out_shape`).
+    pub fn apply_at(&self, acc: Expr, ty: Ty, coords: &[Expr], out_shape: &[usize]) -> Expr {
+        let at = |t: &TensorRef| {
+            let bs = broadcast_strides(&t.shape, out_shape);
+            let terms = coords.iter().zip(&bs).filter(|(_, &s)| s != 0);
+            let idx = terms.fold(None, |acc: Option<Expr>, (c, &s)| {
+                let term = if s == 1 {
+                    c.clone()
+                } else {
+                    Expr::mul(c.clone(), Expr::Int(s as i64))
+                };
+                Some(match acc {
+                    None => term,
+                    Some(a) => Expr::add(a, term),
+                })
+            });
+            load_as(t, ty, idx.unwrap_or(Expr::Int(0)))
+        };
         let mut x = acc;
         for s in &self.steps {
             x = match s {
-                EpStep::Add(t) => Expr::add(
-                    x,
-                    load_as(t, ty, index(vars, &broadcast_strides(&t.shape, out_shape))),
-                ),
-                EpStep::Mul(t) => Expr::mul(
-                    x,
-                    load_as(t, ty, index(vars, &broadcast_strides(&t.shape, out_shape))),
-                ),
+                EpStep::Add(t) => Expr::add(x, at(t)),
+                EpStep::Mul(t) => Expr::mul(x, at(t)),
                 EpStep::Act(a) => act_expr(a, x, ty),
             };
         }

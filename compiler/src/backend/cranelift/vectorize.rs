@@ -1,7 +1,8 @@
 //! Innermost loops as 128-bit vector code (f32x4), with a scalar remainder loop.
 //!
 //! A `for` loop qualifies when its body is only `Store`s into f32 buffers at
-//! `var + invariant` (unit stride) and `Set`s of loop-local variables (each read only
+//! `s * var + invariant` (unit stride, or a constant stride `s` stored lane by lane; two
+//! stores into one buffer must be provably disjoint: see [`disjoint`]) and `Set`s of loop-local variables (each read only
 //! after it is set in the same iteration, and never outside the loop). Expressions are
 //! evaluated four lanes at a time: unit-stride f32 loads become vector loads, invariant
 //! subexpressions are computed once and splatted, f32 arithmetic and comparisons use
@@ -202,9 +203,28 @@ pub(super) fn stride(e: &Expr, var: VarId, locals: &[VarId]) -> Option<i64> {
     }
 }
 
+/// Whether two stores of one buffer, at `a` and `b` with strides `sa` and `sb` in `var`
+/// (`0..extent`), never write the same element in any two iterations: equal strides
+/// `s` and indices a constant `d` apart, with `d` not a multiple of `s` (two column
+/// phases of a row) or at least `s * extent` (two rows).
+fn disjoint((a, sa): (&Expr, i64), (b, sb): (&Expr, i64), var: VarId, extent: u64) -> bool {
+    use super::wide::{at_zero, split_const};
+    if sa != sb {
+        return false;
+    }
+    let (ra, ca) = split_const(&at_zero(a, var));
+    let (rb, cb) = split_const(&at_zero(b, var));
+    if ra != rb {
+        return false;
+    }
+    let d = (ca - cb).unsigned_abs();
+    let s = sa.unsigned_abs();
+    d % s != 0 || d / s >= extent
+}
+
 impl Gen<'_, '_> {
     /// Whether `body` of `for var` can be vectorised (see the module doc).
-    pub(super) fn qualifies(&self, var: VarId, body: &[Stmt]) -> Option<Plan> {
+    pub(super) fn qualifies(&self, var: VarId, extent: u64, body: &[Stmt]) -> Option<Plan> {
         let mut locals = Vec::new();
         let mut reds: Vec<Red> = Vec::new();
         for s in body {
@@ -243,7 +263,7 @@ impl Gen<'_, '_> {
         }
         // Locals: read only after their Set in the same iteration, never outside.
         let mut defined: Vec<VarId> = Vec::new();
-        let mut stores: HashMap<usize, &Expr> = HashMap::new();
+        let mut stores: HashMap<usize, Vec<(&Expr, i64)>> = HashMap::new();
         let mut all_loads = Vec::new();
         for s in body {
             let mut r = Vec::new();
@@ -274,14 +294,19 @@ impl Gen<'_, '_> {
                     if b.elem != Ty::F32 || self.ty(value).ok()? != Ty::F32 {
                         return None;
                     }
-                    if stride(index, var, &locals) != Some(1) {
+                    let st = stride(index, var, &locals)?;
+                    if st < 1 {
                         return None;
                     }
-                    match stores.get(buf) {
-                        Some(prev) if *prev != index => return None,
-                        _ => {
-                            stores.insert(*buf, index);
+                    let prev = stores.entry(*buf).or_default();
+                    if !prev.contains(&(index, st)) {
+                        if !prev
+                            .iter()
+                            .all(|&(p, ps)| disjoint((p, ps), (index, st), var, extent))
+                        {
+                            return None;
                         }
+                        prev.push((index, st));
                     }
                     loads(index, &mut all_loads);
                     loads(value, &mut all_loads);
@@ -306,9 +331,9 @@ impl Gen<'_, '_> {
             }
         };
         for (b, idx) in &all_loads {
-            match stores.get(b) {
-                Some(si) if *si != *idx => return None,
-                Some(_) => {}
+            match stores.get(b).map(Vec::as_slice) {
+                Some([(si, 1)]) if *si == *idx => {}
+                Some(_) => return None,
                 None => {
                     if stores.keys().any(|s| overlap(*s, *b)) {
                         return None;
@@ -360,7 +385,21 @@ impl Gen<'_, '_> {
                     let x = self.vexpr(cx, value)?;
                     let x = self.vec4(x)?;
                     let addr = self.addr(*buf, index)?;
-                    self.b.ins().store(vflags(), x, addr, 0);
+                    match stride(index, cx.var, &cx.locals) {
+                        Some(1) => {
+                            self.b.ins().store(vflags(), x, addr, 0);
+                        }
+                        // Strided stores (qualifies took them): lane by lane.
+                        Some(st) => {
+                            for l in 0..4u8 {
+                                let xl = self.b.ins().extractlane(x, l);
+                                let off = i32::try_from(st * 4 * i64::from(l))
+                                    .map_err(|_| "vectorize: store stride too large")?;
+                                self.b.ins().store(vflags(), xl, addr, off);
+                            }
+                        }
+                        None => return Err("vectorize: store index not affine".into()),
+                    }
                 }
                 _ => return Err("vectorize: unexpected statement".into()),
             }
@@ -380,7 +419,7 @@ impl Gen<'_, '_> {
         if extent < W {
             return Ok(0);
         }
-        let Some(plan) = self.qualifies(var, body) else {
+        let Some(plan) = self.qualifies(var, extent, body) else {
             return Ok(0);
         };
         if self.wide_for(var, extent, body, &plan)? {

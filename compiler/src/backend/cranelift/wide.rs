@@ -92,7 +92,7 @@ struct Tr {
 }
 
 /// `e` with the loop variable replaced by 0.
-fn at_zero(e: &Expr, var: VarId) -> Expr {
+pub(super) fn at_zero(e: &Expr, var: VarId) -> Expr {
     match e {
         Expr::Var(v) if *v == var => Expr::Int(0),
         Expr::Bin(op, a, b) => Expr::bin(*op, at_zero(a, var), at_zero(b, var)),
@@ -132,7 +132,7 @@ fn one_plus_exp(d: &Expr) -> bool {
 }
 
 /// `e` as (the rest, an integer constant added to it).
-fn split_const(e: &Expr) -> (Option<Expr>, i64) {
+pub(super) fn split_const(e: &Expr) -> (Option<Expr>, i64) {
     match e {
         Expr::Int(c) => (None, *c),
         Expr::Bin(BinOp::Add, a, b) => {
@@ -391,7 +391,7 @@ impl Gen<'_, '_> {
             defs.retain(|(u, _)| u != t);
             defs.push((*t, value));
         }
-        let Some(plan) = self.qualifies(*q, inner) else {
+        let Some(plan) = self.qualifies(*q, *n, inner) else {
             return Ok(false);
         };
         if !plan.reds.is_empty() || plan.locals.iter().any(|l| defs.iter().any(|(d, _)| d == l)) {
@@ -539,8 +539,13 @@ impl Gen<'_, '_> {
                     if t.is_mask(v) {
                         return None;
                     }
+                    let two = match stride(index, var, &t.locals)? {
+                        1 => false,
+                        2 => true,
+                        _ => return None,
+                    };
                     let (s, disp) = t.stream(*buf, index)?;
-                    t.b.push(Inst::Store { s, disp, v });
+                    t.b.push(Inst::Store { s, disp, v, two });
                 }
                 _ => return None,
             }

@@ -138,10 +138,14 @@ pub enum Inst {
     Scalef(V, V),
     /// `1 / a` to 14 bits (vrcp14ps).
     Rcp14(V),
+    /// `v` into stream `s` at elements `i + disp`, or with `two` at `2 (i + l) + disp`
+    /// for lane `l` (every other element: one column phase of a row; the elements
+    /// between are left as they are).
     Store {
         s: u16,
         disp: i32,
         v: V,
+        two: bool,
     },
     /// Reduction `r` takes in `v`.
     Reduce {
@@ -565,12 +569,20 @@ impl Gen<'_> {
             // reductions write before they have read everything, so they take fresh ones.
             let minmax_red = matches!(inst, Inst::Reduce { r, .. }
                 if matches!(lp.reds[*r as usize], Red::Max | Red::Min));
-            let fresh = matches!(inst, Inst::Bin(Bin::Min | Bin::Max, ..)) || minmax_red;
+            // An every-other-element store loads its permutation into a temporary while
+            // its value is still live: it too takes fresh ones.
+            let fresh = matches!(
+                inst,
+                Inst::Bin(Bin::Min | Bin::Max, ..) | Inst::Store { two: true, .. }
+            ) || minmax_red;
             let any_mem = ops.iter().any(|&o| lp.insts[o as usize].is_mem());
             let ntmp = if minmax_red
                 || matches!(
                     inst,
-                    Inst::Load2 { .. } | Inst::LoadS { .. } | Inst::Fma(..)
+                    Inst::Load2 { .. }
+                        | Inst::LoadS { .. }
+                        | Inst::Fma(..)
+                        | Inst::Store { two: true, .. }
                 ) {
                 2
             } else {
@@ -1001,6 +1013,37 @@ impl Gen<'_> {
                     self.a.vpsrad(d, xr, n as u32).map_err(e)?;
                 } else {
                     self.a.vpslld(d, xr, n as u32).map_err(e)?;
+                }
+            }
+            Inst::Store {
+                s, disp, two: true, ..
+            } => {
+                // Lanes 0..8 spread to the even elements of the vector at the lane-0
+                // address, lanes 8..16 to those of the next; the odd elements keep
+                // their values (masked stores).
+                let x = self.reg(l(0), t0)?;
+                let t = ZMM[tmp[1]];
+                let at = |d: i32| zmmword_ptr(STREAMS[s as usize] + rax * 8 + d);
+                let valid = if masked {
+                    (self.lp.n % LANES) as u32
+                } else {
+                    16
+                };
+                for half in 0..2u32 {
+                    let lanes = valid.saturating_sub(8 * half).min(8);
+                    if lanes == 0 {
+                        continue;
+                    }
+                    let idx: Vec<u32> = (0..16).map(|j| 8 * half + j / 2).collect();
+                    let io = self.pool_slice(&idx);
+                    let mask = (0..lanes).fold(0u32, |m, l| m | 1 << (2 * l));
+                    let mo = self.pool_off(mask);
+                    self.a.vmovups(t, zmmword_ptr(r11 + io)).map_err(e)?;
+                    self.a.vpermps(t, t, x).map_err(e)?;
+                    self.a.kmovw(k6, word_ptr(r11 + mo)).map_err(e)?;
+                    self.a
+                        .vmovups(at(disp + 64 * half as i32).k6(), t)
+                        .map_err(e)?;
                 }
             }
             Inst::Store { s, disp, .. } => {
