@@ -37,15 +37,25 @@ use crate::ops::lowering::{Epilogue, LowerCtx, TensorRef};
 /// with the transformed weights they stay in a 2 MiB L2.
 const BLOCK_BYTES: usize = 768 * 1024;
 
-/// Most bytes of the transformed weights (16 `[m][c]` matrices, 16/9 of the filter's):
-/// each block reads them all again, so they must stay in L2 too.
-const MAX_WEIGHT_BYTES: usize = 1 << 20;
+/// Most bytes of the transformed weights (16 `[m][c]` matrices, 16/9 of the filter's).
+/// Each block reads them all again: past L2 they stream from L3, which still pays with
+/// [`MIN_TILES`] tiles or more (ResNet-18's 256-channel 14x14 convs, 4 MiB: 2.24 -> 1.45
+/// ms alone).
+const MAX_WEIGHT_BYTES: usize = 8 << 20;
 
-/// Least output tiles per image: below, the transforms' fixed costs dominate.
+/// Least output tiles per image, each tile a use of every transformed weight: a 512-channel
+/// 7x7 conv (16 tiles, 16 MiB of transformed weights) runs no faster than through
+/// im2col alone, and in a whole model its weights would not stay in L3.
 const MIN_TILES: usize = 32;
 
+/// Least multiply-adds of one of the 16 GEMMs (`m * c * tiles`): below, the calls and
+/// transforms cost more than the multiply-adds saved (a 16 -> 32 channel conv on 14x14,
+/// 25 K: 0.021 -> 0.030 ms; 48 -> 192 on 13x13, 451 K: unchanged; 64 -> 256, 803 K: -13%).
+const MIN_GEMM_MACS: usize = 1 << 19;
+
 /// Whether a conv runs through [`conv`]: 3x3, stride 1, no dilation, non-negative
-/// pads, enough tiles and channels, and transformed weights that fit [`MAX_WEIGHT_BYTES`].
+/// pads, enough tiles and work ([`MIN_TILES`], [`MIN_GEMM_MACS`]), and transformed
+/// weights within [`MAX_WEIGHT_BYTES`].
 /// `ONNXC_NO_WINOGRAD` turns it off (for comparisons).
 pub(super) fn fits(p2: &Plane, c: usize, m: usize) -> bool {
     let tiles = p2.oh.div_ceil(2) * p2.ow.div_ceil(2);
@@ -60,6 +70,7 @@ pub(super) fn fits(p2: &Plane, c: usize, m: usize) -> bool {
         && c >= 4
         && m >= 8
         && tiles >= MIN_TILES
+        && m * c * tiles >= MIN_GEMM_MACS
         && 16 * m * c * 4 <= MAX_WEIGHT_BYTES
         && std::env::var_os("ONNXC_NO_WINOGRAD").is_none()
 }
