@@ -20,22 +20,26 @@
 //! im2col copy they replace reads and writes a third of.
 //!
 //! Per image: the input is copied into zero-padded planes (so that no patch needs a
-//! bounds test), then the tiles run in blocks whose 16 transformed inputs and 16 GEMM
-//! outputs stay in L2. A block is a run of tiles in row-major order, a multiple of the
-//! microkernel's panel width, so it may start and end inside a tile row: the
-//! transforms run one loop per tile row the block touches. The input transform reads
+//! bounds test), then the tiles run in blocks of whole tile rows whose 16 transformed
+//! inputs and 16 GEMM outputs stay in L2: input transform, 16 GEMMs, output transform.
+//! Blocks go in pairs, each of a pair in its own scratch slot, so that with threads each
+//! core takes whole blocks (one job per pair; the GEMMs run whole inside the tasks)
+//! instead of sharing every small GEMM and transform loop. The input transform reads
 //! every other column (stride-2 loads) and writes 16 unit-stride rows; the output
 //! transform reads 16 unit-stride rows and writes every other column of two output
 //! rows, applying the bias and the fused epilogue on the way.
 
 use super::{Plane, PANEL};
-use crate::kir::build::{add, int, lin, sub};
+use crate::kir::build::{add, int, lin, loops, store, sub};
 use crate::kir::{BufKind, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId};
 use crate::ops::lowering::{Epilogue, LowerCtx, TensorRef};
 
-/// Most bytes of one block's transformed input and GEMM output (16 matrices each):
-/// with the transformed weights they stay in a 2 MiB L2.
-const BLOCK_BYTES: usize = 768 * 1024;
+/// Most bytes of one block's transformed input and GEMM output (16 matrices each, one
+/// slot). Measured on a 1 MiB-L2 core (A/B, one and two threads): 768 KiB blocks were
+/// 9-20% slower than 1 MiB on 64- and 256-channel layers (more blocks of fewer tiles,
+/// more panel padding: a 256-channel 14x14 layer ran 21-tile blocks), 1.5 MiB within
+/// noise of 1 MiB.
+const BLOCK_BYTES: usize = 1024 * 1024;
 
 /// Most bytes of the transformed weights (16 `[m][c]` matrices, 16/9 of the filter's).
 /// Each block reads them all again: past L2 they stream from L3, which still pays with
@@ -120,46 +124,50 @@ fn weights(lw: &mut LowerCtx, w: &TensorRef, m: usize, c: usize) -> Option<Vec<u
     )
 }
 
-/// One tile row's share of a block: tile row `th`, tile columns `lo..hi`, at column
-/// `col` of the block's matrices.
-struct Segment {
-    th: usize,
-    lo: usize,
-    hi: usize,
-    col: usize,
-}
-
-/// The tile rows that tiles `t0..t1` (row-major, `tw` per row) touch.
-fn segments(t0: usize, t1: usize, tw: usize) -> Vec<Segment> {
-    (t0 / tw..=(t1 - 1) / tw)
-        .map(|th| {
-            let lo = t0.max(th * tw) - th * tw;
-            let hi = t1.min((th + 1) * tw) - th * tw;
-            Segment {
-                th,
-                lo,
-                hi,
-                col: th * tw + lo - t0,
-            }
-        })
-        .collect()
-}
-
-/// Tiles per block: a multiple of [`PANEL`] within [`BLOCK_BYTES`], the blocks as even
-/// as whole panels allow (all tiles in one block when they fit).
-fn block_tiles(tiles: usize, c: usize, m: usize) -> usize {
+/// Tile rows per block: the count whose blocks waste the fewest GEMM columns on panel
+/// padding (a block also costs about a panel more: its 16 calls and loops), within
+/// [`BLOCK_BYTES`] of scratch (at least one row).
+fn block_rows(th: usize, tw: usize, c: usize, m: usize) -> usize {
     let per_tile = 16 * (c + m) * 4;
-    let most = (BLOCK_BYTES / per_tile / PANEL * PANEL).max(PANEL);
-    if tiles <= most {
-        return tiles;
-    }
-    let nblk = tiles.div_ceil(most);
-    tiles.div_ceil(nblk).div_ceil(PANEL) * PANEL
+    let most = (BLOCK_BYTES / per_tile / tw).clamp(1, th);
+    let pad = |t: usize| t.div_ceil(PANEL) * PANEL;
+    let cost = |rb: usize| {
+        let (full, tail) = (th / rb, th % rb);
+        full * pad(rb * tw) + pad(tail * tw) + (full + usize::from(tail > 0)) * PANEL
+    };
+    (1..=most)
+        .min_by_key(|&rb| (cost(rb), std::cmp::Reverse(rb)))
+        .unwrap_or(1)
 }
 
 /// `(a + b) + c` etc.: the transforms' sums of three.
 fn add3(a: Expr, b: Expr, c: Expr) -> Expr {
     add(add(a, b), c)
+}
+
+/// The shapes every block of one conv shares.
+struct Geo<'a> {
+    xp: usize,
+    vb: usize,
+    mb: usize,
+    us: &'a [usize],
+    out: &'a TensorRef,
+    bias: Option<&'a TensorRef>,
+    ep: Option<&'a Epilogue>,
+    nv: VarId,
+    c: usize,
+    m: usize,
+    /// Padded plane size and row length.
+    pl: usize,
+    wp: usize,
+    oh: usize,
+    ow: usize,
+    /// Tiles per row.
+    tw: usize,
+    /// Row stride of the block matrices, and the elements of one slot of `vb` and `mb`.
+    ld: usize,
+    vslot: usize,
+    mslot: usize,
 }
 
 /// Lowers the conv (see the module doc); `false` when the weights are not constant.
@@ -180,21 +188,25 @@ pub(super) fn conv(
     let (oh, ow) = (p2.oh, p2.ow);
     let (th_n, tw_n) = (oh.div_ceil(2), ow.div_ceil(2));
     let (hp, wp) = (2 * th_n + 2, 2 * tw_n + 2);
-    let (il, pl, ol) = (p2.h * p2.w, hp * wp, oh * ow);
+    let (il, pl) = (p2.h * p2.w, hp * wp);
     let (ph, pw) = (p2.ph as usize, p2.pw as usize);
-    let tiles = th_n * tw_n;
-    let tb = block_tiles(tiles, c, m);
-    let ld = tb.div_ceil(16) * 16;
+    let rb = block_rows(th_n, tw_n, c, m);
+    let ld = (rb * tw_n).div_ceil(16) * 16;
+    // The loops take whole blocks of tile rows that all have two output rows; the rest,
+    // an odd height's last tile row included, is the tail block.
+    let full = (oh / 2) / rb;
+    let slots = if full >= 2 { 2 } else { 1 };
     let f32_buf = |lw: &mut LowerCtx, name: String, elems: usize| {
         lw.program
             .add_buffer(name, BufKind::Arena { offset: 0 }, Ty::F32, elems as u64)
     };
     let xp = f32_buf(lw, format!("{}/wino_padded", lw.name), c * pl);
-    // The 16 transformed-input matrices side by side in one buffer, and the 16 GEMM
-    // outputs in another: each transform is then one stream (a register) with 16
-    // displacements, not 16 streams.
-    let vb = f32_buf(lw, format!("{}/wino_v", lw.name), 16 * c * ld);
-    let mb = f32_buf(lw, format!("{}/wino_m", lw.name), 16 * m * ld);
+    // Per slot, the 16 transformed-input matrices side by side, and the 16 GEMM
+    // outputs: each transform is then one stream (a register) with 16 displacements,
+    // not 16 streams.
+    let (vslot, mslot) = (16 * c * ld, 16 * m * ld);
+    let vb = f32_buf(lw, format!("{}/wino_v", lw.name), slots * vslot);
+    let mb = f32_buf(lw, format!("{}/wino_m", lw.name), slots * mslot);
     let mut k = lw.kernel("");
     let nv = k.var(Ty::I64);
     let var = |k: &mut Kernel| k.var(Ty::I64);
@@ -222,54 +234,48 @@ pub(super) fn conv(
         (Expr::Var(yv), p2.w),
         (Expr::Var(xv), 1),
     ]);
-    body.extend(crate::kir::build::loops(
+    body.extend(loops(
         &[(cv, c), (yv, p2.h), (xv, p2.w)],
-        vec![crate::kir::build::store(xp, dst, Expr::load(x.buf, src))],
+        vec![store(xp, dst, Expr::load(x.buf, src))],
     ));
-    let mut t0 = 0;
-    while t0 < tiles {
-        let t1 = (t0 + tb).min(tiles);
-        let segs = segments(t0, t1, tw_n);
-        for s in &segs {
-            body.push(input_transform(&mut k, s, xp, vb, (c, pl, wp, ld)));
-        }
-        for (kk, &u) in us.iter().enumerate() {
-            body.push(Stmt::Gemm(Box::new(GemmCall {
-                m: m as u64,
-                n: (t1 - t0) as u64,
-                k: c as u64,
-                a: MatView::strided(u, Expr::Int(0), c as i64, 1),
-                b: MatView::strided(vb, int(kk * c * ld), ld as i64, 1),
-                c: MatView::strided(mb, int(kk * m * ld), ld as i64, 1),
-                alpha: 1.0,
-                init: None,
-                act: GemmAct::None,
-            })));
-        }
-        for s in &segs {
-            // The last tile of a row of odd width has no second column; the last tile
-            // row of an odd height no second row.
-            let rows = if 2 * s.th + 1 < oh { 2 } else { 1 };
-            let whole = if 2 * s.hi <= ow { s.hi } else { s.hi - 1 };
-            let ot = OutTile {
-                mb,
-                out,
-                bias,
-                ep,
-                ld,
-                nv,
-                m,
-                ol,
-                ow,
-            };
-            if whole > s.lo {
-                body.push(ot.transform(&mut k, s, s.lo..whole, rows, 2));
-            }
-            if whole < s.hi {
-                body.push(ot.transform(&mut k, s, whole..s.hi, rows, 1));
-            }
-        }
-        t0 = t1;
+    let geo = Geo {
+        xp,
+        vb,
+        mb,
+        us: &us,
+        out,
+        bias,
+        ep,
+        nv,
+        c,
+        m,
+        pl,
+        wp,
+        oh,
+        ow,
+        tw: tw_n,
+        ld,
+        vslot,
+        mslot,
+    };
+    let groups = full / slots;
+    if groups > 0 && slots > 1 {
+        let (gv, sv) = (var(&mut k), var(&mut k));
+        let th0 = lin(vec![(Expr::Var(gv), slots * rb), (Expr::Var(sv), rb)]);
+        let inner = geo.block(&mut k, th0, rb, 0, Expr::Var(sv));
+        body.extend(loops(&[(gv, groups), (sv, slots)], inner));
+    }
+    let done = if slots > 1 { groups * slots } else { 0 };
+    if full > done {
+        let bv = var(&mut k);
+        let th0 = Expr::mul(add(Expr::Var(bv), int(done)), int(rb));
+        let inner = geo.block(&mut k, th0, rb, 0, Expr::Int(0));
+        body.extend(loops(&[(bv, full - done)], inner));
+    }
+    let tail = th_n - full * rb;
+    if tail > 0 {
+        let last = usize::from(oh % 2 == 1);
+        body.extend(geo.block(&mut k, int(full * rb), tail - last, last, Expr::Int(0)));
     }
     k.body = vec![Stmt::For {
         var: nv,
@@ -280,109 +286,152 @@ pub(super) fn conv(
     true
 }
 
-/// `V_k[ci, col + q] = (B^T d B)_k` (matrix `k` of `vb`, `[16][c][ld]`) for the tiles
-/// of segment `s`, `d` the 4x4 patch of padded plane `ci` at row `2 th`, column
-/// `2 (lo + q)`.
-// The transforms index their 4x4 arrays as the formulas do.
-#[allow(clippy::needless_range_loop)]
-fn input_transform(
-    k: &mut Kernel,
-    s: &Segment,
-    xp: usize,
-    vb: usize,
-    (c, pl, wp, ld): (usize, usize, usize, usize),
-) -> Stmt {
-    let (ci, q) = (k.var(Ty::I64), k.var(Ty::I64));
-    let d = |i: usize, j: usize| {
-        Expr::load(
-            xp,
-            lin(vec![
-                (Expr::Var(ci), pl),
-                (Expr::Var(q), 2),
-                (int(1), (2 * s.th + i) * wp + 2 * s.lo + j),
-            ]),
-        )
-    };
-    let mut body = Vec::new();
-    // Rows first: t[i][j] = (B^T d)[i][j], each a local.
-    let mut t = [[0usize; 4]; 4];
-    for j in 0..4 {
-        let rows = [
-            sub(d(0, j), d(2, j)),
-            add(d(1, j), d(2, j)),
-            sub(d(2, j), d(1, j)),
-            sub(d(1, j), d(3, j)),
-        ];
-        for (i, value) in rows.into_iter().enumerate() {
-            let var = k.var(Ty::F32);
-            t[i][j] = var;
-            body.push(Stmt::Set { var, value });
+impl Geo<'_> {
+    /// One block in slot `slot`: tile rows `th0 ..` (`rows` with two output rows, then
+    /// `last` (0 or 1) with one), their input transform, 16 GEMMs and output transform.
+    fn block(&self, k: &mut Kernel, th0: Expr, rows: usize, last: usize, slot: Expr) -> Vec<Stmt> {
+        let n = (rows + last) * self.tw;
+        let vbase = Expr::mul(slot.clone(), int(self.vslot));
+        let mbase = Expr::mul(slot, int(self.mslot));
+        let mut st = vec![self.input_transform(k, th0.clone(), rows + last, vbase.clone())];
+        for (kk, &u) in self.us.iter().enumerate() {
+            st.push(Stmt::Gemm(Box::new(GemmCall {
+                m: self.m as u64,
+                n: n as u64,
+                k: self.c as u64,
+                a: MatView::strided(u, Expr::Int(0), self.c as i64, 1),
+                b: MatView::strided(
+                    self.vb,
+                    add(vbase.clone(), int(kk * self.c * self.ld)),
+                    self.ld as i64,
+                    1,
+                ),
+                c: MatView::strided(
+                    self.mb,
+                    add(mbase.clone(), int(kk * self.m * self.ld)),
+                    self.ld as i64,
+                    1,
+                ),
+                alpha: 1.0,
+                init: None,
+                act: GemmAct::None,
+            })));
         }
-    }
-    let tv = |i: usize, j: usize| Expr::Var(t[i][j]);
-    for i in 0..4 {
-        let cols = [
-            sub(tv(i, 0), tv(i, 2)),
-            add(tv(i, 1), tv(i, 2)),
-            sub(tv(i, 2), tv(i, 1)),
-            sub(tv(i, 1), tv(i, 3)),
-        ];
-        for (j, value) in cols.into_iter().enumerate() {
-            let at = ((i * 4 + j) * c) * ld + s.col;
-            body.push(Stmt::Store {
-                buf: vb,
-                index: lin(vec![(Expr::Var(ci), ld), (Expr::Var(q), 1), (int(1), at)]),
-                value,
-            });
+        // The last tile of a row of odd width has no second column.
+        let whole = self.ow / 2;
+        for (r0, nr, out_rows) in [(0, rows, 2), (rows, last, 1)] {
+            if nr == 0 {
+                continue;
+            }
+            let th = add(th0.clone(), int(r0));
+            if whole > 0 {
+                st.push(self.output_transform(
+                    k,
+                    th.clone(),
+                    r0,
+                    nr,
+                    0..whole,
+                    out_rows,
+                    2,
+                    &mbase,
+                ));
+            }
+            if whole < self.tw {
+                st.push(self.output_transform(k, th, r0, nr, whole..self.tw, out_rows, 1, &mbase));
+            }
         }
+        st
     }
-    Stmt::For {
-        var: ci,
-        extent: c as u64,
-        body: vec![Stmt::For {
-            var: q,
-            extent: (s.hi - s.lo) as u64,
-            body,
-        }],
-    }
-}
 
-/// What the output transform of every segment shares.
-struct OutTile<'a> {
-    /// The GEMM outputs, `[16][m][ld]`.
-    mb: usize,
-    out: &'a TensorRef,
-    bias: Option<&'a TensorRef>,
-    ep: Option<&'a Epilogue>,
-    ld: usize,
-    nv: VarId,
-    m: usize,
-    ol: usize,
-    ow: usize,
-}
-
-impl OutTile<'_> {
-    /// `out[img, co, 2 th + r, 2 tw + cc] = epilogue((A^T M A)[r][cc] + bias[co])` for
-    /// the tiles `tws` of segment `s`, output rows `r < rows` and columns `cc < cols`.
+    /// `V_k[ci, r tw + q] = (B^T d B)_k` (matrix `k` of the slot at `vbase`, `[16][c][ld]`)
+    /// for tile rows `th0 + r`, `r < rows`, `d` the 4x4 patch of padded plane `ci` at row
+    /// `2 (th0 + r)`, column `2 q`.
+    // The transforms index their 4x4 arrays as the formulas do.
     #[allow(clippy::needless_range_loop)]
-    fn transform(
+    fn input_transform(&self, k: &mut Kernel, th0: Expr, rows: usize, vbase: Expr) -> Stmt {
+        let (rv, ci, q) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+        let (c, ld, tw) = (self.c, self.ld, self.tw);
+        let d = |i: usize, j: usize| {
+            Expr::load(
+                self.xp,
+                lin(vec![
+                    (th0.clone(), 2 * self.wp),
+                    (Expr::Var(rv), 2 * self.wp),
+                    (Expr::Var(ci), self.pl),
+                    (Expr::Var(q), 2),
+                    (int(1), i * self.wp + j),
+                ]),
+            )
+        };
+        let mut body = Vec::new();
+        // Rows first: t[i][j] = (B^T d)[i][j], each a local.
+        let mut t = [[0usize; 4]; 4];
+        for j in 0..4 {
+            let rows = [
+                sub(d(0, j), d(2, j)),
+                add(d(1, j), d(2, j)),
+                sub(d(2, j), d(1, j)),
+                sub(d(1, j), d(3, j)),
+            ];
+            for (i, value) in rows.into_iter().enumerate() {
+                let var = k.var(Ty::F32);
+                t[i][j] = var;
+                body.push(Stmt::Set { var, value });
+            }
+        }
+        let tv = |i: usize, j: usize| Expr::Var(t[i][j]);
+        for i in 0..4 {
+            let cols = [
+                sub(tv(i, 0), tv(i, 2)),
+                add(tv(i, 1), tv(i, 2)),
+                sub(tv(i, 2), tv(i, 1)),
+                sub(tv(i, 1), tv(i, 3)),
+            ];
+            for (j, value) in cols.into_iter().enumerate() {
+                body.push(Stmt::Store {
+                    buf: self.vb,
+                    index: lin(vec![
+                        (vbase.clone(), 1),
+                        (Expr::Var(rv), tw),
+                        (Expr::Var(ci), ld),
+                        (Expr::Var(q), 1),
+                        (int(1), (i * 4 + j) * c * ld),
+                    ]),
+                    value,
+                });
+            }
+        }
+        loops(&[(rv, rows), (ci, c), (q, tw)], body)
+            .pop()
+            .expect("one nest")
+    }
+
+    /// `out[img, co, 2 th + r, 2 tw + cc] = epilogue((A^T M A)[r][cc] + bias[co])` for
+    /// tile rows `th = th0 + rr` (`rr < nr`, block row `r0 + rr`), tile columns `tws`,
+    /// output rows `r < out_rows` and columns `cc < cols`; `M` the slot at `mbase`.
+    #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+    fn output_transform(
         &self,
         k: &mut Kernel,
-        s: &Segment,
+        th0: Expr,
+        r0: usize,
+        nr: usize,
         tws: std::ops::Range<usize>,
-        rows: usize,
+        out_rows: usize,
         cols: usize,
+        mbase: &Expr,
     ) -> Stmt {
-        let (co, q) = (k.var(Ty::I64), k.var(Ty::I64));
-        let col = s.col + tws.start - s.lo;
+        let (rr, co, q) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+        let (m, ld) = (self.m, self.ld);
         let mv = |i: usize, j: usize| {
-            let at = (i * 4 + j) * self.m * self.ld + col;
             Expr::load(
                 self.mb,
                 lin(vec![
-                    (Expr::Var(co), self.ld),
+                    (mbase.clone(), 1),
+                    (Expr::Var(rr), self.tw),
+                    (Expr::Var(co), ld),
                     (Expr::Var(q), 1),
-                    (int(1), at),
+                    (int(1), (i * 4 + j) * m * ld + r0 * self.tw + tws.start),
                 ]),
             )
         };
@@ -394,15 +443,15 @@ impl OutTile<'_> {
                 add3(mv(0, j), mv(1, j), mv(2, j)),
                 sub(sub(mv(1, j), mv(2, j)), mv(3, j)),
             ];
-            for (r, value) in sums.into_iter().enumerate().take(rows) {
+            for (r, value) in sums.into_iter().enumerate().take(out_rows) {
                 let var = k.var(Ty::F32);
                 sv[r][j] = var;
                 body.push(Stmt::Set { var, value });
             }
         }
         let svv = |r: usize, j: usize| Expr::Var(sv[r][j]);
-        let tw = add(Expr::Var(q), int(tws.start));
-        for r in 0..rows {
+        let ol = self.oh * self.ow;
+        for r in 0..out_rows {
             let ys = [
                 add3(svv(r, 0), svv(r, 1), svv(r, 2)),
                 sub(sub(svv(r, 1), svv(r, 2)), svv(r, 3)),
@@ -412,13 +461,13 @@ impl OutTile<'_> {
                     Some(b) => add(y, Expr::load(b.buf, Expr::Var(co))),
                     None => y,
                 };
-                let oy = 2 * s.th + r;
-                let ox = add(Expr::mul(tw.clone(), int(2)), int(cc));
+                let oy = lin(vec![(th0.clone(), 2), (Expr::Var(rr), 2), (int(1), r)]);
+                let ox = lin(vec![(Expr::Var(q), 2), (int(1), 2 * tws.start + cc)]);
                 let y = match self.ep {
                     Some(ep) => ep.apply_at(
                         y,
                         Ty::F32,
-                        &[Expr::Var(self.nv), Expr::Var(co), int(oy), ox.clone()],
+                        &[Expr::Var(self.nv), Expr::Var(co), oy.clone(), ox.clone()],
                         &self.out.shape,
                     ),
                     None => y,
@@ -426,24 +475,18 @@ impl OutTile<'_> {
                 body.push(Stmt::Store {
                     buf: self.out.buf,
                     index: lin(vec![
-                        (Expr::Var(self.nv), self.m * self.ol),
-                        (Expr::Var(co), self.ol),
+                        (Expr::Var(self.nv), m * ol),
+                        (Expr::Var(co), ol),
+                        (oy, self.ow),
                         (ox, 1),
-                        (int(1), oy * self.ow),
                     ]),
                     value: y,
                 });
             }
         }
-        Stmt::For {
-            var: co,
-            extent: self.m as u64,
-            body: vec![Stmt::For {
-                var: q,
-                extent: tws.len() as u64,
-                body,
-            }],
-        }
+        loops(&[(rr, nr), (co, m), (q, tws.len())], body)
+            .pop()
+            .expect("one nest")
     }
 }
 
@@ -452,33 +495,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn segments_cover_the_block_once() {
-        // Blocks of 32 tiles over rows of 7: starts and ends inside rows.
-        let (tw, tiles) = (7, 75);
-        let mut seen = vec![0; tiles];
-        let mut t0 = 0;
-        while t0 < tiles {
-            let t1 = (t0 + 32).min(tiles);
-            for s in segments(t0, t1, tw) {
-                assert!(s.lo < s.hi && s.hi <= tw);
-                for (i, q) in (s.lo..s.hi).enumerate() {
-                    let t = s.th * tw + q;
-                    assert_eq!(s.col + i, t - t0);
-                    seen[t] += 1;
-                }
-            }
-            t0 = t1;
-        }
-        assert!(seen.iter().all(|&n| n == 1));
-    }
-
-    #[test]
-    fn blocks_are_whole_panels_within_budget() {
-        assert_eq!(block_tiles(20, 64, 64), 20);
-        // 64 + 64 channels: 8 KiB a tile, at most 96 tiles a block; 784 tiles in 9
-        // blocks of 96 (the last shorter).
-        assert_eq!(block_tiles(784, 64, 64), 96);
-        let b = block_tiles(196, 128, 128);
-        assert!(b.is_multiple_of(PANEL) && b * 16 * 256 * 4 <= BLOCK_BYTES);
+    fn block_rows_fill_panels_within_budget() {
+        // ResNet's 64-channel 56x56 layer: 28 tiles a row, 8 KiB a tile.
+        let rb = block_rows(28, 28, 64, 64);
+        assert!(rb * 28 * 16 * 128 * 4 <= BLOCK_BYTES);
+        assert_eq!(rb, 4);
+        // Rows too wide for the budget still make blocks of one row.
+        assert_eq!(block_rows(10, 500, 256, 256), 1);
+        // A small image in one block.
+        assert_eq!(block_rows(4, 4, 8, 8), 4);
     }
 }
