@@ -71,14 +71,18 @@ pub fn int(x: usize) -> Expr {
     Expr::Int(x as i64)
 }
 
-/// Linear index `sum(e * stride)`.
+/// Linear index `sum(e * stride)` (constant terms folded: `(int(1), 116)` is `116`).
 pub fn lin(terms: Vec<(Expr, usize)>) -> Expr {
     let mut acc: Option<Expr> = None;
     for (e, s) in terms {
-        if s == 0 {
+        if s == 0 || e == Expr::Int(0) {
             continue;
         }
-        let t = if s == 1 { e } else { mul(e, int(s)) };
+        let t = match e {
+            Expr::Int(a) => Expr::Int(a * s as i64),
+            e if s == 1 => e,
+            e => mul(e, int(s)),
+        };
         acc = Some(match acc {
             None => t,
             Some(a) => add(a, t),

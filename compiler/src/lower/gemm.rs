@@ -732,7 +732,7 @@ fn conv_padded(
 ) {
     let (hp, wp) = padded_plane(p2);
     let (oh, ow) = (p2.oh, p2.ow);
-    let (il, pl) = (p2.h * p2.w, hp * wp);
+    let pl = hp * wp;
     let taps = p2.kh * p2.kw;
     let kd = c * taps;
     let n = (oh - 1) * wp + ow;
@@ -763,30 +763,7 @@ fn conv_padded(
     let nv = k.var(Ty::I64);
     let v = |x: VarId| Expr::Var(x);
     let int = |x: usize| Expr::Int(x as i64);
-    // The padded planes: zero, then the input rows.
-    let zv = k.var(Ty::I64);
-    let mut body = vec![Stmt::For {
-        var: zv,
-        extent: xlen as u64,
-        body: vec![Stmt::Store {
-            buf: xp,
-            index: v(zv),
-            value: Expr::f(0.0, Ty::F32),
-        }],
-    }];
-    let (cv, yv, xv) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
-    let dst = Expr::add(
-        Expr::add(Expr::mul(v(cv), int(pl)), Expr::mul(v(yv), int(wp))),
-        Expr::add(v(xv), int(p2.ph as usize * wp + p2.pw as usize)),
-    );
-    let src = Expr::add(
-        Expr::add(Expr::mul(v(nv), int(c * il)), Expr::mul(v(cv), int(il))),
-        Expr::add(Expr::mul(v(yv), int(p2.w)), v(xv)),
-    );
-    body.extend(loops(
-        &[(cv, c), (yv, p2.h), (xv, p2.w)],
-        vec![store(xp, dst, Expr::load(x.buf, src))],
-    ));
+    let mut body = pad_planes(&mut k, (x.buf, nv, c), p2, (xp, xlen), (pl, wp));
     // The B panels: cb[(jp * kd + ci * taps + t) * PANEL + jj] = P[ci * pl + off(t) + jp * PANEL + jj],
     // one (channel, column) nest per tap and panel.
     let (ci, jj) = (k.var(Ty::I64), k.var(Ty::I64));
@@ -835,6 +812,43 @@ fn conv_padded(
         body,
     }];
     lw.push(k);
+}
+
+/// The input planes of image `img` of `x` (`c` planes of `p2.h x p2.w`) copied into `xp`
+/// (`len` elements, zeroed first) as planes of `pl` elements with rows of `wp`, each at
+/// row `p2.ph` and column `p2.pw` of its plane (the padding), for the convs that read
+/// padded planes instead of testing bounds.
+fn pad_planes(
+    k: &mut Kernel,
+    (x, img, c): (usize, VarId, usize),
+    p2: &Plane,
+    (xp, len): (usize, usize),
+    (pl, wp): (usize, usize),
+) -> Vec<Stmt> {
+    let il = p2.h * p2.w;
+    let zv = k.var(Ty::I64);
+    let mut body = loops(
+        &[(zv, len)],
+        vec![store(xp, Expr::Var(zv), Expr::f(0.0, Ty::F32))],
+    );
+    let (cv, yv, xv) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+    let dst = lin(vec![
+        (Expr::Var(cv), pl),
+        (Expr::Var(yv), wp),
+        (Expr::Var(xv), 1),
+        (Expr::Int(1), p2.ph as usize * wp + p2.pw as usize),
+    ]);
+    let src = lin(vec![
+        (Expr::Var(img), c * il),
+        (Expr::Var(cv), il),
+        (Expr::Var(yv), p2.w),
+        (Expr::Var(xv), 1),
+    ]);
+    body.extend(loops(
+        &[(cv, c), (yv, p2.h), (xv, p2.w)],
+        vec![store(xp, dst, Expr::load(x, src))],
+    ));
+    body
 }
 
 /// `e + col0 * cs`, folding zeros.

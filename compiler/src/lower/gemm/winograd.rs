@@ -30,7 +30,7 @@
 //! rows, applying the bias and the fused epilogue on the way.
 
 use super::{Plane, PANEL};
-use crate::kir::build::{add, int, lin, loops, store, sub};
+use crate::kir::build::{add, int, lin, loops, sub};
 use crate::kir::{BufKind, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId};
 use crate::ops::lowering::{Epilogue, LowerCtx, TensorRef};
 
@@ -188,8 +188,7 @@ pub(super) fn conv(
     let (oh, ow) = (p2.oh, p2.ow);
     let (th_n, tw_n) = (oh.div_ceil(2), ow.div_ceil(2));
     let (hp, wp) = (2 * th_n + 2, 2 * tw_n + 2);
-    let (il, pl) = (p2.h * p2.w, hp * wp);
-    let (ph, pw) = (p2.ph as usize, p2.pw as usize);
+    let pl = hp * wp;
     let rb = block_rows(th_n, tw_n, c, m);
     let ld = (rb * tw_n).div_ceil(16) * 16;
     // The loops take whole blocks of tile rows that all have two output rows; the rest,
@@ -210,34 +209,7 @@ pub(super) fn conv(
     let mut k = lw.kernel("");
     let nv = k.var(Ty::I64);
     let var = |k: &mut Kernel| k.var(Ty::I64);
-    // The padded planes: zero, then the input rows.
-    let zv = var(&mut k);
-    let mut body = vec![Stmt::For {
-        var: zv,
-        extent: (c * pl) as u64,
-        body: vec![Stmt::Store {
-            buf: xp,
-            index: Expr::Var(zv),
-            value: Expr::f(0.0, Ty::F32),
-        }],
-    }];
-    let (cv, yv, xv) = (var(&mut k), var(&mut k), var(&mut k));
-    let dst = lin(vec![
-        (Expr::Var(cv), pl),
-        (Expr::Var(yv), wp),
-        (Expr::Var(xv), 1),
-        (int(1), ph * wp + pw),
-    ]);
-    let src = lin(vec![
-        (Expr::Var(nv), c * il),
-        (Expr::Var(cv), il),
-        (Expr::Var(yv), p2.w),
-        (Expr::Var(xv), 1),
-    ]);
-    body.extend(loops(
-        &[(cv, c), (yv, p2.h), (xv, p2.w)],
-        vec![store(xp, dst, Expr::load(x.buf, src))],
-    ));
+    let mut body = super::pad_planes(&mut k, (x.buf, nv, c), p2, (xp, c * pl), (pl, wp));
     let geo = Geo {
         xp,
         vb,
