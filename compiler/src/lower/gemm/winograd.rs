@@ -267,6 +267,14 @@ impl Geo<'_> {
         let mbase = Expr::mul(slot, int(self.mslot));
         let mut st = vec![self.input_transform(k, th0.clone(), rows + last, vbase.clone())];
         for (kk, &u) in self.us.iter().enumerate() {
+            // The bias enters through matrix 5 (i = j = 1): row and column 1 of A^T are
+            // all ones, so each output of a tile receives it exactly once; the output
+            // transform then has no per-channel value, and its rows of channels run as
+            // one AVX-512 call.
+            let init = match self.bias {
+                Some(b) if kk == 5 => Some(MatView::strided(b.buf, Expr::Int(0), 1, 0)),
+                _ => None,
+            };
             st.push(Stmt::Gemm(Box::new(GemmCall {
                 m: self.m as u64,
                 n: n as u64,
@@ -285,7 +293,7 @@ impl Geo<'_> {
                     1,
                 ),
                 alpha: 1.0,
-                init: None,
+                init,
                 act: GemmAct::None,
             })));
         }
@@ -378,7 +386,8 @@ impl Geo<'_> {
             .expect("one nest")
     }
 
-    /// `out[img, co, 2 th + r, 2 tw + cc] = epilogue((A^T M A)[r][cc] + bias[co])` for
+    /// `out[img, co, 2 th + r, 2 tw + cc] = epilogue((A^T M A)[r][cc])` (the bias is in
+    /// `M`) for
     /// tile rows `th = th0 + rr` (`rr < nr`, block row `r0 + rr`), tile columns `tws`,
     /// output rows `r < out_rows` and columns `cc < cols`; `M` the slot at `mbase`.
     #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
@@ -429,10 +438,6 @@ impl Geo<'_> {
                 sub(sub(svv(r, 1), svv(r, 2)), svv(r, 3)),
             ];
             for (cc, y) in ys.into_iter().enumerate().take(cols) {
-                let y = match self.bias {
-                    Some(b) => add(y, Expr::load(b.buf, Expr::Var(co))),
-                    None => y,
-                };
                 let oy = lin(vec![(th0.clone(), 2), (Expr::Var(rr), 2), (int(1), r)]);
                 let ox = lin(vec![(Expr::Var(q), 2), (int(1), 2 * tws.start + cc)]);
                 let y = match self.ep {
