@@ -84,6 +84,15 @@ fn one_node(
                 inits.push(f32_tensor(bn, &dims(&bs), &rand(bs.iter().product(), 7)));
                 node("Add", &[&last, bn], &[&o])
             }
+            // A residual: a tensor of the output's shape (a ResNet block's skip).
+            "residual" => {
+                inits.push(f32_tensor(
+                    "res",
+                    &dims(out),
+                    &rand(out.iter().product(), 9),
+                ));
+                node("Add", &[&last, "res"], &[&o])
+            }
             // SiLU as exported before opset 24: Sigmoid, then Mul with its input.
             "Silu" => {
                 let s = format!("s{}", i + 1);
@@ -395,6 +404,20 @@ fn cases() -> Vec<Case> {
             vec![1, 40, 5, 5],
         ),
     ];
+    // Winograd with a ResNet block's epilogue: bias, a residual read at every other
+    // column, Relu.
+    v.push(one_node(
+        "wino3x3_residual",
+        "Conv",
+        &[
+            ("x", &[1, 48, 29, 31], false),
+            ("w", &[64, 48, 3, 3], true),
+            ("bias", &[64], true),
+        ],
+        &[1, 64, 29, 31],
+        vec![ints_attr("pads", &[1, 1, 1, 1])],
+        &["residual", "Relu"],
+    ));
     for (name, xs, ws, attrs, ys) in convs {
         for bias in [true, false] {
             let bs = [ws[0]];
@@ -485,7 +508,7 @@ fn split_cases() -> Vec<Case> {
         vec![ints_attr("pads", &[1, 1, 1, 0])],
         &["Relu"],
     ));
-    // Winograd: its 16 GEMMs per block split, its transforms parallel loops.
+    // Winograd: blocks in slots, each a parallel task.
     v.push(one_node(
         "split_wino3x3",
         "Conv",
