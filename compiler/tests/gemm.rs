@@ -269,7 +269,7 @@ fn cases() -> Vec<Case> {
     // 3x3 stride-1 convs through Winograd F(2x2, 3x3): odd output sizes (tiles that
     // lose a column or a row), uneven pads, and enough channels for a loop of blocks of
     // tile rows and a tail block ending in a tile row of one output row.
-    let convs: [ConvCase; 17] = [
+    let convs: [ConvCase; 18] = [
         (
             "wino3x3_odd",
             vec![2, 6, 17, 13],
@@ -388,10 +388,19 @@ fn cases() -> Vec<Case> {
         (
             // Weights past 1 MiB: the panel copy of X in larger blocks.
             "conv1x1_big_weights",
-            vec![1, 300, 15, 15],
+            vec![1, 300, 15, 17],
             vec![900, 300, 1, 1],
             vec![],
-            vec![1, 900, 15, 15],
+            vec![1, 900, 15, 17],
+        ),
+        (
+            // A 7x7 pointwise conv: channels in the lanes (49 pixels would fill 49 of
+            // 64), X transposed into row panels.
+            "conv1x1_channels_in_lanes",
+            vec![2, 160, 7, 7],
+            vec![96, 160, 1, 1],
+            vec![],
+            vec![2, 96, 7, 7],
         ),
         (
             "conv3x3_deep_stride2",
