@@ -548,14 +548,16 @@ fn channels_in_lanes(m: usize, ol: usize, kd: usize, one_by_one: bool) -> bool {
         && lane_use(m) > lane_use(ol) + 0.04
 }
 
+/// The `len` values of a tensor known at compile time, as f64 (`None` otherwise).
+fn const_values(w: &TensorRef, len: usize) -> Option<Vec<f64>> {
+    let vals: Vec<f64> = w.value.as_ref()?.to_f64()?.iter().copied().collect();
+    (vals.len() == len).then_some(vals)
+}
+
 /// The weights `[m][kd]` transposed to `[kd][m]` as a new constant buffer, when they
 /// are known at compile time.
 fn transposed_weights(lw: &mut LowerCtx, w: &TensorRef, m: usize, kd: usize) -> Option<usize> {
-    let vals = w.value.as_ref()?.to_f64()?;
-    let vals: Vec<f64> = vals.iter().copied().collect();
-    if vals.len() != m * kd {
-        return None;
-    }
+    let vals = const_values(w, m * kd)?;
     let mut data = Vec::with_capacity(4 * m * kd);
     for kk in 0..kd {
         for mm in 0..m {

@@ -203,12 +203,55 @@ pub(super) fn stride(e: &Expr, var: VarId, locals: &[VarId]) -> Option<i64> {
     }
 }
 
+/// `e` with the loop variable replaced by 0.
+pub(super) fn at_zero(e: &Expr, var: VarId) -> Expr {
+    match e {
+        Expr::Var(v) if *v == var => Expr::Int(0),
+        Expr::Bin(op, a, b) => Expr::bin(*op, at_zero(a, var), at_zero(b, var)),
+        Expr::Un(op, a) => Expr::un(*op, at_zero(a, var)),
+        Expr::Cast(t, a) => Expr::cast(*t, at_zero(a, var)),
+        e => e.clone(),
+    }
+}
+
+/// `e` as (the rest, an integer constant added to it).
+pub(super) fn split_const(e: &Expr) -> (Option<Expr>, i64) {
+    match e {
+        Expr::Int(c) => (None, *c),
+        Expr::Bin(BinOp::Add, a, b) => {
+            let (ea, ca) = split_const(a);
+            let (eb, cb) = split_const(b);
+            let rest = match (ea, eb) {
+                (None, x) | (x, None) => x,
+                (Some(a), Some(b)) => Some(Expr::add(a, b)),
+            };
+            (rest, ca.wrapping_add(cb))
+        }
+        Expr::Bin(BinOp::Sub, a, b) => {
+            let (ea, ca) = split_const(a);
+            let (eb, cb) = split_const(b);
+            let rest = match (ea, eb) {
+                (x, None) => x,
+                (a, Some(b)) => Some(Expr::bin(BinOp::Sub, a.unwrap_or(Expr::Int(0)), b)),
+            };
+            (rest, ca.wrapping_sub(cb))
+        }
+        Expr::Bin(BinOp::Mul, a, b) => match (&**a, &**b) {
+            (x, Expr::Int(k)) | (Expr::Int(k), x) => {
+                let (ex, cx) = split_const(x);
+                (ex.map(|x| Expr::mul(x, Expr::Int(*k))), cx.wrapping_mul(*k))
+            }
+            _ => (Some(e.clone()), 0),
+        },
+        e => (Some(e.clone()), 0),
+    }
+}
+
 /// Whether two stores of one buffer, at `a` and `b` with strides `sa` and `sb` in `var`
 /// (`0..extent`), never write the same element in any two iterations: equal strides
 /// `s` and indices a constant `d` apart, with `d` not a multiple of `s` (two column
 /// phases of a row) or at least `s * extent` (two rows).
 fn disjoint((a, sa): (&Expr, i64), (b, sb): (&Expr, i64), var: VarId, extent: u64) -> bool {
-    use super::wide::{at_zero, split_const};
     if sa != sb {
         return false;
     }

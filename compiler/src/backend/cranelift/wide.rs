@@ -10,7 +10,7 @@
 //! stream. Loop-invariant f32 subexpressions ("uniforms") are computed here and read by
 //! the loop as broadcast memory operands.
 
-use super::vectorize::{count_reads, stride, varies, Plan, RedKind};
+use super::vectorize::{at_zero, count_reads, split_const, stride, varies, Plan, RedKind};
 use super::Gen;
 use crate::backend::x86::wide::{self as x, Builder, Inst, V};
 use crate::kir::{BinOp, BufId, CmpOp, Expr, MathFn, Stmt, Ty, UnOp, VarId};
@@ -91,17 +91,6 @@ struct Tr {
     unis: Vec<Expr>,
 }
 
-/// `e` with the loop variable replaced by 0.
-pub(super) fn at_zero(e: &Expr, var: VarId) -> Expr {
-    match e {
-        Expr::Var(v) if *v == var => Expr::Int(0),
-        Expr::Bin(op, a, b) => Expr::bin(*op, at_zero(a, var), at_zero(b, var)),
-        Expr::Un(op, a) => Expr::un(*op, at_zero(a, var)),
-        Expr::Cast(t, a) => Expr::cast(*t, at_zero(a, var)),
-        e => e.clone(),
-    }
-}
-
 /// `e` with each variable defined in `defs` replaced by its definition.
 fn inline(e: &Expr, defs: &[(VarId, Expr)]) -> Expr {
     match e {
@@ -128,39 +117,6 @@ fn one_plus_exp(d: &Expr) -> bool {
     match d {
         Expr::Bin(BinOp::Add, a, b) => (one(a) && exp(b)) || (exp(a) && one(b)),
         _ => false,
-    }
-}
-
-/// `e` as (the rest, an integer constant added to it).
-pub(super) fn split_const(e: &Expr) -> (Option<Expr>, i64) {
-    match e {
-        Expr::Int(c) => (None, *c),
-        Expr::Bin(BinOp::Add, a, b) => {
-            let (ea, ca) = split_const(a);
-            let (eb, cb) = split_const(b);
-            let rest = match (ea, eb) {
-                (None, x) | (x, None) => x,
-                (Some(a), Some(b)) => Some(Expr::add(a, b)),
-            };
-            (rest, ca.wrapping_add(cb))
-        }
-        Expr::Bin(BinOp::Sub, a, b) => {
-            let (ea, ca) = split_const(a);
-            let (eb, cb) = split_const(b);
-            let rest = match (ea, eb) {
-                (x, None) => x,
-                (a, Some(b)) => Some(Expr::bin(BinOp::Sub, a.unwrap_or(Expr::Int(0)), b)),
-            };
-            (rest, ca.wrapping_sub(cb))
-        }
-        Expr::Bin(BinOp::Mul, a, b) => match (&**a, &**b) {
-            (x, Expr::Int(k)) | (Expr::Int(k), x) => {
-                let (ex, cx) = split_const(x);
-                (ex.map(|x| Expr::mul(x, Expr::Int(*k))), cx.wrapping_mul(*k))
-            }
-            _ => (Some(e.clone()), 0),
-        },
-        e => (Some(e.clone()), 0),
     }
 }
 

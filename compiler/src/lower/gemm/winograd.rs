@@ -82,11 +82,7 @@ pub(super) fn fits(p2: &Plane, c: usize, m: usize) -> bool {
 /// `U_k = G g G^T` for every (co, ci), as 16 constant `[m][c]` buffers (`k = 4 i + j`),
 /// computed in f64 and rounded once; `None` when the weights are not constant.
 fn weights(lw: &mut LowerCtx, w: &TensorRef, m: usize, c: usize) -> Option<Vec<usize>> {
-    let vals = w.value.as_ref()?.to_f64()?;
-    let vals: Vec<f64> = vals.iter().copied().collect();
-    if vals.len() != m * c * 9 {
-        return None;
-    }
+    let vals = super::const_values(w, m * c * 9)?;
     const G: [[f64; 3]; 4] = [
         [1.0, 0.0, 0.0],
         [0.5, 0.5, 0.5],
@@ -164,10 +160,9 @@ struct Geo<'a> {
     ow: usize,
     /// Tiles per row.
     tw: usize,
-    /// Row stride of the block matrices, and the elements of one slot of `vb` and `mb`.
+    /// Row stride of the block matrices (a slot of `vb` is `16 c ld` elements, of `mb`
+    /// `16 m ld`).
     ld: usize,
-    vslot: usize,
-    mslot: usize,
 }
 
 /// Lowers the conv (see the module doc); `false` when the weights are not constant.
@@ -203,9 +198,8 @@ pub(super) fn conv(
     // Per slot, the 16 transformed-input matrices side by side, and the 16 GEMM
     // outputs: each transform is then one stream (a register) with 16 displacements,
     // not 16 streams.
-    let (vslot, mslot) = (16 * c * ld, 16 * m * ld);
-    let vb = f32_buf(lw, format!("{}/wino_v", lw.name), slots * vslot);
-    let mb = f32_buf(lw, format!("{}/wino_m", lw.name), slots * mslot);
+    let vb = f32_buf(lw, format!("{}/wino_v", lw.name), slots * 16 * c * ld);
+    let mb = f32_buf(lw, format!("{}/wino_m", lw.name), slots * 16 * m * ld);
     let mut k = lw.kernel("");
     let nv = k.var(Ty::I64);
     let var = |k: &mut Kernel| k.var(Ty::I64);
@@ -227,8 +221,6 @@ pub(super) fn conv(
         ow,
         tw: tw_n,
         ld,
-        vslot,
-        mslot,
     };
     let groups = full / slots;
     if groups > 0 && slots > 1 {
@@ -263,8 +255,9 @@ impl Geo<'_> {
     /// `last` (0 or 1) with one), their input transform, 16 GEMMs and output transform.
     fn block(&self, k: &mut Kernel, th0: Expr, rows: usize, last: usize, slot: Expr) -> Vec<Stmt> {
         let n = (rows + last) * self.tw;
-        let vbase = Expr::mul(slot.clone(), int(self.vslot));
-        let mbase = Expr::mul(slot, int(self.mslot));
+        // Slot 0's base is 0, not mul(0, size), in IR dumps.
+        let vbase = lin(vec![(slot.clone(), 16 * self.c * self.ld)]);
+        let mbase = lin(vec![(slot, 16 * self.m * self.ld)]);
         let mut st = vec![self.input_transform(k, th0.clone(), rows + last, vbase.clone())];
         for (kk, &u) in self.us.iter().enumerate() {
             // The bias enters through matrix 5 (i = j = 1): row and column 1 of A^T are
@@ -282,13 +275,13 @@ impl Geo<'_> {
                 a: MatView::strided(u, Expr::Int(0), self.c as i64, 1),
                 b: MatView::strided(
                     self.vb,
-                    add(vbase.clone(), int(kk * self.c * self.ld)),
+                    lin(vec![(vbase.clone(), 1), (int(1), kk * self.c * self.ld)]),
                     self.ld as i64,
                     1,
                 ),
                 c: MatView::strided(
                     self.mb,
-                    add(mbase.clone(), int(kk * self.m * self.ld)),
+                    lin(vec![(mbase.clone(), 1), (int(1), kk * self.m * self.ld)]),
                     self.ld as i64,
                     1,
                 ),
