@@ -187,8 +187,14 @@ fn grouped_convs(w: usize) -> Vec<Case> {
         usize,
         Option<&'static str>,
     );
-    let geoms: [G; 8] = [
+    let geoms: [G; 12] = [
         ("dw3x3_pad", 4, 4, 3, (1, 1), 1, 1, Some("Relu")),
+        // 16 and 32 channels: channels in the vector lanes (`dw_lanes`), its transposes
+        // through 16x16 register tiles on AVX-512 (whole and partial row blocks).
+        ("dwl3x3_sig", 32, 32, 3, (1, 1), 1, 1, Some("Sigmoid")),
+        ("dwl3x3_res", 16, 16, 3, (1, 1), 1, 1, Some("AddX")),
+        ("dwl5x5_s2", 16, 16, 5, (2, 2), 2, 1, Some("Relu")),
+        ("dwl3x3_dil", 16, 16, 3, (2, 1), 1, 2, None),
         // A residual Add fused after the convolution (an epilogue that reads a tensor).
         ("dw3x3_res", 3, 3, 3, (1, 1), 1, 1, Some("AddX")),
         ("dw3x3_s2", 3, 3, 3, (2, 0), 2, 1, None),

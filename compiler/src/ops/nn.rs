@@ -978,6 +978,13 @@ mod lower {
                 return Ok(());
             }
         }
+        if mode == Mode::Float
+            && group > 1
+            && std::env::var_os("ONNXC_NO_DW_LANES").is_none()
+            && dw_lanes(lw, &x, &w, group, &win)?
+        {
+            return Ok(());
+        }
         if mode == Mode::Float && group > 1 && dw_flat(lw, &x, &w, group, &win)? {
             return Ok(());
         }
@@ -1183,6 +1190,211 @@ mod lower {
             st.push(store(out.buf, oidx, value));
             st
         }
+    }
+
+    /// Channels per block of `dw_lanes`: one AVX-512 vector of f32.
+    const DW_LANES: usize = 16;
+    /// Largest padded input plane `dw_lanes` transposes per block (bytes): beyond, the
+    /// block's scratch leaves L2, and 112x112 layers measured faster with pixels in
+    /// the lanes (`dw_flat`; 56x56 and below faster with channels).
+    const DW_LANES_MAX_PAD_BYTES: usize = 256 << 10;
+    /// Most output pixels `dw_lanes` computes per vector iteration (accumulators,
+    /// inputs and one kernel row's weights stay within the 32 vector registers).
+    const DW_LANES_PX: usize = 7;
+
+    /// 2-D depthwise f32 convolution with the channels in the vector lanes, for small
+    /// planes (EfficientNet's and MobileNetV2's 7x7 and 14x14 layers, whose rows fill
+    /// 7 or 14 of a vector's 16 lanes). Per block of [`DW_LANES`] channels: the input
+    /// planes are transposed into zero-padded scratch `pad[hp][wp][lane]` (a gather per
+    /// pixel), every output pixel is one vector of the block's channels (bias, a
+    /// multiply-add per tap with the weights prepacked at compile time as
+    /// `[block][tap][lane]`, the epilogue) stored into `t[pixel][lane]`, and `t` is
+    /// transposed into the output planes. Blocks run in slots like [`dw_flat`]'s
+    /// groups, so a block's scratch stays in L1 and the slots may run in parallel.
+    /// Returns false (nothing lowered) when it does not fit: not depthwise, channels not
+    /// a multiple of the block, wide rows, weights not constant, negative pads.
+    fn dw_lanes(
+        lw: &mut LowerCtx,
+        x: &TensorRef,
+        w: &TensorRef,
+        group: usize,
+        win: &super::Window,
+    ) -> OpResult<bool> {
+        let out = lw.outputs[0].clone();
+        let bias = lw.opt_input(2).cloned();
+        let lb = DW_LANES;
+        if win.k.len() != 2
+            || x.ty() != Ty::F32
+            || w.ty() != Ty::F32
+            || out.ty() != Ty::F32
+            || bias.as_ref().is_some_and(|b| b.ty() != Ty::F32)
+            || win.kernel_len() > DW_TAPS
+            || win.out.contains(&0)
+            || win.in_sp.contains(&0)
+            || win.pb.iter().any(|&p| p < 0)
+        {
+            return Ok(false);
+        }
+        let (n, c, m) = (x.shape[0], x.shape[1], out.shape[1]);
+        if c != group || m != c || c % lb != 0 {
+            return Ok(false);
+        }
+        let taps = win.kernel_len();
+        let Some(wvals) = w.value.as_ref().and_then(|t| t.to_f64()) else {
+            return Ok(false);
+        };
+        let wvals: Vec<f64> = wvals.iter().copied().collect();
+        if wvals.len() != c * taps {
+            return Ok(false);
+        }
+        let (kh_n, kw_n) = (win.k[0], win.k[1]);
+        let (oh_n, ow_n) = (win.out[0], win.out[1]);
+        let (ih, iw) = (win.in_sp[0], win.in_sp[1]);
+        let (sh, sw) = (win.s[0], win.s[1]);
+        let (dh, dw) = (win.d[0], win.d[1]);
+        let (ph, pw) = (win.pb[0] as usize, win.pb[1] as usize);
+        let hp = ((oh_n - 1) * sh + (kh_n - 1) * dh + 1).max(ih + ph);
+        let wp = ((ow_n - 1) * sw + (kw_n - 1) * dw + 1).max(iw + pw);
+        let (pad_len, t_len) = (hp * wp * lb, oh_n * ow_n * lb);
+        if 4 * pad_len > DW_LANES_MAX_PAD_BYTES {
+            return Ok(false);
+        }
+        // Weights [block][tap][lane].
+        let blocks = c / lb;
+        let mut data = Vec::with_capacity(4 * c * taps);
+        for b in 0..blocks {
+            for t in 0..taps {
+                for l in 0..lb {
+                    data.extend_from_slice(&(wvals[(b * lb + l) * taps + t] as f32).to_le_bytes());
+                }
+            }
+        }
+        let wpk = lw.program.add_buffer(
+            format!("{}/wlanes", lw.name),
+            crate::kir::BufKind::Const { data },
+            Ty::F32,
+            (c * taps) as u64,
+        );
+        let slot_len = pad_len + t_len;
+        let most = DW_FLAT_SLOTS.max(DW_FLAT_SLOT_BYTES / (4 * slot_len));
+        let slots = (1..=most.min(blocks))
+            .rev()
+            .find(|s| blocks.is_multiple_of(*s))
+            .unwrap_or(1);
+        let pad = lw.program.add_buffer(
+            format!("{}/pad", lw.name),
+            crate::kir::BufKind::Arena { offset: 0 },
+            Ty::F32,
+            (slots * pad_len) as u64,
+        );
+        let tb = lw.program.add_buffer(
+            format!("{}/t", lw.name),
+            crate::kir::BufKind::Arena { offset: 0 },
+            Ty::F32,
+            (slots * t_len) as u64,
+        );
+        let ep = lw.epilogue.take().filter(|e| !e.is_empty());
+        let mut k_ = lw.kernel("");
+        let kr = &mut k_;
+        let (nv, blk, slot, zv) = (
+            kr.var(Ty::I64),
+            kr.var(Ty::I64),
+            kr.var(Ty::I64),
+            kr.var(Ty::I64),
+        );
+        let (rv, qv, lv) = (kr.var(Ty::I64), kr.var(Ty::I64), kr.var(Ty::I64));
+        let (c0, sb, tsb) = (kr.var(Ty::I64), kr.var(Ty::I64), kr.var(Ty::I64));
+        let mut body = vec![
+            set(c0, lin(vec![(v(blk), slots * lb), (v(slot), lb)])),
+            set(sb, lin(vec![(v(slot), pad_len)])),
+            set(tsb, lin(vec![(v(slot), t_len)])),
+        ];
+        // The input planes of the block, transposed into the padded scratch.
+        let src = lin(vec![
+            (v(nv), c * ih * iw),
+            (v(c0), ih * iw),
+            (v(lv), ih * iw),
+            (v(rv), iw),
+            (v(qv), 1),
+        ]);
+        let dst = lin(vec![
+            (v(sb), 1),
+            (v(rv), wp * lb),
+            (v(qv), lb),
+            (int(((ph * wp + pw) * lb) as i64), 1),
+            (v(lv), 1),
+        ]);
+        body.extend(loops(
+            &[(rv, ih), (qv, iw), (lv, lb)],
+            vec![store(pad, dst, Expr::load(x.buf, src))],
+        ));
+        // Every output pixel: one vector of the block's channels, `px` pixels of a row
+        // at a time: each weight vector is loaded once for them and each input vector
+        // once per kernel row (fewer loads than multiply-adds), the accumulators
+        // updated tap by tap so that few values are live at once.
+        let px = (1..=DW_LANES_PX.min(ow_n))
+            .rev()
+            .find(|p| ow_n.is_multiple_of(*p))
+            .unwrap_or(1);
+        let gv = k_.var(Ty::I64);
+        let accs: Vec<VarId> = (0..px).map(|_| k_.var(Ty::F32)).collect();
+        let key = lin(vec![
+            (v(sb), 1),
+            (v(rv), sh * wp * lb),
+            (v(gv), px * sw * lb),
+            (v(lv), 1),
+        ]);
+        let wkey = lin(vec![
+            (v(blk), slots * taps * lb),
+            (v(slot), taps * lb),
+            (v(lv), 1),
+        ]);
+        let init = match &bias {
+            Some(b) => per_ch(b, add(v(c0), v(lv))),
+            None => lit(0.0, Ty::F32),
+        };
+        let mut inner: Vec<Stmt> = accs.iter().map(|&a| set(a, init.clone())).collect();
+        for kh in 0..kh_n {
+            for kw in 0..kw_n {
+                let t = kh * kw_n + kw;
+                let wt = Expr::load(wpk, add(wkey.clone(), int((t * lb) as i64)));
+                for (j, &a) in accs.iter().enumerate() {
+                    let off = (kh * dh * wp + j * sw + kw * dw) * lb;
+                    let xi = add(key.clone(), int(off as i64));
+                    inner.push(set(a, add(v(a), mul(Expr::load(pad, xi), wt.clone()))));
+                }
+            }
+        }
+        for (j, &a) in accs.iter().enumerate() {
+            let q = lin(vec![(v(gv), px), (int(j as i64), 1)]);
+            let coords = [v(nv), add(v(c0), v(lv)), v(rv), q.clone()];
+            let value = match &ep {
+                Some(e) => e.apply_at(v(a), Ty::F32, &coords, &out.shape),
+                None => v(a),
+            };
+            let ti = lin(vec![(v(tsb), 1), (v(rv), ow_n * lb), (q, lb), (v(lv), 1)]);
+            inner.push(store(tb, ti, value));
+        }
+        body.extend(loops(&[(rv, oh_n), (gv, ow_n / px), (lv, lb)], inner));
+        // The block's output planes from `t`.
+        let ol = oh_n * ow_n;
+        let oi = lin(vec![(v(nv), c * ol), (v(c0), ol), (v(lv), ol), (v(qv), 1)]);
+        let ts = lin(vec![(v(tsb), 1), (v(qv), lb), (v(lv), 1)]);
+        body.extend(loops(
+            &[(lv, lb), (qv, ol)],
+            vec![store(out.buf, oi, Expr::load(tb, ts))],
+        ));
+        k_.body = vec![for_(
+            zv,
+            slots * pad_len,
+            vec![store(pad, v(zv), lit(0.0, Ty::F32))],
+        )];
+        k_.body.extend(loops(
+            &[(nv, n), (blk, blocks / slots), (slot, slots)],
+            body,
+        ));
+        lw.push(k_);
+        Ok(true)
     }
 
     /// Most phase planes (`sh * sw`) `dw_flat` splits an input plane into.
