@@ -777,7 +777,7 @@ impl Gen<'_> {
     }
 
     /// The activation on the accumulators (constants in registers the k-loop is done with:
-    /// zmm26..28 or ymm12..14).
+    /// zmm24..29 or ymm12..14).
     fn act(&mut self, rows: usize, nv: usize) -> R<()> {
         let (c0, c1) = match self.s.isa {
             Isa::Avx512 => (2 * self.s.isa.mr(), 2 * self.s.isa.mr() + 1),
@@ -836,40 +836,61 @@ impl Gen<'_> {
         Ok(())
     }
 
-    /// `x / (1 + exp(-x))` on each accumulator, zmm26..28 as temporaries.
+    /// `x / (1 + exp(-x))` on each accumulator, two at a time, each pair's instructions
+    /// interleaved (zmm24..26 and zmm27..29 as temporaries): one accumulator's chain is
+    /// about 22 dependent instructions, and the out-of-order window holds few of them.
     fn silu512(&mut self, regs: &[usize]) -> R<()> {
         let t = 2 * self.s.isa.mr();
-        let (t1, t2, t3) = (ZMM[t], ZMM[t + 1], ZMM[t + 2]);
         self.a.lea(rax, ptr(self.consts)).map_err(e)?;
         let c = |i: usize| zmmword_ptr(rax + (64 * i) as i32);
-        for &r in regs {
-            let x = ZMM[r];
+        for pair in regs.chunks(2) {
+            // (x, t1, t2, t3) per accumulator of the pair.
+            let quads: Vec<_> = pair
+                .iter()
+                .enumerate()
+                .map(|(j, &r)| {
+                    (
+                        ZMM[r],
+                        ZMM[t + 3 * j],
+                        ZMM[t + 3 * j + 1],
+                        ZMM[t + 3 * j + 2],
+                    )
+                })
+                .collect();
             let a = &mut self.a;
-            a.vmulps(t1, x, c(0)).map_err(e)?;
-            a.vminps(t1, t1, c(1)).map_err(e)?;
-            a.vmaxps(t1, t1, c(2)).map_err(e)?;
-            a.vmulps(t2, t1, c(3)).map_err(e)?;
-            a.vrndscaleps(t2, t2, 0).map_err(e)?;
-            a.vfnmadd231ps(t1, t2, c(4)).map_err(e)?;
-            a.vfnmadd231ps(t1, t2, c(5)).map_err(e)?;
-            a.vmovups(t3, c(6)).map_err(e)?;
+            macro_rules! each {
+                (|$x:ident, $t1:ident, $t2:ident, $t3:ident| $body:expr) => {
+                    for &($x, $t1, $t2, $t3) in &quads {
+                        let _ = ($x, $t1, $t2, $t3);
+                        $body.map_err(e)?;
+                    }
+                };
+            }
+            each!(|x, t1, t2, t3| a.vmulps(t1, x, c(0)));
+            each!(|x, t1, t2, t3| a.vminps(t1, t1, c(1)));
+            each!(|x, t1, t2, t3| a.vmaxps(t1, t1, c(2)));
+            each!(|x, t1, t2, t3| a.vmulps(t2, t1, c(3)));
+            each!(|x, t1, t2, t3| a.vrndscaleps(t2, t2, 0));
+            each!(|x, t1, t2, t3| a.vfnmadd231ps(t1, t2, c(4)));
+            each!(|x, t1, t2, t3| a.vfnmadd231ps(t1, t2, c(5)));
+            each!(|x, t1, t2, t3| a.vmovups(t3, c(6)));
             for i in 7..12 {
-                a.vfmadd213ps(t3, t1, c(i)).map_err(e)?;
+                each!(|x, t1, t2, t3| a.vfmadd213ps(t3, t1, c(i)));
             }
             // e^r = 1 + r + r^2 P(r), then times 2^n.
-            a.vmulps(t3, t3, t1).map_err(e)?;
-            a.vfmadd213ps(t3, t1, t1).map_err(e)?;
-            a.vaddps(t3, t3, c(12)).map_err(e)?;
-            a.vscalefps(t3, t3, t2).map_err(e)?;
-            a.vaddps(t3, t3, c(12)).map_err(e)?;
+            each!(|x, t1, t2, t3| a.vmulps(t3, t3, t1));
+            each!(|x, t1, t2, t3| a.vfmadd213ps(t3, t1, t1));
+            each!(|x, t1, t2, t3| a.vaddps(t3, t3, c(12)));
+            each!(|x, t1, t2, t3| a.vscalefps(t3, t3, t2));
+            each!(|x, t1, t2, t3| a.vaddps(t3, t3, c(12)));
             // x / d for d = 1 + e^-x in [1, inf]: d clamped to 2^126, the 14-bit
             // reciprocal and one Newton step (a division costs several cycles per
             // vector); a NaN x stays NaN through the product.
-            a.vminps(t3, t3, c(SILU_BIG)).map_err(e)?;
-            a.vrcp14ps(t1, t3).map_err(e)?;
-            a.vfnmadd213ps(t3, t1, c(12)).map_err(e)?;
-            a.vfmadd132ps(t3, t1, t1).map_err(e)?;
-            a.vmulps(x, x, t3).map_err(e)?;
+            each!(|x, t1, t2, t3| a.vminps(t3, t3, c(SILU_BIG)));
+            each!(|x, t1, t2, t3| a.vrcp14ps(t1, t3));
+            each!(|x, t1, t2, t3| a.vfnmadd213ps(t3, t1, c(12)));
+            each!(|x, t1, t2, t3| a.vfmadd132ps(t3, t1, t1));
+            each!(|x, t1, t2, t3| a.vmulps(x, x, t3));
         }
         Ok(())
     }
