@@ -605,3 +605,74 @@ fn parallel_tasks_run_avx512_loops() {
         "both copies of the task body (even share, last share) should call AVX-512 loops:\n{syms}"
     );
 }
+
+/// NaN in max pools: a window with some NaN taps gives the largest number, one whose
+/// taps are all NaN gives NaN (AVX-512's `vrangeps` path and the compare-and-select
+/// code agree with the reference on where the NaNs are and on every other value).
+#[test]
+fn max_pools_skip_nan_like_the_reference() {
+    let scratch = tempfile::tempdir().unwrap();
+    let targets = ["host", "x86_64-sse4", "x86_64-avx512"];
+    for (ci, case) in pools(17)
+        .into_iter()
+        .chain(global_pools(68))
+        .filter(|c| c.name.starts_with("max") || c.name.starts_with("GlobalMax"))
+        .enumerate()
+    {
+        let mut inputs = inputs_of(&case, ci);
+        // NaN at every 5th element, and the whole first plane's first 3x3 corner
+        // (every window there, where 3x3 windows cover it, is all NaN).
+        let shape = inputs[0].shape().to_vec();
+        let w = shape[shape.len() - 1];
+        let mut vals: Vec<f32> = inputs[0]
+            .to_f64()
+            .unwrap()
+            .iter()
+            .map(|&x| x as f32)
+            .collect();
+        for (i, x) in vals.iter_mut().enumerate() {
+            if i % 5 == 0 || (i / w < 3 && i % w < 3) {
+                *x = f32::NAN;
+            }
+        }
+        inputs[0] = Tensor::from_vec(&shape, vals);
+        let m = onnx::load(&common::write_model(
+            scratch.path(),
+            &format!("{}.onnx", case.name),
+            &case.model,
+        ))
+        .unwrap();
+        let want = eval::run(
+            &m.graph,
+            inputs.iter().cloned().map(Value::Tensor).collect(),
+        )
+        .unwrap()[0]
+            .clone()
+            .into_tensor()
+            .unwrap()
+            .to_f64()
+            .unwrap();
+        if !case.name.starts_with("Global") {
+            assert!(
+                want.iter().any(|x| x.is_nan()),
+                "{}: no all-NaN window",
+                case.name
+            );
+        }
+        for target in &targets {
+            let Some(env) = env_for(target, scratch.path()) else {
+                continue;
+            };
+            let dir = scratch.path().join(format!("nan{ci}_{target}"));
+            let (_, got) = compile_run(&env, target, &case, &inputs, &dir, false);
+            let got = got.to_f64().unwrap();
+            for (g, w) in got.iter().zip(want.iter()) {
+                assert!(
+                    g.is_nan() == w.is_nan() && (w.is_nan() || (g - w).abs() <= 1e-6),
+                    "{} on {target}: got {g}, want {w}",
+                    case.name
+                );
+            }
+        }
+    }
+}

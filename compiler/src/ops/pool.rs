@@ -459,19 +459,36 @@ mod lower {
     /// Kernel-shape window geometry for a pool over X.
     /// The largest of `taps` (a NaN tap wins, as in the reference), folded on two
     /// fresh locals private to the loop `st` goes in; NaN when there are no taps.
+    /// The largest of `taps` (NaN only when every tap is NaN), combined pairwise as a
+    /// tree: a chain of compare-and-selects waits on every step's latency (SqueezeNet's
+    /// 3x3 pools: 8 steps per vector), a tree on four.
     fn max_of(k: &mut Kernel, st: &mut Vec<Stmt>, taps: Vec<Expr>) -> Expr {
-        let mut it = taps.into_iter();
-        let Some(first) = it.next() else {
+        if taps.is_empty() {
             return lit(f64::NAN, Ty::F32);
-        };
-        let (t, xl) = (k.var(Ty::F32), k.var(Ty::F32));
-        st.push(set(t, first));
-        for tap in it {
-            st.push(set(xl, tap));
-            let better = or(cmp(CmpOp::Gt, v(xl), v(t)), cmp(CmpOp::Ne, v(t), v(t)));
-            st.push(set(t, Expr::select(better, v(xl), v(t))));
         }
-        v(t)
+        let mut level: Vec<VarId> = taps
+            .into_iter()
+            .map(|tap| {
+                let t = k.var(Ty::F32);
+                st.push(set(t, tap));
+                t
+            })
+            .collect();
+        while level.len() > 1 {
+            let mut next = Vec::with_capacity(level.len().div_ceil(2));
+            for pair in level.chunks(2) {
+                let &[a, b] = pair else {
+                    next.push(pair[0]);
+                    continue;
+                };
+                let t = k.var(Ty::F32);
+                let better = or(cmp(CmpOp::Gt, v(b), v(a)), cmp(CmpOp::Ne, v(a), v(a)));
+                st.push(set(t, Expr::select(better, v(b), v(a))));
+                next.push(t);
+            }
+            level = next;
+        }
+        v(level[0])
     }
 
     fn setup(lw: &LowerCtx) -> OpResult<(TensorRef, Window)> {

@@ -31,6 +31,8 @@ const MIN_ROW: u64 = 4;
 pub struct WideFuncs {
     enabled: bool,
     exact: bool,
+    /// AVX-512DQ (`vrangeps` for NaN-skipping max/min).
+    dq: bool,
     prefix: String,
     funcs: HashMap<Vec<u8>, FuncId>,
 }
@@ -45,6 +47,7 @@ impl WideFuncs {
         WideFuncs {
             enabled,
             exact,
+            dq: features.iter().any(|f| f == "avx512dq"),
             prefix: prefix.to_string(),
             funcs: HashMap::new(),
         }
@@ -83,6 +86,8 @@ struct Tr {
     b: Builder,
     /// Only kernel IR's own operations (see `driver::Options::exact_math`).
     exact: bool,
+    /// `vrangeps` available.
+    dq: bool,
     var: VarId,
     locals: Vec<VarId>,
     vals: HashMap<VarId, V>,
@@ -118,6 +123,24 @@ fn one_plus_exp(d: &Expr) -> bool {
         Expr::Bin(BinOp::Add, a, b) => (one(a) && exp(b)) || (exp(a) && one(b)),
         _ => false,
     }
+}
+
+/// Whether `c ? a : b` is `a > b || b != b ? a : b` (`Some(true)`: the larger, NaN
+/// skipped, ties to `b`) or the same with `<` (`Some(false)`): maxNum / minNum up to
+/// which zero a tie of +0 and -0 gives (pools' NaN-skipping max).
+fn nan_skip(c: &Expr, a: &Expr, b: &Expr) -> Option<bool> {
+    let Expr::Bin(BinOp::Or, p, q) = c else {
+        return None;
+    };
+    let pick = |cmp: &Expr, nan: &Expr| -> Option<bool> {
+        let max = match cmp {
+            Expr::Cmp(CmpOp::Gt, x, y) if **x == *a && **y == *b => true,
+            Expr::Cmp(CmpOp::Lt, x, y) if **x == *a && **y == *b => false,
+            _ => return None,
+        };
+        matches!(nan, Expr::Cmp(CmpOp::Ne, x, y) if **x == *b && **y == *b).then_some(max)
+    };
+    pick(p, q).or_else(|| pick(q, p))
 }
 
 impl Tr {
@@ -455,6 +478,7 @@ impl Gen<'_, '_> {
         let mut t = Tr {
             b: Builder::new(extent),
             exact: self.wide.exact,
+            dq: self.wide.dq,
             var,
             locals: plan.locals.clone(),
             vals: HashMap::new(),
@@ -677,6 +701,18 @@ impl Gen<'_, '_> {
                 } else {
                     Inst::MOr(va, vb)
                 })
+            }
+            Expr::Select(c, a, b)
+                if ty == Ty::F32 && !t.exact && t.dq && nan_skip(c, a, b).is_some() =>
+            {
+                let max = nan_skip(c, a, b)?;
+                let va = self.wexpr(t, a)?;
+                let vb = self.wexpr(t, b)?;
+                if t.is_mask(va) || t.is_mask(vb) {
+                    return None;
+                }
+                let op = if max { x::Bin::MaxNum } else { x::Bin::MinNum };
+                t.b.bin(op, va, vb)
             }
             Expr::Select(c, a, b) if ty == Ty::F32 => {
                 let vc = self.wexpr(t, c)?;

@@ -56,6 +56,10 @@ pub enum Bin {
     /// `MaxX(lo, MinX(hi, x))` keeps a NaN `x`).
     MinX,
     MaxX,
+    /// IEEE maxNum / minNum (`vrangeps`, AVX-512DQ): the number when one operand is
+    /// NaN, NaN only when both are; +0 above -0.
+    MaxNum,
+    MinNum,
 }
 
 /// A fused multiply-add's sign pattern: `a b + c`, `c - a b`, `a b - c` (one rounding).
@@ -1073,7 +1077,10 @@ impl Gen<'_> {
             }
             Inst::Bin(op, _, _) => {
                 let (mut x, mut y) = (l(0), l(1));
-                let symmetric = matches!(op, Bin::Add | Bin::Mul | Bin::Min | Bin::Max);
+                let symmetric = matches!(
+                    op,
+                    Bin::Add | Bin::Mul | Bin::Min | Bin::Max | Bin::MaxNum | Bin::MinNum
+                );
                 if symmetric && is_mem(x) {
                     std::mem::swap(&mut x, &mut y);
                 }
@@ -1103,6 +1110,18 @@ impl Gen<'_> {
                     Bin::Mul => op3!(vmulps),
                     Bin::MinX => op3!(vminps),
                     Bin::MaxX => op3!(vmaxps),
+                    // imm8[1:0]: 1 max, 0 min; imm8[3:2] = 01: the sign of the
+                    // compared result.
+                    Bin::MaxNum | Bin::MinNum => {
+                        let imm = if op == Bin::MaxNum { 5 } else { 4 };
+                        match y {
+                            Loc::Z(yr) => self.a.vrangeps(d, xr, ZMM[yr], imm),
+                            m => {
+                                let b = self.bcst(m);
+                                self.a.vrangeps(d, xr, b, imm)
+                            }
+                        }
+                    }
                     _ => op3!(vdivps),
                 }
                 .map_err(e)?;
