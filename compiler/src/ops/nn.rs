@@ -1192,6 +1192,28 @@ mod lower {
         }
     }
 
+    /// What every depthwise lowering needs: a 2-D f32 conv (bias too) with one input
+    /// channel per group, a window of at most [`DW_TAPS`] taps, no empty dim.
+    fn dw_fits(
+        x: &TensorRef,
+        w: &TensorRef,
+        out: &TensorRef,
+        bias: Option<&TensorRef>,
+        group: usize,
+        win: &super::Window,
+    ) -> bool {
+        win.k.len() == 2
+            && x.ty() == Ty::F32
+            && w.ty() == Ty::F32
+            && out.ty() == Ty::F32
+            && bias.is_none_or(|b| b.ty() == Ty::F32)
+            && win.kernel_len() <= DW_TAPS
+            && !win.out.contains(&0)
+            && !win.in_sp.contains(&0)
+            && x.shape[1] == group
+            && out.shape[1].is_multiple_of(group)
+    }
+
     /// Channels per block of `dw_lanes`: one AVX-512 vector of f32.
     const DW_LANES: usize = 16;
     /// Largest padded input plane `dw_lanes` transposes per block (bytes): beyond, the
@@ -1202,17 +1224,18 @@ mod lower {
     /// inputs and one kernel row's weights stay within the 32 vector registers).
     const DW_LANES_PX: usize = 7;
 
-    /// 2-D depthwise f32 convolution with the channels in the vector lanes, for small
-    /// planes (EfficientNet's and MobileNetV2's 7x7 and 14x14 layers, whose rows fill
-    /// 7 or 14 of a vector's 16 lanes). Per block of [`DW_LANES`] channels: the input
-    /// planes are transposed into zero-padded scratch `pad[hp][wp][lane]` (a gather per
-    /// pixel), every output pixel is one vector of the block's channels (bias, a
-    /// multiply-add per tap with the weights prepacked at compile time as
-    /// `[block][tap][lane]`, the epilogue) stored into `t[pixel][lane]`, and `t` is
-    /// transposed into the output planes. Blocks run in slots like [`dw_flat`]'s
-    /// groups, so a block's scratch stays in L1 and the slots may run in parallel.
-    /// Returns false (nothing lowered) when it does not fit: not depthwise, channels not
-    /// a multiple of the block, wide rows, weights not constant, negative pads.
+    /// 2-D depthwise f32 convolution with the channels in the vector lanes, for planes up
+    /// to 56x56 (a 7x7 row fills 7 of a vector's 16 lanes, a 14x14 row 14). Per block
+    /// of [`DW_LANES`] channels: the input planes are transposed into zero-padded
+    /// scratch `pad[hp][wp][lane]` (16x16 register transposes on AVX-512), each output
+    /// pixel is one vector of the block's channels (bias, a multiply-add per tap with the
+    /// weights prepacked at compile time as `[block][tap][lane]`, the epilogue), up to
+    /// [`DW_LANES_PX`] pixels of a row per iteration, stored into `t[pixel][lane]`, and
+    /// `t` is transposed into the output planes. Blocks run in slots like
+    /// [`dw_flat`]'s groups, so the slots may run in parallel. Returns false (nothing
+    /// lowered) when it does not fit: not depthwise, channels not a multiple of the
+    /// block, a padded plane over [`DW_LANES_MAX_PAD_BYTES`], weights not constant,
+    /// negative pads.
     fn dw_lanes(
         lw: &mut LowerCtx,
         x: &TensorRef,
@@ -1223,20 +1246,11 @@ mod lower {
         let out = lw.outputs[0].clone();
         let bias = lw.opt_input(2).cloned();
         let lb = DW_LANES;
-        if win.k.len() != 2
-            || x.ty() != Ty::F32
-            || w.ty() != Ty::F32
-            || out.ty() != Ty::F32
-            || bias.as_ref().is_some_and(|b| b.ty() != Ty::F32)
-            || win.kernel_len() > DW_TAPS
-            || win.out.contains(&0)
-            || win.in_sp.contains(&0)
-            || win.pb.iter().any(|&p| p < 0)
-        {
+        if !dw_fits(x, w, &out, bias.as_ref(), group, win) || win.pb.iter().any(|&p| p < 0) {
             return Ok(false);
         }
         let (n, c, m) = (x.shape[0], x.shape[1], out.shape[1]);
-        if c != group || m != c || c % lb != 0 {
+        if m != c || !c.is_multiple_of(lb) {
             return Ok(false);
         }
         let taps = win.kernel_len();
@@ -1428,22 +1442,12 @@ mod lower {
     ) -> OpResult<bool> {
         let out = lw.outputs[0].clone();
         let bias = lw.opt_input(2).cloned();
-        if win.k.len() != 2
-            || x.ty() != Ty::F32
-            || w.ty() != Ty::F32
-            || out.ty() != Ty::F32
-            || bias.as_ref().is_some_and(|b| b.ty() != Ty::F32)
-            || win.kernel_len() > DW_TAPS
+        if !dw_fits(x, w, &out, bias.as_ref(), group, win)
             || (win.s[0] * win.s[1]) as i64 > DW_FLAT_PHASES
-            || win.out.contains(&0)
-            || win.in_sp.contains(&0)
         {
             return Ok(false);
         }
-        let (n, c, m) = (x.shape[0], x.shape[1], out.shape[1]);
-        if c != group || m % group != 0 {
-            return Ok(false);
-        }
+        let (n, m) = (x.shape[0], out.shape[1]);
         let mg = m / group;
         let (kh_n, kw_n) = (win.k[0] as i64, win.k[1] as i64);
         let (oh_n, ow_n) = (win.out[0] as i64, win.out[1] as i64);
@@ -1608,22 +1612,10 @@ mod lower {
     ) -> OpResult<bool> {
         let out = lw.outputs[0].clone();
         let bias = lw.opt_input(2).cloned();
-        if win.k.len() != 2
-            || x.ty() != Ty::F32
-            || w.ty() != Ty::F32
-            || out.ty() != Ty::F32
-            || bias.as_ref().is_some_and(|b| b.ty() != Ty::F32)
-            || win.kernel_len() > DW_TAPS
-            || win.s[1] > DW_MAX_STRIDE
-            || win.out.contains(&0)
-            || win.in_sp.contains(&0)
-        {
+        if !dw_fits(x, w, &out, bias.as_ref(), group, win) || win.s[1] > DW_MAX_STRIDE {
             return Ok(false);
         }
         let (n, c, m) = (x.shape[0], x.shape[1], out.shape[1]);
-        if c != group || m % group != 0 {
-            return Ok(false);
-        }
         let mg = m / group;
         let (kh_n, kw_n) = (win.k[0], win.k[1]);
         let (oh_n, ow_n) = (win.out[0] as i64, win.out[1] as i64);
