@@ -517,6 +517,20 @@ fn split_cases() -> Vec<Case> {
         vec![ints_attr("pads", &[1, 1, 1, 0])],
         &["Relu"],
     ));
+    // Zero-padded planes (conv_padded) cut into runs of panels, each a parallel task
+    // (7 panels: runs of one).
+    v.push(one_node(
+        "split_conv3x3_small_plane",
+        "Conv",
+        &[
+            ("x", &[1, 16, 14, 14], false),
+            ("w", &[32, 16, 3, 3], true),
+            ("bias", &[32], true),
+        ],
+        &[1, 32, 14, 14],
+        vec![ints_attr("pads", &[1, 1, 1, 1])],
+        &["Relu"],
+    ));
     // Winograd: blocks in slots, each a parallel task.
     v.push(one_node(
         "split_wino3x3",
@@ -650,7 +664,13 @@ fn check_tasks(target: &str, cases: Vec<Case>, threads: &[usize], task: &[u8]) {
 /// The split microkernel calls on a pool of 2 and 3 threads, where the microkernel
 /// exists (the task functions must be in the object, or the hook was never used).
 fn check_split(target: &str) {
-    check(target, split_cases(), &[1, 2, 3]);
+    // The padded-planes conv splits by its own loop (its tasks are the kernel's, not a
+    // GEMM's).
+    let (padded, gemms): (Vec<Case>, Vec<Case>) = split_cases()
+        .into_iter()
+        .partition(|c| c.name == "split_conv3x3_small_plane");
+    check(target, gemms, &[1, 2, 3]);
+    check_tasks(target, padded, &[1, 2, 3], b"_task0");
 }
 
 #[test]
@@ -664,16 +684,16 @@ fn gemm_split_threads_x86_64_avx2() {
 }
 
 /// A convolution whose blocks of output rows run in slots, one parallel task each, with
-/// a GEMM inside every task (Cranelift's f32x4 tiles on aarch64), on 1-3 threads under
-/// qemu, and a Winograd conv (strided stores, GEMMs and transforms in tasks): every run
+/// a GEMM inside every task (Cranelift's f32x4 tiles on aarch64), one through padded
+/// planes in runs of panels, on 1-3 threads under qemu, and a Winograd conv (strided stores, GEMMs and transforms in tasks): every run
 /// against the reference, threaded runs bit for bit against the serial.
 #[test]
 fn gemm_conv_blocks_threads_aarch64_neon_qemu() {
     let conv: Vec<Case> = split_cases()
         .into_iter()
-        .filter(|c| c.name == "split_conv3x2" || c.name == "split_wino3x3")
+        .filter(|c| c.name.starts_with("split_conv3x") || c.name == "split_wino3x3")
         .collect();
-    assert_eq!(conv.len(), 2);
+    assert_eq!(conv.len(), 3);
     check_tasks("aarch64-neon", conv, &[1, 2, 3], b"_task0");
 }
 

@@ -746,7 +746,16 @@ fn conv_padded(
     let taps = p2.kh * p2.kw;
     let kd = c * taps;
     let n = (oh - 1) * wp + ow;
+    // The panels in `parts` runs of `ppart`, each packed and multiplied by one task:
+    // the largest run that divides them at most half of them (no partial run, no
+    // panel computed twice), or one run for small convs.
     let npan = n.div_ceil(PANEL);
+    let ppart = if m * n * kd >= PADDED_SPLIT_MACS && npan > 1 {
+        (1..=npan / 2).rev().find(|p| npan % p == 0).unwrap_or(1)
+    } else {
+        npan
+    };
+    let parts = npan / ppart;
     let tap_off = |t: usize| (t / p2.kw) * p2.dh * wp + (t % p2.kw) * p2.dw;
     // The planes, and after them what the last panel reads past the last one.
     let xlen = (c - 1) * pl + tap_off(taps - 1) + npan * PANEL;
@@ -763,47 +772,60 @@ fn conv_padded(
         Ty::F32,
         (kd * npan * PANEL) as u64,
     );
+    // Rows of `npan * PANEL` columns: every part's columns, the ones past `n` too.
+    let ld = npan * PANEL;
     let rows = lw.program.add_buffer(
         format!("{}/rows", lw.name),
         BufKind::Arena { offset: 0 },
         Ty::F32,
-        (m * n) as u64,
+        (m * ld) as u64,
     );
     let mut k = lw.kernel("");
     let nv = k.var(Ty::I64);
     let v = |x: VarId| Expr::Var(x);
     let int = |x: usize| Expr::Int(x as i64);
     let mut body = pad_planes(&mut k, (x.buf, nv, c), p2, (xp, xlen), (pl, wp));
-    // The B panels: cb[(jp * kd + ci * taps + t) * PANEL + jj] = P[ci * pl + off(t) + jp * PANEL + jj],
-    // one (channel, column) nest per tap and panel.
-    let (ci, jj) = (k.var(Ty::I64), k.var(Ty::I64));
+    // Per part `h`, the B panels jp = h * ppart + jl:
+    // cb[(jp * kd + ci * taps + t) * PANEL + jj] = P[ci * pl + off(t) + jp * PANEL + jj],
+    // one (channel, column) nest per tap and panel; then the part's GEMM.
+    let (hv, ci, jj) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+    let mut part = Vec::new();
     for t in 0..taps {
-        for jp in 0..npan {
-            let dst = Expr::add(
-                Expr::mul(v(ci), int(taps * PANEL)),
-                Expr::add(v(jj), int((jp * kd + t) * PANEL)),
-            );
-            let src = Expr::add(
-                Expr::mul(v(ci), int(pl)),
-                Expr::add(v(jj), int(tap_off(t) + jp * PANEL)),
-            );
-            body.extend(loops(
+        for jl in 0..ppart {
+            let dst = lin(vec![
+                (v(hv), ppart * kd * PANEL),
+                (v(ci), taps * PANEL),
+                (v(jj), 1),
+                (int((jl * kd + t) * PANEL), 1),
+            ]);
+            let src = lin(vec![
+                (v(hv), ppart * PANEL),
+                (v(ci), pl),
+                (v(jj), 1),
+                (int(tap_off(t) + jl * PANEL), 1),
+            ]);
+            part.extend(loops(
                 &[(ci, c), (jj, PANEL)],
                 vec![store(cb, dst, Expr::load(xp, src))],
             ));
         }
     }
-    body.push(Stmt::Gemm(Box::new(GemmCall {
+    let cols = if parts == 1 { n } else { ppart * PANEL };
+    part.push(Stmt::Gemm(Box::new(GemmCall {
         m: m as u64,
-        n: n as u64,
+        n: cols as u64,
         k: kd as u64,
         a: MatView::strided(wb, Expr::Int(0), kd as i64, 1),
-        b: MatView::packed(cb, PANEL, kd, false),
-        c: MatView::strided(rows, Expr::Int(0), n as i64, 1),
+        b: MatView {
+            offset: lin(vec![(v(hv), ppart * kd * PANEL)]),
+            ..MatView::packed(cb, PANEL, kd, false)
+        },
+        c: MatView::strided(rows, lin(vec![(v(hv), ppart * PANEL)]), ld as i64, 1),
         alpha: 1.0,
         init: bias.map(|b| MatView::strided(b.buf, Expr::Int(0), 1, 0)),
         act: GemmAct::None,
     })));
+    body.extend(loops(&[(hv, parts)], part));
     // Out: the pixels of each padded row, through the epilogue.
     body.push(copy_out(
         &mut k,
@@ -813,7 +835,7 @@ fn conv_padded(
         (oh, ow),
         |mv, rv, qv| {
             let pix = Expr::add(Expr::mul(rv, int(wp)), qv);
-            Expr::load(rows, Expr::add(Expr::mul(mv, int(n)), pix))
+            Expr::load(rows, Expr::add(Expr::mul(mv, int(ld)), pix))
         },
     ));
     k.body = vec![Stmt::For {
@@ -890,6 +912,10 @@ const IM2COL_SLOTS_BYTES: usize = 5 << 18;
 /// Columns per panel of an im2col block: the widest microkernel's (AVX-512, 32). Back
 /// ends whose microkernel reads other widths run one call per panel.
 const PANEL: usize = 32;
+
+/// Least multiply-adds for which [`conv_padded`] cuts its columns in two parts, each
+/// packed and multiplied by one task (so that two threads share the conv).
+const PADDED_SPLIT_MACS: usize = 1 << 19;
 
 /// A 1-D or 2-D convolution's geometry as a plane (1-D: one row).
 struct Plane {
