@@ -5,6 +5,15 @@ pub fn add(a: Expr, b: Expr) -> Expr {
     Expr::add(a, b)
 }
 
+/// The largest divisor of `n` that is at most `cap` (1 when `cap` is 0): how many
+/// equal slots, runs or unrolled copies a loop of `n` iterations is cut into.
+pub fn divisor_at_most(n: usize, cap: usize) -> usize {
+    (1..=cap.min(n))
+        .rev()
+        .find(|d| n.is_multiple_of(*d))
+        .unwrap_or(1)
+}
+
 /// The sum of `terms` as a balanced tree of additions (`((t0 + t1) + (t2 + t3))`): a
 /// chain of n additions waits on n latencies, the tree on about log2 n. `None` when
 /// there are no terms.

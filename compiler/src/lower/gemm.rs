@@ -11,7 +11,7 @@
 mod winograd;
 
 use crate::ir::{broadcast_shapes, DType, OpResult};
-use crate::kir::build::{lin, loops, store};
+use crate::kir::build::{divisor_at_most, lin, loops, store};
 use crate::kir::{BufKind, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId};
 use crate::ops::lowering::{
     broadcast_strides, index, nest, strides, Act, EpStep, Epilogue, LowerCtx, TensorRef,
@@ -751,7 +751,7 @@ fn conv_padded(
     // panel computed twice), or one run for small convs.
     let npan = n.div_ceil(PANEL);
     let ppart = if m * n * kd >= PADDED_SPLIT_MACS && npan > 1 {
-        (1..=npan / 2).rev().find(|p| npan % p == 0).unwrap_or(1)
+        divisor_at_most(npan, npan / 2)
     } else {
         npan
     };
@@ -913,8 +913,8 @@ const IM2COL_SLOTS_BYTES: usize = 5 << 18;
 /// ends whose microkernel reads other widths run one call per panel.
 const PANEL: usize = 32;
 
-/// Least multiply-adds for which [`conv_padded`] cuts its columns in two parts, each
-/// packed and multiplied by one task (so that two threads share the conv).
+/// Least multiply-adds for which [`conv_padded`] cuts its panels into runs, each packed
+/// and multiplied by one task (so that threads share the conv).
 const PADDED_SPLIT_MACS: usize = 1 << 19;
 
 /// A 1-D or 2-D convolution's geometry as a plane (1-D: one row).

@@ -1291,10 +1291,7 @@ mod lower {
         );
         let slot_len = pad_len + t_len;
         let most = DW_FLAT_SLOTS.max(DW_FLAT_SLOT_BYTES / (4 * slot_len));
-        let slots = (1..=most.min(blocks))
-            .rev()
-            .find(|s| blocks.is_multiple_of(*s))
-            .unwrap_or(1);
+        let slots = divisor_at_most(blocks, most);
         let pad = lw.program.add_buffer(
             format!("{}/pad", lw.name),
             crate::kir::BufKind::Arena { offset: 0 },
@@ -1346,10 +1343,7 @@ mod lower {
         // at a time: each weight vector is loaded once for them and each input vector
         // once per kernel row (fewer loads than multiply-adds), the accumulators
         // updated tap by tap so that few values are live at once.
-        let px = (1..=DW_LANES_PX.min(ow_n))
-            .rev()
-            .find(|p| ow_n.is_multiple_of(*p))
-            .unwrap_or(1);
+        let px = divisor_at_most(ow_n, DW_LANES_PX);
         let gv = k_.var(Ty::I64);
         let accs: Vec<VarId> = (0..px).map(|_| k_.var(Ty::F32)).collect();
         let key = lin(vec![
@@ -1480,10 +1474,7 @@ mod lower {
         // Groups per block: the largest divisor of the group count up to the slot count
         // (more for small planes, within DW_FLAT_SLOT_BYTES).
         let most = DW_FLAT_SLOTS.max(DW_FLAT_SLOT_BYTES / (4 * gplane.max(1) as usize));
-        let slots = (1..=most.min(group))
-            .rev()
-            .find(|s| group.is_multiple_of(*s))
-            .unwrap_or(1);
+        let slots = divisor_at_most(group, most);
         let scratch = lw.program.add_buffer(
             format!("{}/planes", lw.name),
             crate::kir::BufKind::Arena { offset: 0 },

@@ -456,10 +456,8 @@ mod lower {
         e
     }
 
-    /// Kernel-shape window geometry for a pool over X.
-    /// The largest of `taps` (a NaN tap wins, as in the reference), folded on two
-    /// fresh locals private to the loop `st` goes in; NaN when there are no taps.
-    /// The largest of `taps` (NaN only when every tap is NaN), combined pairwise as a
+    /// The largest of `taps` (NaN only when every tap is NaN; NaN when there are no
+    /// taps), on fresh locals private to the loop `st` goes in, combined pairwise as a
     /// tree: a chain of compare-and-selects waits on every step's latency (SqueezeNet's
     /// 3x3 pools: 8 steps per vector), a tree on four.
     fn max_of(k: &mut Kernel, st: &mut Vec<Stmt>, taps: Vec<Expr>) -> Expr {
@@ -491,6 +489,7 @@ mod lower {
         v(level[0])
     }
 
+    /// Kernel-shape window geometry for a pool over X.
     fn setup(lw: &LowerCtx) -> OpResult<(TensorRef, Window)> {
         let x = lw.input(0)?.clone();
         ensure!(x.shape.len() >= 3, "X must have rank >= 3");

@@ -702,23 +702,18 @@ impl Gen<'_, '_> {
                     Inst::MOr(va, vb)
                 })
             }
-            Expr::Select(c, a, b)
-                if ty == Ty::F32 && !t.exact && t.dq && nan_skip(c, a, b).is_some() =>
-            {
-                let max = nan_skip(c, a, b)?;
+            Expr::Select(c, a, b) if ty == Ty::F32 => {
                 let va = self.wexpr(t, a)?;
                 let vb = self.wexpr(t, b)?;
                 if t.is_mask(va) || t.is_mask(vb) {
                     return None;
                 }
-                let op = if max { x::Bin::MaxNum } else { x::Bin::MinNum };
-                t.b.bin(op, va, vb)
-            }
-            Expr::Select(c, a, b) if ty == Ty::F32 => {
+                if let Some(max) = nan_skip(c, a, b).filter(|_| !t.exact && t.dq) {
+                    let op = if max { x::Bin::MaxNum } else { x::Bin::MinNum };
+                    return Some(t.b.bin(op, va, vb));
+                }
                 let vc = self.wexpr(t, c)?;
-                let va = self.wexpr(t, a)?;
-                let vb = self.wexpr(t, b)?;
-                if !t.is_mask(vc) || t.is_mask(va) || t.is_mask(vb) {
+                if !t.is_mask(vc) {
                     return None;
                 }
                 t.b.select(vc, va, vb)

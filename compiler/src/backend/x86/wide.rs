@@ -370,12 +370,21 @@ struct Gen<'l> {
     consts: Vec<u32>,
     /// Last instruction reading each value.
     last: Vec<usize>,
-    /// Tile mode (see [`tile_stream`]): the gathered stream and its stride.
-    tile: Option<(u16, i32)>,
+    /// Tile mode (see [`tile_stream`]).
+    tile: Option<Tile>,
     /// Extra byte displacement of each stream's accesses (the row within a tile).
     rdisp: Vec<i32>,
     /// The row within a tile whose transposed vector a gather reads.
     tile_row: i32,
+}
+
+/// The gathered stream of tile mode: `s[stride (i + l) + disp]` for lane `l`.
+#[derive(Clone, Copy)]
+struct Tile {
+    s: u16,
+    stride: i32,
+    /// Byte displacement.
+    disp: i32,
 }
 
 /// Bytes of stack a tile of transposed vectors takes.
@@ -389,25 +398,29 @@ const TILE_BYTES: i32 = 16 * 64;
 /// by a load of that row's transposed vector. Transposing copies (channels-in-lanes
 /// convolutions, their copies back) are such loops. Needs two spare general registers
 /// (the row-block counter and the block's address) and no reductions.
-fn tile_stream(lp: &Loop) -> Option<(u16, i32)> {
+fn tile_stream(lp: &Loop) -> Option<Tile> {
     if lp.rows < 2 || !lp.reds.is_empty() || lp.streams as usize + 2 > STREAMS.len() {
         return None;
     }
     let mut found = None;
     for i in &lp.insts {
-        if let Inst::LoadS { s, stride, .. } = *i {
+        if let Inst::LoadS {
+            s, stride, disp, ..
+        } = *i
+        {
             if found.is_some() {
                 return None;
             }
-            found = Some((s, stride));
+            found = Some(Tile { s, stride, disp });
         }
     }
-    let (s, stride) = found?;
+    let tile = found?;
+    let (s, stride) = (tile.s, tile.stride);
     let fits = |x: i64| x.checked_mul(16).is_some_and(|b| i32::try_from(b).is_ok());
     let ok = lp.row_step.get(s as usize) == Some(&4)
         && lp.row_step.iter().all(|&st| fits(st))
         && fits(i64::from(stride) * 4);
-    ok.then_some((s, stride))
+    ok.then_some(tile)
 }
 
 /// Assembles `lp` for AVX-512F. Fails (and the caller keeps its 128-bit code) when the
@@ -528,12 +541,7 @@ impl Gen<'_> {
             self.iteration(true)?;
         }
         if rows {
-            for (s, &step) in lp.row_step.iter().enumerate() {
-                let step = i32::try_from(step).map_err(|_| "x86 loop: row step too large")?;
-                if step != 0 {
-                    self.a.add(STREAMS[s], step).map_err(e)?;
-                }
-            }
+            self.advance_rows(1)?;
             self.a.dec(counter).map_err(e)?;
             self.a.jne(row_top).map_err(e)?;
         }
@@ -565,9 +573,20 @@ impl Gen<'_> {
         Ok(())
     }
 
-    /// The rows in blocks of 16 (see [`tile_stream`]): gathered stream `ts` of stride
-    /// `stride`, `counter` free for the row-block count.
-    fn tiles(&mut self, (ts, stride): (u16, i32), counter: AsmRegister64) -> R<()> {
+    /// Every stream's base `rows` rows on.
+    fn advance_rows(&mut self, rows: i64) -> R<()> {
+        for (s, &step) in self.lp.row_step.iter().enumerate() {
+            let step = i32::try_from(step * rows).map_err(|_| "x86 loop: row step too large")?;
+            if step != 0 {
+                self.a.add(STREAMS[s], step).map_err(e)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The rows in blocks of 16 (see [`tile_stream`]), `counter` free for the
+    /// row-block count.
+    fn tiles(&mut self, tile: Tile, counter: AsmRegister64) -> R<()> {
         let lp = self.lp;
         self.a.sub(rsp, TILE_BYTES).map_err(e)?;
         let blocks = lp.rows / LANES;
@@ -576,24 +595,20 @@ impl Gen<'_> {
             let mut top = self.a.create_label();
             self.a.mov(counter, blocks).map_err(e)?;
             self.a.set_label(&mut top).map_err(e)?;
-            self.tile_rows(16, ts, stride)?;
-            for (s, &step) in lp.row_step.iter().enumerate() {
-                if step != 0 {
-                    self.a.add(STREAMS[s], (step * 16) as i32).map_err(e)?;
-                }
-            }
+            self.tile_rows(16, tile)?;
+            self.advance_rows(16)?;
             self.a.dec(counter).map_err(e)?;
             self.a.jne(top).map_err(e)?;
         }
         if rest > 0 {
-            self.tile_rows(rest, ts, stride)?;
+            self.tile_rows(rest, tile)?;
         }
         self.a.add(rsp, TILE_BYTES).map_err(e)
     }
 
     /// `nr` rows (at most 16) from the streams' current bases: every block of 16
     /// iterations, then the masked tail.
-    fn tile_rows(&mut self, nr: u32, ts: u16, stride: i32) -> R<()> {
+    fn tile_rows(&mut self, nr: u32, tile: Tile) -> R<()> {
         let lp = self.lp;
         let full = lp.n / LANES;
         let rem = (lp.n % LANES) as u32;
@@ -601,13 +616,13 @@ impl Gen<'_> {
         if full > 0 {
             let mut top = self.a.create_label();
             self.a.set_label(&mut top).map_err(e)?;
-            self.tile_block(16, nr, ts, stride, false)?;
+            self.tile_block(16, nr, tile, false)?;
             self.a.add(rax, LANES as i32).map_err(e)?;
             self.a.cmp(rax, (full * LANES) as i32).map_err(e)?;
             self.a.jne(top).map_err(e)?;
         }
         if rem > 0 {
-            self.tile_block(rem, nr, ts, stride, true)?;
+            self.tile_block(rem, nr, tile, true)?;
         }
         Ok(())
     }
@@ -616,16 +631,13 @@ impl Gen<'_> {
     /// loads (lane = row; rows past `nr` masked off, iterations past `ni` zero),
     /// transposed onto the stack (vector = row, lane = iteration), then the body once
     /// per row.
-    fn tile_block(&mut self, ni: u32, nr: u32, ts: u16, stride: i32, masked: bool) -> R<()> {
+    fn tile_block(&mut self, ni: u32, nr: u32, tile: Tile, masked: bool) -> R<()> {
         let lp = self.lp;
-        let disp = lp
-            .insts
-            .iter()
-            .find_map(|i| match *i {
-                Inst::LoadS { disp, .. } => Some(disp),
-                _ => None,
-            })
-            .ok_or("x86 loop: tile without a gather")?;
+        let Tile {
+            s: ts,
+            stride,
+            disp,
+        } = tile;
         let addr = STREAMS[lp.streams as usize + 1];
         if nr < 16 {
             // The rows' mask (the body may have used k6 since the last block).
@@ -845,6 +857,12 @@ impl Gen<'_> {
         zmmword_ptr(STREAMS[s as usize] + rax * 4 + (disp + self.rdisp[s as usize]))
     }
 
+    /// The same for an every-other-element access (element `2 i`): a vector's worth of
+    /// iterations spans two vectors of the stream.
+    fn stream_at2(&self, s: u16, disp: i32) -> AsmMemoryOperand {
+        zmmword_ptr(STREAMS[s as usize] + rax * 8 + (disp + self.rdisp[s as usize]))
+    }
+
     /// `d = max(x, y)` (or min) with NaN propagated and -0 < +0: x86's max returns its
     /// second operand on NaN or on equal zeros, so both orders are combined (and for max,
     /// or for min, picks +0 or -0), and unordered lanes get `x + y` (a NaN). `d` and `t`
@@ -1005,8 +1023,7 @@ impl Gen<'_> {
                 let idx: Vec<u32> = (0..16).map(|l| 2 * l).collect();
                 let io = self.pool_slice(&idx);
                 let (lo, hi) = (ZMM[tmp[0]], ZMM[tmp[1]]);
-                let rd = self.rdisp[s as usize];
-                let at = |d: i32| zmmword_ptr(STREAMS[s as usize] + rax * 8 + (d + rd));
+                let (m0, m1) = (self.stream_at2(s, disp), self.stream_at2(s, disp + 64));
                 if masked {
                     // Only the even elements of the valid lanes are read.
                     let rem = (self.lp.n % LANES) as u32;
@@ -1019,16 +1036,16 @@ impl Gen<'_> {
                     let (ma, mb) = (bits(0), bits(16));
                     let oa = self.pool_off(ma);
                     self.a.kmovw(k6, word_ptr(r11 + oa)).map_err(e)?;
-                    self.a.vmovups(lo.k6().z(), at(disp)).map_err(e)?;
+                    self.a.vmovups(lo.k6().z(), m0).map_err(e)?;
                     let ob = self.pool_off(mb);
                     self.a.kmovw(k6, word_ptr(r11 + ob)).map_err(e)?;
-                    self.a.vmovups(hi.k6().z(), at(disp + 64)).map_err(e)?;
+                    self.a.vmovups(hi.k6().z(), m1).map_err(e)?;
                     self.a.vmovups(d, zmmword_ptr(r11 + io)).map_err(e)?;
                     self.a.vpermi2ps(d, lo, hi).map_err(e)?;
                 } else {
-                    self.a.vmovups(lo, at(disp)).map_err(e)?;
+                    self.a.vmovups(lo, m0).map_err(e)?;
                     self.a.vmovups(d, zmmword_ptr(r11 + io)).map_err(e)?;
-                    self.a.vpermi2ps(d, lo, at(disp + 64)).map_err(e)?;
+                    self.a.vpermi2ps(d, lo, m1).map_err(e)?;
                 }
             }
             Inst::LoadS { .. } if self.tile.is_some() => {
@@ -1245,8 +1262,7 @@ impl Gen<'_> {
                 // their values (masked stores).
                 let x = self.reg(l(0), t0)?;
                 let t = ZMM[tmp[1]];
-                let rd = self.rdisp[s as usize];
-                let at = |d: i32| zmmword_ptr(STREAMS[s as usize] + rax * 8 + (d + rd));
+                let (m0, m1) = (self.stream_at2(s, disp), self.stream_at2(s, disp + 64));
                 let valid = if masked {
                     (self.lp.n % LANES) as u32
                 } else {
@@ -1264,9 +1280,7 @@ impl Gen<'_> {
                     self.a.vmovups(t, zmmword_ptr(r11 + io)).map_err(e)?;
                     self.a.vpermps(t, t, x).map_err(e)?;
                     self.a.kmovw(k6, word_ptr(r11 + mo)).map_err(e)?;
-                    self.a
-                        .vmovups(at(disp + 64 * half as i32).k6(), t)
-                        .map_err(e)?;
+                    self.a.vmovups([m0, m1][half as usize].k6(), t).map_err(e)?;
                 }
             }
             Inst::Store { s, disp, .. } => {
