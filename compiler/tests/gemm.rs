@@ -531,7 +531,7 @@ fn split_cases() -> Vec<Case> {
         vec![ints_attr("pads", &[1, 1, 1, 1])],
         &["Relu"],
     ));
-    // Winograd: blocks in slots, each a parallel task.
+    // Winograd: blocks in two parts, each a parallel task.
     v.push(one_node(
         "split_wino3x3",
         "Conv",
@@ -541,6 +541,21 @@ fn split_cases() -> Vec<Case> {
             ("bias", &[64], true),
         ],
         &[1, 64, 40, 40],
+        vec![ints_attr("pads", &[1, 1, 1, 1])],
+        &["Relu"],
+    ));
+    // Winograd with three whole blocks and a tail block ending in a one-row tile row
+    // (SqueezeNet's 55x55 layers): two parts of two blocks, the second part's ending in
+    // the tail.
+    v.push(one_node(
+        "split_wino3x3_tail",
+        "Conv",
+        &[
+            ("x", &[1, 16, 55, 55], false),
+            ("w", &[64, 16, 3, 3], true),
+            ("bias", &[64], true),
+        ],
+        &[1, 64, 55, 55],
         vec![ints_attr("pads", &[1, 1, 1, 1])],
         &["Relu"],
     ));
@@ -664,11 +679,11 @@ fn check_tasks(target: &str, cases: Vec<Case>, threads: &[usize], task: &[u8]) {
 /// The split microkernel calls on a pool of 2 and 3 threads, where the microkernel
 /// exists (the task functions must be in the object, or the hook was never used).
 fn check_split(target: &str) {
-    // The padded-planes conv splits by its own loop (its tasks are the kernel's, not a
-    // GEMM's).
+    // The padded-planes conv and the Winograd conv split by their own loops (their tasks
+    // are the kernel's, not a GEMM's).
     let (padded, gemms): (Vec<Case>, Vec<Case>) = split_cases()
         .into_iter()
-        .partition(|c| c.name == "split_conv3x3_small_plane");
+        .partition(|c| c.name == "split_conv3x3_small_plane" || c.name.starts_with("split_wino"));
     check(target, gemms, &[1, 2, 3]);
     check_tasks(target, padded, &[1, 2, 3], b"_task0");
 }
@@ -691,9 +706,9 @@ fn gemm_split_threads_x86_64_avx2() {
 fn gemm_conv_blocks_threads_aarch64_neon_qemu() {
     let conv: Vec<Case> = split_cases()
         .into_iter()
-        .filter(|c| c.name.starts_with("split_conv3x") || c.name == "split_wino3x3")
+        .filter(|c| c.name.starts_with("split_conv3x") || c.name.starts_with("split_wino3x3"))
         .collect();
-    assert_eq!(conv.len(), 3);
+    assert_eq!(conv.len(), 4);
     check_tasks("aarch64-neon", conv, &[1, 2, 3], b"_task0");
 }
 

@@ -13,14 +13,14 @@
 //! - every access (load or store) to a buffer the body stores to has an index that is
 //!   affine in the loop variables, `c * p + inv + low (+ H * high)`, where `c > 0` is the
 //!   same for every access to that buffer, `inv` (the variables the body only reads) is the
-//!   same too, `low` stays in `[0, c)` and, when present, `H >= c * n` with `high` any
-//!   integer: then the index determines `p`, so iterations touch disjoint elements. (The
+//!   same too, `low` stays in `[0, c)` and, when present, `H > c * (n - 1) + low` with `high`
+//!   any integer: then the index determines `p`, so iterations touch disjoint elements. (The
 //!   `H` form covers the panel layouts GEMM operands are packed in.) Buffers that share
 //!   arena bytes count as one buffer, and only when they start at the same byte.
 //!
 //! The analysis is conservative: a loop it cannot prove safe runs serially.
 
-use super::{BinOp, BufId, BufKind, Expr, GemmCall, Kernel, MatView, Program, Stmt, VarId};
+use super::{BinOp, BufId, BufKind, CmpOp, Expr, GemmCall, Kernel, MatView, Program, Stmt, VarId};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Loops doing fewer element operations than this (iterations times statements) stay
@@ -234,7 +234,13 @@ fn safe(
     }
     // Memory: group the accesses by buffer (arena aliases joined), check each stored one.
     let mut acc: Vec<Access> = Vec::new();
-    access_forms(body, &mut HashMap::new(), &mut HashMap::new(), &mut acc);
+    access_forms(
+        body,
+        var,
+        &mut HashMap::new(),
+        &mut HashMap::new(),
+        &mut acc,
+    );
     let stored: Vec<BufId> = {
         let mut s: Vec<BufId> = acc.iter().filter(|a| a.2).map(|a| a.0).collect();
         s.sort_unstable();
@@ -341,7 +347,8 @@ fn defined_before_use(
 /// such as after a scope that may or may not have set them).
 type Env = HashMap<VarId, Option<Aff>>;
 
-/// The extents of the loops (inside the body) around an access.
+/// The extents of the loops (inside the body) around an access; under `if p < K` (`p`
+/// the parallel loop's variable), also `K` for `p`.
 type Scope = HashMap<VarId, u64>;
 
 /// (buffer, index form and the loops around it, is a store).
@@ -349,7 +356,13 @@ type Access = (BufId, Option<(Aff, Scope)>, bool);
 
 /// Every access in `body`, in program order, with each variable replaced by the
 /// definition that reaches the access.
-fn access_forms(body: &[Stmt], env: &mut Env, scope: &mut Scope, out: &mut Vec<Access>) {
+fn access_forms(
+    body: &[Stmt],
+    pvar: VarId,
+    env: &mut Env,
+    scope: &mut Scope,
+    out: &mut Vec<Access>,
+) {
     fn loads(e: &Expr, env: &Env, scope: &Scope, out: &mut Vec<Access>) {
         match e {
             Expr::Load(b, i) => {
@@ -405,21 +418,38 @@ fn access_forms(body: &[Stmt], env: &mut Env, scope: &mut Scope, out: &mut Vec<A
             }
             Stmt::For { var, extent, body } => {
                 let prev = scope.insert(*var, *extent);
-                access_forms(body, env, scope, out);
+                access_forms(body, pvar, env, scope, out);
                 match prev {
                     Some(p) => scope.insert(*var, p),
                     None => scope.remove(var),
                 };
                 forget(body, env);
             }
-            Stmt::If { then, els, .. } => {
-                for b in [then, els] {
-                    access_forms(b, &mut env.clone(), scope, out);
+            Stmt::If { cond, then, els } => {
+                // `if p < K`: the then branch runs in iterations below K only.
+                let below = match cond {
+                    Expr::Cmp(CmpOp::Lt, a, b) if **a == Expr::Var(pvar) => match **b {
+                        Expr::Int(k) if k > 0 => Some(k as u64),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                for (b, bound) in [(then, below), (els, None)] {
+                    let prev = bound.and_then(|k| {
+                        scope.insert(pvar, k.min(scope.get(&pvar).copied().unwrap_or(k)))
+                    });
+                    access_forms(b, pvar, &mut env.clone(), scope, out);
+                    if bound.is_some() {
+                        match prev {
+                            Some(p) => scope.insert(pvar, p),
+                            None => scope.remove(&pvar),
+                        };
+                    }
                     forget(b, env);
                 }
             }
             Stmt::While { body, .. } => {
-                access_forms(body, env, scope, out);
+                access_forms(body, pvar, env, scope, out);
                 forget(body, env);
             }
             Stmt::Gemm(g) => gemm_forms(g, env, scope, out),
@@ -559,14 +589,14 @@ fn disjoint(forms: &[(Aff, Scope)], cx: &AffCtx, extent: u64) -> bool {
     let Some(span) = c.checked_mul(extent as i64) else {
         return false;
     };
-    // Panel strides show up as loop-variable coefficients or inside constants.
+    // Panel and plane strides show up as loop-variable coefficients or inside constants.
     let mut cands: Vec<Option<i64>> = vec![None, Some(span)];
     for (f, sc) in forms {
-        if f.k.abs() >= span {
+        if f.k.abs() > c {
             cands.push(Some(f.k.abs()));
         }
         for (v, a) in &f.terms {
-            if sc.contains_key(v) && a.abs() >= span {
+            if sc.contains_key(v) && a.abs() > c {
                 cands.push(Some(a.abs()));
             }
         }
@@ -579,7 +609,9 @@ fn disjoint(forms: &[(Aff, Scope)], cx: &AffCtx, extent: u64) -> bool {
             } as i128;
             let mut hi = lo;
             for (v, a) in &f.terms {
-                let Some(&n) = sc.get(v) else { continue };
+                let Some(&n) = sc.get(v).filter(|_| *v != cx.var) else {
+                    continue;
+                };
                 if h.is_some_and(|h| a % h == 0) {
                     continue;
                 }
@@ -590,7 +622,14 @@ fn disjoint(forms: &[(Aff, Scope)], cx: &AffCtx, extent: u64) -> bool {
                     hi += r;
                 }
             }
-            lo >= 0 && hi < c as i128
+            // Iteration p's elements lie in [c p, c p + c) modulo H, all below H for
+            // the last p the access runs in (under `if p < K`, K - 1): a plane of H
+            // elements may hold less than `extent * c` (a Winograd conv's 55 output
+            // rows in two parts of 28 tile rows, the last with one row less).
+            let last = sc.get(&cx.var).map_or(extent, |&k| k.min(extent)) - 1;
+            lo >= 0
+                && hi < c as i128
+                && h.is_none_or(|h| (c as i128) * (last as i128) + hi < h as i128)
         })
     })
 }
@@ -811,6 +850,47 @@ mod tests {
             vec![for_(i, 4, vec![Stmt::Gemm(Box::new(g))])]
         });
         assert!(got.is_empty());
+    }
+
+    /// `for p in 0..2 { if p < 1 { rows of 5 } else { rows of `last` } }`, each part
+    /// writing `y[9 ch + 5 p + j]` for 8 planes `ch` of 9 elements (the Winograd parts'
+    /// shape: the last part shorter, so that both fit one plane).
+    fn parts(last: u64) -> bool {
+        let mut p = Program::default();
+        p.add_buffer("x", BufKind::Input(0), Ty::F32, 72);
+        p.add_buffer("y", BufKind::Output(0), Ty::F32, 72);
+        let mut k = Kernel::new("k");
+        let pv = k.var(Ty::I64);
+        let mut part = |len: u64| {
+            let (ch, j) = (k.var(Ty::I64), k.var(Ty::I64));
+            let at = add(add(mul(v(ch), int(9)), mul(v(pv), int(5))), v(j));
+            vec![for_(
+                ch,
+                8,
+                vec![for_(j, len, vec![store(Y, at.clone(), Expr::load(X, at))])],
+            )]
+        };
+        let (first, rest) = (part(5), part(last));
+        k.body = vec![for_(
+            pv,
+            2,
+            vec![Stmt::If {
+                cond: Expr::cmp(CmpOp::Lt, v(pv), int(1)),
+                then: first,
+                els: rest,
+            }],
+        )];
+        parallel_loops(&k, &p, 64).contains(&pv)
+    }
+
+    #[test]
+    fn parts_of_a_plane_run_in_parallel_when_the_last_fits() {
+        // Part 0 writes elements 0..5 of each plane, part 1 5..9: disjoint, though two
+        // parts of 5 would not fit a plane of 9 (so without the `p < 1` bound on part
+        // 0's accesses, they would look as if they could reach the next plane).
+        assert!(parts(4));
+        // Part 1 writing 5..10 would reach element 0 of the next plane, part 0's.
+        assert!(!parts(5));
     }
 
     #[test]

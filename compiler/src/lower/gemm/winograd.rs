@@ -22,16 +22,17 @@
 //! Per image: the input is copied into zero-padded planes (so that no patch needs a
 //! bounds test), then the tiles run in blocks of whole tile rows whose 16 transformed
 //! inputs and 16 GEMM outputs stay in L2: input transform, 16 GEMMs, output transform.
-//! Blocks go in pairs, each of a pair in its own scratch slot, so that with threads each
-//! core takes whole blocks (one job per pair; the GEMMs run whole inside the tasks)
-//! instead of sharing every small GEMM and transform loop. The input transform reads
+//! The blocks share out into two parts of consecutive blocks, each part with its own
+//! scratch slot, so that with threads each core takes whole blocks (one job per conv;
+//! the GEMMs run whole inside the tasks) instead of sharing every small GEMM and
+//! transform loop; the second part ends with the tail block. The input transform reads
 //! every other column (stride-2 loads) and writes 16 unit-stride rows; the output
 //! transform reads 16 unit-stride rows and writes every other column of two output
 //! rows, applying the bias and the fused epilogue on the way.
 
 use super::{Plane, PANEL};
-use crate::kir::build::{add, int, lin, loops, sub};
-use crate::kir::{BufKind, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId};
+use crate::kir::build::{add, cmp, int, lin, loops, sub};
+use crate::kir::{BufKind, CmpOp, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId};
 use crate::ops::lowering::{Epilogue, LowerCtx, TensorRef};
 
 /// Most bytes of one block's transformed input and GEMM output (16 matrices each, one
@@ -136,6 +137,31 @@ fn block_rows(th: usize, tw: usize, c: usize, m: usize) -> usize {
         .unwrap_or(1)
 }
 
+/// How the blocks of one image share out among parallel tasks (one scratch slot each).
+#[derive(Debug, PartialEq)]
+struct Parts {
+    /// Tasks (2 when there are two blocks or more, else 1).
+    parts: usize,
+    /// Whole blocks of every task but the last, which runs the remaining whole blocks and
+    /// the tail block: never more tile rows than the others (a tail has fewer rows than
+    /// a whole block).
+    per: usize,
+}
+
+impl Parts {
+    /// `full` whole blocks and maybe a tail block. Before, the blocks went in pairs and
+    /// an odd one and the tail ran on one thread: SqueezeNet's 55x55 layers (three whole
+    /// blocks and a tail) kept the second core idle half of the time.
+    fn new(full: usize, tail: bool) -> Parts {
+        let blocks = full + usize::from(tail);
+        let parts = if blocks >= 2 { 2 } else { 1 };
+        Parts {
+            parts,
+            per: blocks.div_ceil(parts).min(full),
+        }
+    }
+}
+
 /// `(a + b) + c` etc.: the transforms' sums of three.
 fn add3(a: Expr, b: Expr, c: Expr) -> Expr {
     add(add(a, b), c)
@@ -186,10 +212,11 @@ pub(super) fn conv(
     let pl = hp * wp;
     let rb = block_rows(th_n, tw_n, c, m);
     let ld = (rb * tw_n).div_ceil(16) * 16;
-    // The loops take whole blocks of tile rows that all have two output rows; the rest,
-    // an odd height's last tile row included, is the tail block.
+    // Whole blocks of tile rows that all have two output rows; the rest, an odd height's
+    // last tile row included, is the tail block (at most `rb` tile rows).
     let full = (oh / 2) / rb;
-    let slots = if full >= 2 { 2 } else { 1 };
+    let tail = th_n - full * rb;
+    let plan = Parts::new(full, tail > 0);
     let f32_buf = |lw: &mut LowerCtx, name: String, elems: usize| {
         lw.program
             .add_buffer(name, BufKind::Arena { offset: 0 }, Ty::F32, elems as u64)
@@ -198,11 +225,10 @@ pub(super) fn conv(
     // Per slot, the 16 transformed-input matrices side by side, and the 16 GEMM
     // outputs: each transform is then one stream (a register) with 16 displacements,
     // not 16 streams.
-    let vb = f32_buf(lw, format!("{}/wino_v", lw.name), slots * 16 * c * ld);
-    let mb = f32_buf(lw, format!("{}/wino_m", lw.name), slots * 16 * m * ld);
+    let vb = f32_buf(lw, format!("{}/wino_v", lw.name), plan.parts * 16 * c * ld);
+    let mb = f32_buf(lw, format!("{}/wino_m", lw.name), plan.parts * 16 * m * ld);
     let mut k = lw.kernel("");
     let nv = k.var(Ty::I64);
-    let var = |k: &mut Kernel| k.var(Ty::I64);
     let mut body = super::pad_planes(&mut k, (x.buf, nv, c), p2, (xp, c * pl), (pl, wp));
     let geo = Geo {
         xp,
@@ -222,25 +248,40 @@ pub(super) fn conv(
         tw: tw_n,
         ld,
     };
-    let groups = full / slots;
-    if groups > 0 && slots > 1 {
-        let (gv, sv) = (var(&mut k), var(&mut k));
-        let th0 = lin(vec![(Expr::Var(gv), slots * rb), (Expr::Var(sv), rb)]);
-        let inner = geo.block(&mut k, th0, rb, 0, Expr::Var(sv));
-        body.extend(loops(&[(gv, groups), (sv, slots)], inner));
-    }
-    let done = if slots > 1 { groups * slots } else { 0 };
-    if full > done {
-        let bv = var(&mut k);
-        let th0 = Expr::mul(add(Expr::Var(bv), int(done)), int(rb));
-        let inner = geo.block(&mut k, th0, rb, 0, Expr::Int(0));
-        body.extend(loops(&[(bv, full - done)], inner));
-    }
-    let tail = th_n - full * rb;
-    if tail > 0 {
-        let last = usize::from(oh % 2 == 1);
-        body.extend(geo.block(&mut k, int(full * rb), tail - last, last, Expr::Int(0)));
-    }
+    // Part `sv` starts at tile row `sv * per * rb` and uses slot `sv`: every part but the
+    // last runs `per` whole blocks, the last the rest and the tail. Both branches write
+    // their first row and slot through `sv`, so that the parallel-loop analysis sees
+    // every access as `sv` times one stride plus less than that stride.
+    let sv = k.var(Ty::I64);
+    let part = |k: &mut Kernel, blocks: usize, with_tail: bool| {
+        let base = (Expr::Var(sv), plan.per * rb);
+        let mut st = Vec::new();
+        if blocks > 0 {
+            let g = k.var(Ty::I64);
+            let th0 = lin(vec![base.clone(), (Expr::Var(g), rb)]);
+            let inner = geo.block(k, th0, rb, 0, Expr::Var(sv));
+            st.extend(loops(&[(g, blocks)], inner));
+        }
+        if with_tail {
+            let last = usize::from(oh % 2 == 1);
+            let th0 = lin(vec![base, (int(1), blocks * rb)]);
+            st.extend(geo.block(k, th0, tail - last, last, Expr::Var(sv)));
+        }
+        st
+    };
+    let (last_blocks, with_tail) = (full - plan.per * (plan.parts - 1), tail > 0);
+    let inner = if plan.parts > 1 && (with_tail || last_blocks != plan.per) {
+        let first = part(&mut k, plan.per, false);
+        let rest = part(&mut k, last_blocks, with_tail);
+        vec![Stmt::If {
+            cond: cmp(CmpOp::Lt, Expr::Var(sv), int(plan.parts - 1)),
+            then: first,
+            els: rest,
+        }]
+    } else {
+        part(&mut k, last_blocks, with_tail)
+    };
+    body.extend(loops(&[(sv, plan.parts)], inner));
     k.body = vec![Stmt::For {
         var: nv,
         extent: nimg as u64,
@@ -463,6 +504,20 @@ impl Geo<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parts_share_blocks_and_never_give_the_last_more_rows() {
+        // SqueezeNet's 55x55: three whole blocks and a tail, two blocks a part.
+        assert_eq!(Parts::new(3, true), Parts { parts: 2, per: 2 });
+        // Four whole blocks: two each; five: three and two.
+        assert_eq!(Parts::new(4, false), Parts { parts: 2, per: 2 });
+        assert_eq!(Parts::new(5, false), Parts { parts: 2, per: 3 });
+        // One whole block and a tail: one each.
+        assert_eq!(Parts::new(1, true), Parts { parts: 2, per: 1 });
+        // One block, whole or tail: one part.
+        assert_eq!(Parts::new(1, false), Parts { parts: 1, per: 1 });
+        assert_eq!(Parts::new(0, true), Parts { parts: 1, per: 0 });
+    }
 
     #[test]
     fn block_rows_fill_panels_within_budget() {
