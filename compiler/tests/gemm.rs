@@ -544,6 +544,21 @@ fn split_cases() -> Vec<Case> {
         vec![ints_attr("pads", &[1, 1, 1, 1])],
         &["Relu"],
     ));
+    // im2col in two blocks of output rows (7 and 6), one parallel part each, on a plane
+    // too wide for padded planes and a conv too small for Winograd (SqueezeNet's 13x13
+    // 3x3 convs ran as 11 rows and 2).
+    v.push(one_node(
+        "split_conv3x3_im2col_parts",
+        "Conv",
+        &[
+            ("x", &[1, 16, 13, 13], false),
+            ("w", &[32, 16, 3, 3], true),
+            ("bias", &[32], true),
+        ],
+        &[1, 32, 13, 13],
+        vec![ints_attr("pads", &[1, 1, 1, 1])],
+        &["Relu"],
+    ));
     // Winograd with three whole blocks and a tail block ending in a one-row tile row
     // (SqueezeNet's 55x55 layers): two parts of two blocks, the second part's ending in
     // the tail.
@@ -679,11 +694,12 @@ fn check_tasks(target: &str, cases: Vec<Case>, threads: &[usize], task: &[u8]) {
 /// The split microkernel calls on a pool of 2 and 3 threads, where the microkernel
 /// exists (the task functions must be in the object, or the hook was never used).
 fn check_split(target: &str) {
-    // The padded-planes conv and the Winograd conv split by their own loops (their tasks
-    // are the kernel's, not a GEMM's).
-    let (padded, gemms): (Vec<Case>, Vec<Case>) = split_cases()
-        .into_iter()
-        .partition(|c| c.name == "split_conv3x3_small_plane" || c.name.starts_with("split_wino"));
+    // The padded-planes conv, the im2col parts and the Winograd convs split by their own
+    // loops (their tasks are the kernel's, not a GEMM's).
+    let (padded, gemms): (Vec<Case>, Vec<Case>) = split_cases().into_iter().partition(|c| {
+        ["split_conv3x3_small_plane", "split_conv3x3_im2col_parts"].contains(&c.name.as_str())
+            || c.name.starts_with("split_wino")
+    });
     check(target, gemms, &[1, 2, 3]);
     check_tasks(target, padded, &[1, 2, 3], b"_task0");
 }
@@ -708,7 +724,7 @@ fn gemm_conv_blocks_threads_aarch64_neon_qemu() {
         .into_iter()
         .filter(|c| c.name.starts_with("split_conv3x") || c.name.starts_with("split_wino3x3"))
         .collect();
-    assert_eq!(conv.len(), 4);
+    assert_eq!(conv.len(), 5);
     check_tasks("aarch64-neon", conv, &[1, 2, 3], b"_task0");
 }
 

@@ -11,8 +11,8 @@
 mod winograd;
 
 use crate::ir::{broadcast_shapes, DType, OpResult};
-use crate::kir::build::{divisor_at_most, lin, loops, store};
-use crate::kir::{BufKind, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId};
+use crate::kir::build::{divisor_at_most, int, lin, loops, store};
+use crate::kir::{BufKind, CmpOp, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId};
 use crate::ops::lowering::{
     broadcast_strides, index, nest, strides, Act, EpStep, Epilogue, LowerCtx, TensorRef,
 };
@@ -417,30 +417,28 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
         body.push(gemm_call(b, nv, Expr::Int(0), ol));
     } else if let Some(p2) = Plane::of(g) {
         // Output rows in blocks: im2col of one block (its B operand stays in cache),
-        // then the GEMM on that block. Blocks go in groups of `slots`, each block of a
-        // group in its own scratch: the groups' blocks may run on different threads,
-        // each packing and multiplying its own block (a GEMM split by columns instead
-        // has each core read the panels the other packed, and its halves of a 3.5-panel
-        // block were unequal).
+        // then the GEMM on that block. The blocks share out into parts, each with its
+        // own scratch: the parts may run on different threads, each packing and
+        // multiplying its own blocks (a GEMM split by columns instead has each core read
+        // the panels the other packed, and its halves of a 3.5-panel block were unequal).
         let rb = p2.block_rows(kd, m);
         let full = p2.oh / rb;
         let tail = p2.oh - full * rb;
         let blk = kd * (rb * p2.ow).div_ceil(PANEL) * PANEL;
-        let slots = [4, 2]
+        let most = [4, 2]
             .into_iter()
-            .find(|&s| full >= s && s * blk * 4 <= IM2COL_SLOTS_BYTES)
+            .find(|&s| s * blk * 4 <= IM2COL_SLOTS_BYTES)
             .unwrap_or(1);
+        let plan = Parts::new(full, tail > 0, most);
         let cb = lw.program.add_buffer(
             format!("{}/im2col", lw.name),
             BufKind::Arena { offset: 0 },
             Ty::F32,
-            (slots * blk) as u64,
+            (plan.parts * blk) as u64,
         );
-        let block = |k: &mut Kernel, oh0: Expr, rows: usize, slot: Expr| -> Vec<Stmt> {
-            let base = match slot {
-                Expr::Int(0) => Expr::Int(0),
-                s => Expr::mul(s, Expr::Int(blk as i64)),
-            };
+        body.extend(plan.emit(&mut k, rb, |k, oh0, is_tail, slot| {
+            let rows = if is_tail { tail } else { rb };
+            let base = lin(vec![(slot, blk)]);
             let mut st = p2.im2col(
                 k,
                 x.buf,
@@ -460,36 +458,7 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
             };
             st.push(gemm_call(b, nv, col0, rows * p2.ow));
             st
-        };
-        let groups = full / slots;
-        if groups > 0 && slots > 1 {
-            let (gv, sv) = (k.var(Ty::I64), k.var(Ty::I64));
-            let oh0 = lin(vec![(Expr::Var(gv), slots * rb), (Expr::Var(sv), rb)]);
-            let inner = block(&mut k, oh0, rb, Expr::Var(sv));
-            body.extend(loops(&[(gv, groups), (sv, slots)], inner));
-        }
-        let done = if slots > 1 { groups * slots } else { 0 };
-        if full > done {
-            let bv = k.var(Ty::I64);
-            let oh0 = Expr::mul(
-                Expr::add(Expr::Var(bv), Expr::Int(done as i64)),
-                Expr::Int(rb as i64),
-            );
-            let inner = block(&mut k, oh0, rb, Expr::Int(0));
-            body.push(Stmt::For {
-                var: bv,
-                extent: (full - done) as u64,
-                body: inner,
-            });
-        }
-        if tail > 0 {
-            body.extend(block(
-                &mut k,
-                Expr::Int((full * rb) as i64),
-                tail,
-                Expr::Int(0),
-            ));
-        }
+        }));
     } else {
         // Other ranks: the whole im2col matrix of one image.
         let cb = lw.program.add_buffer(
@@ -917,6 +886,108 @@ const PANEL: usize = 32;
 /// and multiplied by one task (so that threads share the conv).
 const PADDED_SPLIT_MACS: usize = 1 << 19;
 
+/// How a conv's blocks of rows (`full` whole blocks of `rb` rows, then maybe a tail block
+/// of fewer rows) share out among parallel tasks, each with its own scratch slot: every
+/// part but the last runs `per` whole blocks, the last the remaining whole blocks and the
+/// tail. The last part never has more rows than the others (a tail has fewer than a
+/// whole block), which the parallel-loop analysis needs: each part's rows lie within
+/// `per * rb` rows of its first.
+///
+/// One job per conv (before, the blocks went in groups of slots and the blocks left over,
+/// tail included, ran on one thread: SqueezeNet's 55x55 Winograd layers, three whole
+/// blocks and a tail, kept the second core idle half of the time).
+#[derive(Debug, PartialEq)]
+struct Parts {
+    /// Tasks (and slots).
+    parts: usize,
+    per: usize,
+    full: usize,
+    tail: bool,
+}
+
+impl Parts {
+    /// Blocks among at most `most` parts.
+    fn new(full: usize, tail: bool, most: usize) -> Parts {
+        let blocks = full + usize::from(tail);
+        if blocks <= 1 || most <= 1 || full == 0 {
+            return Parts {
+                parts: 1,
+                per: full,
+                full,
+                tail,
+            };
+        }
+        let per = blocks.div_ceil(most.min(blocks));
+        Parts {
+            parts: blocks.div_ceil(per),
+            per,
+            full,
+            tail,
+        }
+    }
+
+    /// `for p in 0..parts { if p < parts - 1 { per blocks } else { the rest, the tail } }`,
+    /// `block(k, first row, is the tail, slot)` making each block. Both branches address
+    /// their rows and slot through `p` (part `p` starts at row `p * per * rb`), so that
+    /// the parallel-loop analysis sees every access as `p` times one stride plus less
+    /// than that stride.
+    fn emit(
+        &self,
+        k: &mut Kernel,
+        rb: usize,
+        mut block: impl FnMut(&mut Kernel, Expr, bool, Expr) -> Vec<Stmt>,
+    ) -> Vec<Stmt> {
+        let pv = k.var(Ty::I64);
+        let mut part = |k: &mut Kernel, blocks: usize, with_tail: bool| {
+            let base = (Expr::Var(pv), self.per * rb);
+            let mut st = Vec::new();
+            if blocks > 0 {
+                let g = k.var(Ty::I64);
+                let row0 = lin(vec![base.clone(), (Expr::Var(g), rb)]);
+                let inner = block(k, row0, false, Expr::Var(pv));
+                st.extend(loops(&[(g, blocks)], inner));
+            }
+            if with_tail {
+                let row0 = lin(vec![base, (int(1), blocks * rb)]);
+                st.extend(block(k, row0, true, Expr::Var(pv)));
+            }
+            st
+        };
+        let last = self.full - self.per * (self.parts - 1);
+        let inner = if self.parts > 1 && (self.tail || last != self.per) {
+            let first = part(k, self.per, false);
+            let rest = part(k, last, self.tail);
+            vec![Stmt::If {
+                cond: Expr::cmp(CmpOp::Lt, Expr::Var(pv), int(self.parts - 1)),
+                then: first,
+                els: rest,
+            }]
+        } else {
+            part(k, last, self.tail)
+        };
+        loops(&[(pv, self.parts)], inner)
+    }
+}
+
+/// The cost of `n` rows in blocks of `rb` (whole blocks among the first `whole` rows, the
+/// rest one tail block, as [`Parts`] takes them), `block(rows)` one block's: the sum over
+/// the blocks (the time on one thread) plus the largest of two parts' sums (on two).
+/// Summing the blocks alone, SqueezeNet's 13-row 3x3 convs came out as 11 rows and 2,
+/// two parts 11 : 2, when 7 and 6 cost the same in panels.
+fn blocks_cost(n: usize, whole: usize, rb: usize, block: impl Fn(usize) -> usize) -> usize {
+    let full = whole / rb;
+    let rest = n - full * rb;
+    let tail = if rest > 0 { block(rest) } else { 0 };
+    let p = Parts::new(full, rest > 0, 2);
+    let first = if p.parts > 1 { p.per * block(rb) } else { 0 };
+    let last = (full - p.per * (p.parts - 1)) * block(rb) + tail;
+    full * block(rb) + tail + first.max(last)
+}
+
+/// The fewest rows of a GEMM on panels packed just before that the back end splits among
+/// threads (`backend::cranelift::gemm::SPLIT_MIN_ROWS_PACKED`).
+const SPLIT_MIN_ROWS_PACKED: usize = 64;
+
 /// A 1-D or 2-D convolution's geometry as a plane (1-D: one row).
 struct Plane {
     kh: usize,
@@ -983,10 +1054,20 @@ impl Plane {
         let max_cols = (budget / (kd * 4)).max(4 * w);
         let rb_max = (max_cols / self.ow).clamp(1, self.oh);
         let pad = |x: usize| x.div_ceil(w) * w;
+        let block = |rows: usize| pad(rows * self.ow) + w / 2;
         let cost = |rb: usize| {
-            let nblk = self.oh.div_ceil(rb);
-            let tail = self.oh - (nblk - 1) * rb;
-            (nblk - 1) * pad(rb * self.ow) + pad(tail * self.ow) + nblk * w / 2
+            let full = self.oh / rb;
+            let one = full * block(rb) + (self.oh > full * rb) as usize * block(self.oh % rb);
+            if m * self.oh * self.ow * kd < PADDED_SPLIT_MACS {
+                // Too little work to share: the time on one thread.
+                one
+            } else if rb == self.oh && m >= SPLIT_MIN_ROWS_PACKED {
+                // One block of enough rows is split by the back end (both threads run
+                // half of it).
+                one + one / 2
+            } else {
+                blocks_cost(self.oh, self.oh, rb, block)
+            }
         };
         (1..=rb_max).rev().min_by_key(|&rb| cost(rb)).unwrap_or(1)
     }

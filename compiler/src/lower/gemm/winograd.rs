@@ -30,9 +30,9 @@
 //! transform reads 16 unit-stride rows and writes every other column of two output
 //! rows, applying the bias and the fused epilogue on the way.
 
-use super::{Plane, PANEL};
-use crate::kir::build::{add, cmp, int, lin, loops, sub};
-use crate::kir::{BufKind, CmpOp, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId};
+use super::{blocks_cost, Parts, Plane, PANEL};
+use crate::kir::build::{add, int, lin, loops, sub};
+use crate::kir::{BufKind, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId};
 use crate::ops::lowering::{Epilogue, LowerCtx, TensorRef};
 
 /// Most bytes of one block's transformed input and GEMM output (16 matrices each, one
@@ -122,44 +122,18 @@ fn weights(lw: &mut LowerCtx, w: &TensorRef, m: usize, c: usize) -> Option<Vec<u
 }
 
 /// Tile rows per block: the count whose blocks waste the fewest GEMM columns on panel
-/// padding (a block also costs about a panel more: its 16 calls and loops), within
-/// [`BLOCK_BYTES`] of scratch (at least one row).
-fn block_rows(th: usize, tw: usize, c: usize, m: usize) -> usize {
+/// padding (a block also costs about a panel more: its 16 calls and loops), on one thread
+/// and on two (see [`blocks_cost`]), within [`BLOCK_BYTES`] of scratch (at least one
+/// row), with at least two blocks where there are two tile rows: `th` tile rows, the
+/// first `whole` of them with two output rows.
+fn block_rows(th: usize, whole: usize, tw: usize, c: usize, m: usize) -> usize {
     let per_tile = 16 * (c + m) * 4;
-    let most = (BLOCK_BYTES / per_tile / tw).clamp(1, th);
+    let most = (BLOCK_BYTES / per_tile / tw).clamp(1, th.div_ceil(2));
     let pad = |t: usize| t.div_ceil(PANEL) * PANEL;
-    let cost = |rb: usize| {
-        let (full, tail) = (th / rb, th % rb);
-        full * pad(rb * tw) + pad(tail * tw) + (full + usize::from(tail > 0)) * PANEL
-    };
+    let cost = |rb: usize| blocks_cost(th, whole, rb, |rows| pad(rows * tw) + PANEL);
     (1..=most)
         .min_by_key(|&rb| (cost(rb), std::cmp::Reverse(rb)))
         .unwrap_or(1)
-}
-
-/// How the blocks of one image share out among parallel tasks (one scratch slot each).
-#[derive(Debug, PartialEq)]
-struct Parts {
-    /// Tasks (2 when there are two blocks or more, else 1).
-    parts: usize,
-    /// Whole blocks of every task but the last, which runs the remaining whole blocks and
-    /// the tail block: never more tile rows than the others (a tail has fewer rows than
-    /// a whole block).
-    per: usize,
-}
-
-impl Parts {
-    /// `full` whole blocks and maybe a tail block. Before, the blocks went in pairs and
-    /// an odd one and the tail ran on one thread: SqueezeNet's 55x55 layers (three whole
-    /// blocks and a tail) kept the second core idle half of the time.
-    fn new(full: usize, tail: bool) -> Parts {
-        let blocks = full + usize::from(tail);
-        let parts = if blocks >= 2 { 2 } else { 1 };
-        Parts {
-            parts,
-            per: blocks.div_ceil(parts).min(full),
-        }
-    }
 }
 
 /// `(a + b) + c` etc.: the transforms' sums of three.
@@ -210,13 +184,13 @@ pub(super) fn conv(
     let (th_n, tw_n) = (oh.div_ceil(2), ow.div_ceil(2));
     let (hp, wp) = (2 * th_n + 2, 2 * tw_n + 2);
     let pl = hp * wp;
-    let rb = block_rows(th_n, tw_n, c, m);
+    let rb = block_rows(th_n, oh / 2, tw_n, c, m);
     let ld = (rb * tw_n).div_ceil(16) * 16;
     // Whole blocks of tile rows that all have two output rows; the rest, an odd height's
     // last tile row included, is the tail block (at most `rb` tile rows).
     let full = (oh / 2) / rb;
     let tail = th_n - full * rb;
-    let plan = Parts::new(full, tail > 0);
+    let plan = Parts::new(full, tail > 0, 2);
     let f32_buf = |lw: &mut LowerCtx, name: String, elems: usize| {
         lw.program
             .add_buffer(name, BufKind::Arena { offset: 0 }, Ty::F32, elems as u64)
@@ -248,40 +222,14 @@ pub(super) fn conv(
         tw: tw_n,
         ld,
     };
-    // Part `sv` starts at tile row `sv * per * rb` and uses slot `sv`: every part but the
-    // last runs `per` whole blocks, the last the rest and the tail. Both branches write
-    // their first row and slot through `sv`, so that the parallel-loop analysis sees
-    // every access as `sv` times one stride plus less than that stride.
-    let sv = k.var(Ty::I64);
-    let part = |k: &mut Kernel, blocks: usize, with_tail: bool| {
-        let base = (Expr::Var(sv), plan.per * rb);
-        let mut st = Vec::new();
-        if blocks > 0 {
-            let g = k.var(Ty::I64);
-            let th0 = lin(vec![base.clone(), (Expr::Var(g), rb)]);
-            let inner = geo.block(k, th0, rb, 0, Expr::Var(sv));
-            st.extend(loops(&[(g, blocks)], inner));
+    let last = usize::from(oh % 2 == 1);
+    body.extend(plan.emit(&mut k, rb, |k, th0, is_tail, slot| {
+        if is_tail {
+            geo.block(k, th0, tail - last, last, slot)
+        } else {
+            geo.block(k, th0, rb, 0, slot)
         }
-        if with_tail {
-            let last = usize::from(oh % 2 == 1);
-            let th0 = lin(vec![base, (int(1), blocks * rb)]);
-            st.extend(geo.block(k, th0, tail - last, last, Expr::Var(sv)));
-        }
-        st
-    };
-    let (last_blocks, with_tail) = (full - plan.per * (plan.parts - 1), tail > 0);
-    let inner = if plan.parts > 1 && (with_tail || last_blocks != plan.per) {
-        let first = part(&mut k, plan.per, false);
-        let rest = part(&mut k, last_blocks, with_tail);
-        vec![Stmt::If {
-            cond: cmp(CmpOp::Lt, Expr::Var(sv), int(plan.parts - 1)),
-            then: first,
-            els: rest,
-        }]
-    } else {
-        part(&mut k, last_blocks, with_tail)
-    };
-    body.extend(loops(&[(sv, plan.parts)], inner));
+    }));
     k.body = vec![Stmt::For {
         var: nv,
         extent: nimg as u64,
@@ -506,28 +454,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parts_share_blocks_and_never_give_the_last_more_rows() {
-        // SqueezeNet's 55x55: three whole blocks and a tail, two blocks a part.
-        assert_eq!(Parts::new(3, true), Parts { parts: 2, per: 2 });
-        // Four whole blocks: two each; five: three and two.
-        assert_eq!(Parts::new(4, false), Parts { parts: 2, per: 2 });
-        assert_eq!(Parts::new(5, false), Parts { parts: 2, per: 3 });
-        // One whole block and a tail: one each.
-        assert_eq!(Parts::new(1, true), Parts { parts: 2, per: 1 });
-        // One block, whole or tail: one part.
-        assert_eq!(Parts::new(1, false), Parts { parts: 1, per: 1 });
-        assert_eq!(Parts::new(0, true), Parts { parts: 1, per: 0 });
-    }
-
-    #[test]
     fn block_rows_fill_panels_within_budget() {
         // ResNet's 64-channel 56x56 layer: 28 tiles a row, 8 KiB a tile.
-        let rb = block_rows(28, 28, 64, 64);
+        let rb = block_rows(28, 28, 28, 64, 64);
         assert!(rb * 28 * 16 * 128 * 4 <= BLOCK_BYTES);
         assert_eq!(rb, 4);
         // Rows too wide for the budget still make blocks of one row.
-        assert_eq!(block_rows(10, 500, 256, 256), 1);
-        // A small image in one block.
-        assert_eq!(block_rows(4, 4, 8, 8), 4);
+        assert_eq!(block_rows(10, 10, 500, 256, 256), 1);
+        // A small image in two blocks, one a thread.
+        assert_eq!(block_rows(4, 4, 4, 8, 8), 2);
+        // SqueezeNet's 13x13 (7 tile rows, the last with one output row): 4 and 3.
+        assert_eq!(block_rows(7, 6, 7, 64, 256), 4);
     }
 }
