@@ -559,6 +559,33 @@ fn split_cases() -> Vec<Case> {
         vec![ints_attr("pads", &[1, 1, 1, 1])],
         &["Relu"],
     ));
+    // Depthwise convs in parts of consecutive channel blocks, the last part shorter
+    // (skipping what it lacks): 144 channels in lanes (9 blocks of 16: 4 parts of 2 and
+    // one of 1), and 9 channels on 64x64 planes in phase planes (parts of 2 groups).
+    v.push(one_node(
+        "split_dw_lanes_parts",
+        "Conv",
+        &[
+            ("x", &[1, 144, 14, 14], false),
+            ("w", &[144, 1, 3, 3], true),
+            ("bias", &[144], true),
+        ],
+        &[1, 144, 14, 14],
+        vec![ints_attr("pads", &[1, 1, 1, 1]), int_attr("group", 144)],
+        &["Relu"],
+    ));
+    v.push(one_node(
+        "split_dw_flat_parts",
+        "Conv",
+        &[
+            ("x", &[1, 9, 64, 64], false),
+            ("w", &[9, 1, 3, 3], true),
+            ("bias", &[9], true),
+        ],
+        &[1, 9, 64, 64],
+        vec![ints_attr("pads", &[1, 1, 1, 1]), int_attr("group", 9)],
+        &["Relu"],
+    ));
     // Winograd with three whole blocks and a tail block ending in a one-row tile row
     // (SqueezeNet's 55x55 layers): two parts of two blocks, the second part's ending in
     // the tail.
@@ -699,6 +726,7 @@ fn check_split(target: &str) {
     let (padded, gemms): (Vec<Case>, Vec<Case>) = split_cases().into_iter().partition(|c| {
         ["split_conv3x3_small_plane", "split_conv3x3_im2col_parts"].contains(&c.name.as_str())
             || c.name.starts_with("split_wino")
+            || c.name.starts_with("split_dw")
     });
     check(target, gemms, &[1, 2, 3]);
     check_tasks(target, padded, &[1, 2, 3], b"_task0");

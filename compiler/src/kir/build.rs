@@ -14,6 +14,28 @@ pub fn divisor_at_most(n: usize, cap: usize) -> usize {
         .unwrap_or(1)
 }
 
+/// Blocks per part when `n` equal blocks share out into parts of consecutive blocks (the
+/// last part may have fewer), at most `most` parts (scratch slots): the count that ends
+/// soonest on two threads taking parts in turn (as `onnxc_pool.h` does), then the
+/// smallest. Cutting into equal groups of a divisor of `n` slots left 9 blocks as 3 jobs
+/// of 3 parts (one thread doing two of each, the other one), 42 blocks as jobs of 7.
+pub fn per_part(n: usize, most: usize) -> usize {
+    let two = |per: usize| {
+        let mut t = [0usize; 2];
+        let mut left = n;
+        while left > 0 {
+            let s = per.min(left);
+            let i = usize::from(t[1] < t[0]);
+            t[i] += s;
+            left -= s;
+        }
+        t[0].max(t[1])
+    };
+    (n.div_ceil(most.max(1)).max(1)..=n.max(1))
+        .min_by_key(|&per| (two(per), per))
+        .unwrap_or(1)
+}
+
 /// The sum of `terms` as a balanced tree of additions (`((t0 + t1) + (t2 + t3))`): a
 /// chain of n additions waits on n latencies, the tree on about log2 n. `None` when
 /// there are no terms.
@@ -141,4 +163,23 @@ pub fn to64(e: Expr, t: Ty) -> Expr {
 
 pub fn v(x: VarId) -> Expr {
     Expr::Var(x)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_end_soonest_on_two_threads() {
+        // 9 blocks, 8 slots: parts of 2 (5 parts, 5 : 4 blocks), not 3 parts of 3.
+        assert_eq!(per_part(9, 8), 2);
+        // 42 blocks, 8 slots: 6 parts of 7 (21 : 21), not 7 parts of 6 (24 : 18).
+        assert_eq!(per_part(42, 8), 7);
+        // Even counts within the slots: one block a part.
+        assert_eq!(per_part(6, 8), 1);
+        assert_eq!(per_part(16, 8), 2);
+        // One block, or no slots to spare.
+        assert_eq!(per_part(1, 8), 1);
+        assert_eq!(per_part(5, 1), 5);
+    }
 }

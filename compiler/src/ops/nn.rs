@@ -1231,8 +1231,9 @@ mod lower {
     /// pixel is one vector of the block's channels (bias, a multiply-add per tap with the
     /// weights prepacked at compile time as `[block][tap][lane]`, the epilogue), up to
     /// [`DW_LANES_PX`] pixels of a row per iteration, stored into `t[pixel][lane]`, and
-    /// `t` is transposed into the output planes. Blocks run in slots like
-    /// [`dw_flat`]'s groups, so the slots may run in parallel. Returns false (nothing
+    /// `t` is transposed into the output planes. The blocks share out into parts of
+    /// consecutive blocks (`kir::build::per_part`), each part in its own scratch slot, so
+    /// that the parts may run in parallel. Returns false (nothing
     /// lowered) when it does not fit: not depthwise, channels not a multiple of the
     /// block, a padded plane over [`DW_LANES_MAX_PAD_BYTES`], weights not constant,
     /// negative pads.
@@ -1291,7 +1292,9 @@ mod lower {
         );
         let slot_len = pad_len + t_len;
         let most = DW_FLAT_SLOTS.max(DW_FLAT_SLOT_BYTES / (4 * slot_len));
-        let slots = divisor_at_most(blocks, most);
+        // Part `pv` runs blocks `pv * per ..` in slot `pv`, one parallel task each.
+        let per = crate::kir::build::per_part(blocks, most);
+        let slots = blocks.div_ceil(per);
         let pad = lw.program.add_buffer(
             format!("{}/pad", lw.name),
             crate::kir::BufKind::Arena { offset: 0 },
@@ -1307,7 +1310,7 @@ mod lower {
         let ep = lw.epilogue.take().filter(|e| !e.is_empty());
         let mut k_ = lw.kernel("");
         let kr = &mut k_;
-        let (nv, blk, slot, zv) = (
+        let (nv, g, slot, zv) = (
             kr.var(Ty::I64),
             kr.var(Ty::I64),
             kr.var(Ty::I64),
@@ -1316,7 +1319,7 @@ mod lower {
         let (rv, qv, lv) = (kr.var(Ty::I64), kr.var(Ty::I64), kr.var(Ty::I64));
         let (c0, sb, tsb) = (kr.var(Ty::I64), kr.var(Ty::I64), kr.var(Ty::I64));
         let mut body = vec![
-            set(c0, lin(vec![(v(blk), slots * lb), (v(slot), lb)])),
+            set(c0, lin(vec![(v(slot), per * lb), (v(g), lb)])),
             set(sb, lin(vec![(v(slot), pad_len)])),
             set(tsb, lin(vec![(v(slot), t_len)])),
         ];
@@ -1353,8 +1356,8 @@ mod lower {
             (v(lv), 1),
         ]);
         let wkey = lin(vec![
-            (v(blk), slots * taps * lb),
-            (v(slot), taps * lb),
+            (v(slot), per * taps * lb),
+            (v(g), taps * lb),
             (v(lv), 1),
         ]);
         let init = match &bias {
@@ -1397,10 +1400,13 @@ mod lower {
             slots * pad_len,
             vec![store(pad, v(zv), lit(0.0, Ty::F32))],
         )];
-        k_.body.extend(loops(
-            &[(nv, n), (blk, blocks / slots), (slot, slots)],
-            body,
-        ));
+        // The last part's missing blocks skipped.
+        if !blocks.is_multiple_of(per) {
+            let bi = lin(vec![(v(slot), per), (v(g), 1)]);
+            body = vec![iff(Expr::cmp(CmpOp::Lt, bi, int(blocks as i64)), body)];
+        }
+        k_.body
+            .extend(loops(&[(nv, n), (slot, slots), (g, per)], body));
         lw.push(k_);
         Ok(true)
     }
@@ -1471,10 +1477,11 @@ mod lower {
         let plane = ((flat_n + max_off).max(hq * wp) + 15) / 16 * 16;
         let phases = sh * sw;
         let gplane = phases * plane;
-        // Groups per block: the largest divisor of the group count up to the slot count
+        // Groups in parts of consecutive groups, one slot each, up to the slot count
         // (more for small planes, within DW_FLAT_SLOT_BYTES).
         let most = DW_FLAT_SLOTS.max(DW_FLAT_SLOT_BYTES / (4 * gplane.max(1) as usize));
-        let slots = divisor_at_most(group, most);
+        let per = crate::kir::build::per_part(group, most);
+        let slots = group.div_ceil(per);
         let scratch = lw.program.add_buffer(
             format!("{}/planes", lw.name),
             crate::kir::BufKind::Arena { offset: 0 },
@@ -1485,15 +1492,15 @@ mod lower {
         let mut k_ = lw.kernel("");
         let kr = &mut k_;
         let nv = kr.var(Ty::I64);
-        let blk = kr.var(Ty::I64);
+        let gi = kr.var(Ty::I64);
         let slot = kr.var(Ty::I64);
         let mv = kr.var(Ty::I64);
         let (rv, qv, zv) = (kr.var(Ty::I64), kr.var(Ty::I64), kr.var(Ty::I64));
         let (xb, sb, ob) = (kr.var(Ty::I64), kr.var(Ty::I64), kr.var(Ty::I64));
         let bv = kr.var(Ty::F32);
         let wv: Vec<VarId> = (0..kh_n * kw_n).map(|_| kr.var(Ty::F32)).collect();
-        // The group: block * slots + slot.
-        let gv = add(mul(v(blk), int(slots as i64)), v(slot));
+        // The group: slot * per + gi.
+        let gv = add(mul(v(slot), int(per as i64)), v(gi));
         let ng = add(mul(v(nv), int(group as i64)), gv.clone());
         // Per group: place the input plane in its slot's phase planes (zeroed once: the
         // copies write only the same interior positions).
@@ -1533,7 +1540,7 @@ mod lower {
             }
         }
         // Per output channel: weights and bias in variables, then the output rows.
-        let oc = add(mul(gv, int(mg as i64)), v(mv));
+        let oc = add(mul(gv.clone(), int(mg as i64)), v(mv));
         let noc = add(mul(v(nv), int(m as i64)), oc.clone());
         let mut cbody = vec![set(ob, mul(noc, int(oh_n * ow_n)))];
         for (t, &var) in wv.iter().enumerate() {
@@ -1571,10 +1578,12 @@ mod lower {
             (slots as i64 * gplane) as usize,
             vec![store(scratch, v(zv), lit(0.0, Ty::F32))],
         )];
-        k_.body.extend(loops(
-            &[(nv, n), (blk, group / slots), (slot, slots)],
-            gbody,
-        ));
+        // The last part's missing groups skipped.
+        if !group.is_multiple_of(per) {
+            gbody = vec![iff(Expr::cmp(CmpOp::Lt, gv, int(group as i64)), gbody)];
+        }
+        k_.body
+            .extend(loops(&[(nv, n), (slot, slots), (gi, per)], gbody));
         lw.push(k_);
         Ok(true)
     }
