@@ -586,6 +586,16 @@ fn split_cases() -> Vec<Case> {
         vec![ints_attr("pads", &[1, 1, 1, 1]), int_attr("group", 9)],
         &["Relu"],
     ));
+    // A global average pool, each plane's partial sums in their own scratch row (the
+    // planes a parallel loop).
+    v.push(one_node(
+        "split_gap_planes",
+        "GlobalAveragePool",
+        &[("x", &[1, 96, 28, 28], false)],
+        &[1, 96, 1, 1],
+        vec![],
+        &[],
+    ));
     // Winograd with three whole blocks and a tail block ending in a one-row tile row
     // (SqueezeNet's 55x55 layers): two parts of two blocks, the second part's ending in
     // the tail.
@@ -727,6 +737,7 @@ fn check_split(target: &str) {
         ["split_conv3x3_small_plane", "split_conv3x3_im2col_parts"].contains(&c.name.as_str())
             || c.name.starts_with("split_wino")
             || c.name.starts_with("split_dw")
+            || c.name == "split_gap_planes"
     });
     check(target, gemms, &[1, 2, 3]);
     check_tasks(target, padded, &[1, 2, 3], b"_task0");

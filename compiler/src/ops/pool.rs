@@ -1479,7 +1479,7 @@ mod lower {
     const GP_LANES: usize = 32;
 
     /// GlobalAveragePool / GlobalMaxPool of f32 over contiguous planes: each plane is
-    /// folded into GP_LANES partial sums (maxima) held in scratch, one unit-stride row
+    /// folded into GP_LANES partial sums (maxima) held in its row of scratch, one unit-stride row
     /// of the plane at a time (an innermost loop the back end vectorises), then the
     /// partials and the tail are folded in f64 (sums) or f32 (maxima). Max ignores NaN
     /// inputs and gives NaN for a plane with none, like the scalar lowering.
@@ -1491,7 +1491,7 @@ mod lower {
             format!("{}/partials", lw.name),
             crate::kir::BufKind::Arena { offset: 0 },
             Ty::F32,
-            l as u64,
+            (planes * l) as u64,
         );
         let mut k = lw.kernel("");
         let pv = k.var(Ty::I64);
@@ -1499,6 +1499,10 @@ mod lower {
         let (cv, lv, tv) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
         let acc = k.var(if max { Ty::F32 } else { Ty::F64 });
         let (pt, xl) = (k.var(Ty::F32), k.var(Ty::F32));
+        // Each plane's partials in their own row of scratch, so that planes may run on
+        // different threads (one shared row kept the loop serial: EfficientNet-B0's
+        // squeeze-excitation means on 2 threads).
+        let pat = |lane: Expr| add(mul(v(pv), int(l as i64)), lane);
         let better = |x: Expr, a: Expr| {
             and(
                 cmp(CmpOp::Eq, x.clone(), x.clone()),
@@ -1510,10 +1514,10 @@ mod lower {
             // In the vector loop: xl, pt loop-local; a NaN partial takes any number.
             vec![
                 set(xl, xat(add(mul(add(v(cv), int(1)), int(l as i64)), v(lv)))),
-                set(pt, Expr::load(part, v(lv))),
+                set(pt, Expr::load(part, pat(v(lv)))),
                 Stmt::Store {
                     buf: part,
-                    index: v(lv),
+                    index: pat(v(lv)),
                     value: Expr::select(
                         or(cmp(CmpOp::Gt, v(xl), v(pt)), cmp(CmpOp::Ne, v(pt), v(pt))),
                         v(xl),
@@ -1524,9 +1528,9 @@ mod lower {
         } else {
             vec![Stmt::Store {
                 buf: part,
-                index: v(lv),
+                index: pat(v(lv)),
                 value: add(
-                    Expr::load(part, v(lv)),
+                    Expr::load(part, pat(v(lv))),
                     xat(add(mul(add(v(cv), int(1)), int(l as i64)), v(lv))),
                 ),
             }]
@@ -1545,7 +1549,7 @@ mod lower {
                 extent: l as u64,
                 body: vec![Stmt::Store {
                     buf: part,
-                    index: v(lv),
+                    index: pat(v(lv)),
                     value: xat(v(lv)),
                 }],
             },
@@ -1572,7 +1576,7 @@ mod lower {
             b.push(Stmt::For {
                 var: lv,
                 extent: l as u64,
-                body: vec![fold(Expr::load(part, v(lv)))],
+                body: vec![fold(Expr::load(part, pat(v(lv))))],
             });
             if il > chunks * l {
                 b.push(Stmt::For {
