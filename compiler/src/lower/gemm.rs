@@ -11,7 +11,7 @@
 mod winograd;
 
 use crate::ir::{broadcast_shapes, DType, OpResult};
-use crate::kir::build::{divisor_at_most, int, lin, loops, store};
+use crate::kir::build::{divisor_at_most, int, lin, loops, per_part, store};
 use crate::kir::{BufKind, CmpOp, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId};
 use crate::ops::lowering::{
     broadcast_strides, index, nest, strides, Act, EpStep, Epilogue, LowerCtx, TensorRef,
@@ -906,10 +906,12 @@ struct Parts {
 }
 
 impl Parts {
-    /// Blocks among at most `most` parts.
+    /// Blocks among at most `most` parts, as many a part as ends soonest on two threads
+    /// ([`per_part`]: six blocks in 4 slots go as 3 + 3, not 2 + 2 + 2).
     fn new(full: usize, tail: bool, most: usize) -> Parts {
         let blocks = full + usize::from(tail);
-        if blocks <= 1 || most <= 1 || full == 0 {
+        let per = per_part(blocks, most);
+        if blocks <= 1 || full == 0 || blocks.div_ceil(per) <= 1 {
             return Parts {
                 parts: 1,
                 per: full,
@@ -917,7 +919,6 @@ impl Parts {
                 tail,
             };
         }
-        let per = blocks.div_ceil(most.min(blocks));
         Parts {
             parts: blocks.div_ceil(per),
             per,
@@ -1339,4 +1340,29 @@ fn im2col(
         extent: c as u64,
         body,
     }]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_share_blocks_and_never_give_the_last_more() {
+        let p = |full, tail, most| {
+            let p = Parts::new(full, tail, most);
+            (p.parts, p.per)
+        };
+        // SqueezeNet's 55x55 Winograd: three whole blocks and a tail, two a part.
+        assert_eq!(p(3, true, 2), (2, 2));
+        // Five whole blocks: three and two.
+        assert_eq!(p(5, false, 2), (2, 3));
+        // One whole block and a tail: one each.
+        assert_eq!(p(1, true, 2), (2, 1));
+        // SqueezeNet's stem (five blocks and a tail, four slots): 3 + 3, not 2 + 2 + 2.
+        assert_eq!(p(5, true, 4), (2, 3));
+        // One block, whole or tail, or one slot: one part.
+        assert_eq!(p(1, false, 4), (1, 1));
+        assert_eq!(p(0, true, 4), (1, 0));
+        assert_eq!(p(6, false, 1), (1, 6));
+    }
 }
