@@ -396,29 +396,37 @@ fn fixtures_compiled_aarch64_qemu() {
 }
 
 /// The C thread pool (runtime-stub/include/onnxc_pool.h) runs every index of every job
-/// exactly once, on 1 to 4 threads, for jobs of 1 to 40 indices (fewer than the threads
-/// included), 20,000 jobs per pool: its per-thread shares and the taking of what is left
-/// of the others' must neither skip nor repeat an index.
+/// exactly once, with that job's task and context, on 1 to 4 threads, for jobs of 1 to 40
+/// indices (fewer than the threads included), 20,000 jobs per pool, the jobs alternating
+/// between two tasks on two contexts: its per-thread shares and the taking of what is
+/// left of the others' must neither skip nor repeat an index, and a worker still in a
+/// finished job must not run an index of the next with the old task.
 #[test]
 fn thread_pool_runs_every_index_once() {
     const PROG: &str = r#"
 #include "onnxc_pool.h"
 #include <stdio.h>
-static atomic_uint cnt[64];
-static void task(void *c, uint32_t i) { (void)c; atomic_fetch_add(&cnt[i], 1u); }
+static atomic_uint cnt[2][64];
+static atomic_uint wrong;
+static void task_a(void *c, uint32_t i) { if (c != &cnt[0]) atomic_fetch_add(&wrong, 1u); atomic_fetch_add(&cnt[0][i], 1u); }
+static void task_b(void *c, uint32_t i) { if (c != &cnt[1]) atomic_fetch_add(&wrong, 1u); atomic_fetch_add(&cnt[1][i], 1u); }
 int main(void) {
   for (int th = 1; th <= 4; th++) {
     onnxc_pool_t *p = onnxc_pool_create(th);
     if (!p) return 2;
     for (int k = 0; k < 20000; k++) {
       uint32_t n = 1 + (uint32_t)(k % 40);
-      for (uint32_t i = 0; i < n; i++) atomic_store(&cnt[i], 0u);
-      onnxc_pool_parallel_for(p, task, 0, n);
-      for (uint32_t i = 0; i < n; i++)
-        if (atomic_load(&cnt[i]) != 1) {
-          printf("threads %d, job of %u: index %u ran %u times\n", th, n, i, atomic_load(&cnt[i]));
+      int j = k & 1;
+      for (uint32_t i = 0; i < 64; i++) atomic_store(&cnt[0][i], 0u), atomic_store(&cnt[1][i], 0u);
+      onnxc_pool_parallel_for(p, j ? task_b : task_a, &cnt[j], n);
+      for (uint32_t i = 0; i < 64; i++) {
+        unsigned want = i < n ? 1u : 0u;
+        if (atomic_load(&cnt[j][i]) != want || atomic_load(&cnt[1 - j][i]) != 0 || atomic_load(&wrong)) {
+          printf("threads %d, job %d of %u: index %u ran %u times (other task %u, wrong context %u)\n",
+                 th, k, n, i, atomic_load(&cnt[j][i]), atomic_load(&cnt[1 - j][i]), atomic_load(&wrong));
           return 1;
         }
+      }
     }
     onnxc_pool_destroy(p);
   }
