@@ -25,6 +25,8 @@ pub struct BenchOptions {
     pub threads: usize,
     pub iters: usize,
     pub warmup: usize,
+    /// Rounds alternating the engines, `iters` timed runs of each per round.
+    pub rounds: usize,
     /// Also time ONNX Runtime (needs `python3` with `onnxruntime`).
     pub with_ort: bool,
     /// Measure the core's FMA peak for the target's widest vectors.
@@ -242,16 +244,18 @@ fn bench_in(
             .arg(&exe),
         "linking the benchmark",
     )?;
-    run_cmd(
-        Command::new(&exe)
-            .arg(dir)
-            .arg(opts.iters.to_string())
-            .arg(opts.warmup.to_string())
-            .arg(opts.threads.to_string()),
-        "running the compiled model",
-    )?;
-    let onnxc = Timing::from_ns(read_times(&dir.join("times_ns.txt"))?)
-        .ok_or_else(|| Error::Usage("the benchmark wrote no times".into()))?;
+    let run_onnxc = || -> Result<Vec<u64>> {
+        run_cmd(
+            Command::new(&exe)
+                .arg(dir)
+                .arg(opts.iters.to_string())
+                .arg(opts.warmup.to_string())
+                .arg(opts.threads.to_string()),
+            "running the compiled model",
+        )?;
+        read_times(&dir.join("times_ns.txt"))
+    };
+    let mut onnxc_ns = run_onnxc()?;
     let shapes = g
         .outputs
         .iter()
@@ -267,24 +271,31 @@ fn bench_in(
         })
         .collect::<Result<Vec<_>>>()?;
     let outs = read_outputs(dir, &shapes)?;
-    // ONNX Runtime on the same inputs.
+    // ONNX Runtime on the same inputs, alternating with the compiled model by rounds.
     let (mut ort, mut ort_version, mut errs) = (None, None, Vec::new());
     if opts.with_ort {
         let py = dir.join("ort_bench.py");
         std::fs::write(&py, ORT_BENCH_PY).map_err(io(&py))?;
         let abs = std::fs::canonicalize(model).map_err(io(model))?;
-        let v = run_cmd(
-            Command::new("python3")
-                .arg(&py)
-                .arg(&abs)
-                .arg(dir)
-                .arg(opts.threads.to_string())
-                .arg(opts.iters.to_string())
-                .arg(opts.warmup.to_string()),
-            "running ONNX Runtime (python3 with onnxruntime)",
-        )?;
-        ort_version = Some(v.trim().to_string());
-        ort = Timing::from_ns(read_times(&dir.join("ort_times_ns.txt"))?);
+        let mut ort_ns = Vec::new();
+        for round in 0..opts.rounds {
+            if round > 0 {
+                onnxc_ns.extend(run_onnxc()?);
+            }
+            let v = run_cmd(
+                Command::new("python3")
+                    .arg(&py)
+                    .arg(&abs)
+                    .arg(dir)
+                    .arg(opts.threads.to_string())
+                    .arg(opts.iters.to_string())
+                    .arg(opts.warmup.to_string()),
+                "running ONNX Runtime (python3 with onnxruntime)",
+            )?;
+            ort_version = Some(v.trim().to_string());
+            ort_ns.extend(read_times(&dir.join("ort_times_ns.txt"))?);
+        }
+        ort = Timing::from_ns(ort_ns);
         for (k, (got, &o)) in outs.iter().zip(&g.outputs).enumerate() {
             let p = dir.join(format!("ort_out_{k}.npy"));
             let want = crate::io::read_value(&p, &g.value(o).ty)?;
@@ -305,6 +316,13 @@ fn bench_in(
     let mut orig = crate::onnx::load(model)?;
     driver::prepare(&mut orig.graph, &opts.compile)?;
     let flops = crate::inspect::summarize(&orig.graph).flops;
+    if !opts.with_ort {
+        for _ in 1..opts.rounds {
+            onnxc_ns.extend(run_onnxc()?);
+        }
+    }
+    let onnxc = Timing::from_ns(onnxc_ns)
+        .ok_or_else(|| Error::Usage("the benchmark wrote no times".into()))?;
     let ratio = ort.as_ref().map(|o| onnxc.median_ms / o.median_ms);
     Ok(BenchReport {
         model: model.display().to_string(),

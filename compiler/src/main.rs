@@ -106,6 +106,11 @@ enum Cmd {
         /// Untimed runs before timing (each engine warms up for at least 200 ms too).
         #[arg(long, default_value_t = 5)]
         warmup: usize,
+        /// Alternate the engines this many times, each round timing --iters runs of each;
+        /// the medians are over all rounds. On a machine shared with other work, a slow
+        /// spell then hits both engines instead of the one that happened to be running.
+        #[arg(long, default_value_t = 1)]
+        rounds: usize,
         /// Target to compile for; must run on this machine.
         #[arg(long, default_value = "host")]
         target: String,
@@ -319,6 +324,7 @@ fn real_main(cli: Cli) -> Result<()> {
             threads,
             iters,
             warmup,
+            rounds,
             target,
             opt_level,
             no_ort,
@@ -343,6 +349,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 threads: threads.max(1),
                 iters: iters.max(1),
                 warmup,
+                rounds: rounds.max(1),
                 with_ort: !no_ort,
                 peak: true,
                 dir: keep,

@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # Benchmarks the zoo against ONNX Runtime, in one run per model, and prints the Markdown
 # table the README shows.
-#   bash tests/bench/zoo.sh [--threads N] [--iters N] [--target T] [MODEL_NAME...]
+#   bash tests/bench/zoo.sh [--threads N] [--iters N] [--rounds R] [--target T] [MODEL_NAME...]
+# (--rounds: `onnxc bench --rounds`, the engines alternating R times, --iters runs each
+# per round; default 3, so that a slow spell of a shared machine hits both engines.)
 # Builds the zoo (tests/bench/make_zoo.py, needs torch + torchvision) into target/zoo
 # when missing, builds onnxc in release, runs `onnxc bench --json` on every model and
 # writes target/zoo/results-<threads>t.json next to the table.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-threads=1 iters=20 target=host names=()
+threads=1 iters=20 rounds=3 target=host names=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --threads) threads=$2; shift 2 ;;
     --iters) iters=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
     --target) target=$2; shift 2 ;;
-    -h|--help) sed -n 2,7p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,9p "$0"; exit 0 ;;
     *) names+=("$1"); shift ;;
   esac
 done
@@ -32,7 +35,7 @@ first=1
 for n in "${names[@]}"; do
   echo "== $n" >&2
   if json=$(./target/release/onnxc bench "target/zoo/$n.onnx" --threads "$threads" \
-              --iters "$iters" --warmup 3 --target "$target" --json); then
+              --iters "$iters" --rounds "$rounds" --warmup 3 --target "$target" --json); then
     [ $first = 1 ] || echo "," >> "$out"
     first=0
     echo "$json" >> "$out"
