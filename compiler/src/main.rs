@@ -106,9 +106,10 @@ enum Cmd {
         /// Untimed runs before timing (each engine warms up for at least 200 ms too).
         #[arg(long, default_value_t = 5)]
         warmup: usize,
-        /// Alternate the engines this many times, each round timing --iters runs of each;
-        /// the medians are over all rounds. On a machine shared with other work, a slow
-        /// spell then hits both engines instead of the one that happened to be running.
+        /// Alternate the engines this many times, each round timing --iters runs of each,
+        /// and report each engine's round with the lowest median. On a machine shared
+        /// with other work, a slow spell then costs both engines a round instead of
+        /// skewing the one that happened to be running.
         #[arg(long, default_value_t = 1)]
         rounds: usize,
         /// Target to compile for; must run on this machine.

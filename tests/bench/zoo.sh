@@ -3,7 +3,8 @@
 # table the README shows.
 #   bash tests/bench/zoo.sh [--threads N] [--iters N] [--rounds R] [--target T] [MODEL_NAME...]
 # (--rounds: `onnxc bench --rounds`, the engines alternating R times, --iters runs each
-# per round; default 3, so that a slow spell of a shared machine hits both engines.)
+# per round, each engine's best round reported; default 3, so that a slow spell of a
+# shared machine costs both engines a round instead of skewing one.)
 # Builds the zoo (tests/bench/make_zoo.py, needs torch + torchvision) into target/zoo
 # when missing, builds onnxc in release, runs `onnxc bench --json` on every model and
 # writes target/zoo/results-<threads>t.json next to the table.
