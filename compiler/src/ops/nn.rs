@@ -1413,13 +1413,14 @@ mod lower {
 
     /// Most phase planes (`sh * sw`) `dw_flat` splits an input plane into.
     const DW_FLAT_PHASES: i64 = 16;
-    /// Most scratch slots (groups computed at once) of `dw_flat`: scratch per group for
+    /// Most scratch slots (parts of groups, see `dw_flat`) of `dw_flat` and `dw_lanes`:
+    /// scratch per group for
     /// a whole layer outgrows the caches (a 96-channel 112x112 layer measured 14% slower
     /// than the row-by-row lowering with it).
     const DW_FLAT_SLOTS: usize = 8;
     /// Scratch bytes that small planes may fill with more slots than [`DW_FLAT_SLOTS`]:
-    /// the groups of a block are the loop threads share, and 8 groups of a 7x7 plane
-    /// were too little work to hand out (EfficientNet-B0's 7x7 layers ran on one thread).
+    /// the parts are the loop threads share, and 8 groups of a 7x7 plane were too
+    /// little work to hand out (EfficientNet-B0's 7x7 layers ran on one thread).
     const DW_FLAT_SLOT_BYTES: usize = 128 << 10;
 
     /// 2-D depthwise f32 convolution over whole planes: each input plane is copied into
@@ -1429,10 +1430,11 @@ mod lower {
     /// no bounds tests, written straight to the output with the whole epilogue (the
     /// back ends take the rows as one vector loop; an earlier version computed the
     /// padding columns too, over one flat loop per plane, and copied the rows out:
-    /// MobileNetV2 5% slower). Groups run in blocks of up to [`DW_FLAT_SLOTS`], each
-    /// group of a block in its own scratch slot: the scratch stays in cache from one
-    /// block to the next, and the groups of a block may run in parallel. Returns false
-    /// (nothing lowered) when it does not fit.
+    /// MobileNetV2 5% slower). The groups share out into parts of consecutive groups
+    /// (`kir::build::per_part`, at most [`DW_FLAT_SLOTS`] or what fits
+    /// [`DW_FLAT_SLOT_BYTES`]), each part in its own scratch slot: the scratch stays in
+    /// cache from one group to the next, and the parts may run in parallel. Returns
+    /// false (nothing lowered) when it does not fit.
     fn dw_flat(
         lw: &mut LowerCtx,
         x: &TensorRef,
