@@ -6,7 +6,7 @@ pub fn add(a: Expr, b: Expr) -> Expr {
 }
 
 /// The largest divisor of `n` that is at most `cap` (1 when `cap` is 0): how many
-/// equal slots, runs or unrolled copies a loop of `n` iterations is cut into.
+/// equal runs or unrolled copies a loop of `n` iterations is cut into.
 pub fn divisor_at_most(n: usize, cap: usize) -> usize {
     (1..=cap.min(n))
         .rev()
