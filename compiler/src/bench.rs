@@ -124,9 +124,14 @@ impl BenchReport {
             )
         };
         if self.rounds > 1 {
+            let what = if self.ort.is_some() {
+                "each engine's best of {} rounds, the engines alternating"
+            } else {
+                "the best of {} rounds"
+            };
             s.push_str(&format!(
-                "  (each engine's best of {} rounds, the engines alternating)\n",
-                self.rounds
+                "  ({})\n",
+                what.replace("{}", &self.rounds.to_string())
             ));
         }
         s.push_str(&row("onnxc", &self.onnxc));
@@ -292,19 +297,23 @@ fn bench_in(
     let outs = read_outputs(dir, &shapes)?;
     // ONNX Runtime on the same inputs, alternating with the compiled model by rounds.
     let (mut ort, mut ort_version, mut errs) = (None, None, Vec::new());
-    if opts.with_ort {
+    let ort_files = if opts.with_ort {
         let py = dir.join("ort_bench.py");
         std::fs::write(&py, ORT_BENCH_PY).map_err(io(&py))?;
-        let abs = std::fs::canonicalize(model).map_err(io(model))?;
-        let mut ort_ns = Vec::new();
-        for round in 0..opts.rounds {
-            if round > 0 {
-                onnxc_ns.push(run_onnxc()?);
-            }
+        Some((py, std::fs::canonicalize(model).map_err(io(model))?))
+    } else {
+        None
+    };
+    let mut ort_ns = Vec::new();
+    for round in 0..opts.rounds {
+        if round > 0 {
+            onnxc_ns.push(run_onnxc()?);
+        }
+        if let Some((py, abs)) = &ort_files {
             let v = run_cmd(
                 Command::new("python3")
-                    .arg(&py)
-                    .arg(&abs)
+                    .arg(py)
+                    .arg(abs)
                     .arg(dir)
                     .arg(opts.threads.to_string())
                     .arg(opts.iters.to_string())
@@ -314,6 +323,8 @@ fn bench_in(
             ort_version = Some(v.trim().to_string());
             ort_ns.push(read_times(&dir.join("ort_times_ns.txt"))?);
         }
+    }
+    if opts.with_ort {
         ort = Timing::best_round(ort_ns);
         for (k, (got, &o)) in outs.iter().zip(&g.outputs).enumerate() {
             let p = dir.join(format!("ort_out_{k}.npy"));
@@ -335,11 +346,6 @@ fn bench_in(
     let mut orig = crate::onnx::load(model)?;
     driver::prepare(&mut orig.graph, &opts.compile)?;
     let flops = crate::inspect::summarize(&orig.graph).flops;
-    if !opts.with_ort {
-        for _ in 1..opts.rounds {
-            onnxc_ns.push(run_onnxc()?);
-        }
-    }
     let onnxc = Timing::best_round(onnxc_ns)
         .ok_or_else(|| Error::Usage("the benchmark wrote no times".into()))?;
     let ratio = ort.as_ref().map(|o| onnxc.median_ms / o.median_ms);

@@ -434,17 +434,16 @@ fn access_forms(
                     },
                     _ => None,
                 };
+                let saved = scope.get(&pvar).copied();
                 for (b, bound) in [(then, below), (els, None)] {
-                    let prev = bound.and_then(|k| {
-                        scope.insert(pvar, k.min(scope.get(&pvar).copied().unwrap_or(k)))
-                    });
-                    access_forms(b, pvar, &mut env.clone(), scope, out);
-                    if bound.is_some() {
-                        match prev {
-                            Some(p) => scope.insert(pvar, p),
-                            None => scope.remove(&pvar),
-                        };
+                    if let Some(k) = bound {
+                        scope.insert(pvar, saved.map_or(k, |s| s.min(k)));
                     }
+                    access_forms(b, pvar, &mut env.clone(), scope, out);
+                    match saved {
+                        Some(s) => scope.insert(pvar, s),
+                        None => scope.remove(&pvar),
+                    };
                     forget(b, env);
                 }
             }

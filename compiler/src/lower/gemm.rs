@@ -10,6 +10,7 @@
 
 mod winograd;
 
+use crate::backend::cranelift::gemm::SPLIT_MIN_ROWS_PACKED;
 use crate::ir::{broadcast_shapes, DType, OpResult};
 use crate::kir::build::{divisor_at_most, int, lin, loops, per_part, store};
 use crate::kir::{BufKind, CmpOp, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId};
@@ -972,22 +973,23 @@ impl Parts {
 
 /// The cost of `n` rows in blocks of `rb` (whole blocks among the first `whole` rows, the
 /// rest one tail block, as [`Parts`] takes them), `block(rows)` one block's: the sum over
-/// the blocks (the time on one thread) plus the largest of two parts' sums (on two).
-/// Summing the blocks alone, SqueezeNet's 13-row 3x3 convs came out as 11 rows and 2,
-/// two parts 11 : 2, when 7 and 6 cost the same in panels.
-fn blocks_cost(n: usize, whole: usize, rb: usize, block: impl Fn(usize) -> usize) -> usize {
+/// the blocks (the time on one thread) and the larger of two parts' sums (on two). The
+/// block heights minimise their total: summing the blocks alone, SqueezeNet's 13-row 3x3
+/// convs came out as 11 rows and 2, two parts 11 : 2, when 7 and 6 cost the same panels.
+fn blocks_cost(
+    n: usize,
+    whole: usize,
+    rb: usize,
+    block: impl Fn(usize) -> usize,
+) -> (usize, usize) {
     let full = whole / rb;
     let rest = n - full * rb;
     let tail = if rest > 0 { block(rest) } else { 0 };
     let p = Parts::new(full, rest > 0, 2);
     let first = if p.parts > 1 { p.per * block(rb) } else { 0 };
     let last = (full - p.per * (p.parts - 1)) * block(rb) + tail;
-    full * block(rb) + tail + first.max(last)
+    (full * block(rb) + tail, first.max(last))
 }
-
-/// The fewest rows of a GEMM on panels packed just before that the back end splits among
-/// threads (`backend::cranelift::gemm::SPLIT_MIN_ROWS_PACKED`).
-const SPLIT_MIN_ROWS_PACKED: usize = 64;
 
 /// A 1-D or 2-D convolution's geometry as a plane (1-D: one row).
 struct Plane {
@@ -1057,8 +1059,7 @@ impl Plane {
         let pad = |x: usize| x.div_ceil(w) * w;
         let block = |rows: usize| pad(rows * self.ow) + w / 2;
         let cost = |rb: usize| {
-            let full = self.oh / rb;
-            let one = full * block(rb) + (self.oh > full * rb) as usize * block(self.oh % rb);
+            let (one, two) = blocks_cost(self.oh, self.oh, rb, block);
             if m * self.oh * self.ow * kd < PADDED_SPLIT_MACS {
                 // Too little work to share: the time on one thread.
                 one
@@ -1067,7 +1068,7 @@ impl Plane {
                 // half of it).
                 one + one / 2
             } else {
-                blocks_cost(self.oh, self.oh, rb, block)
+                one + two
             }
         };
         (1..=rb_max).rev().min_by_key(|&rb| cost(rb)).unwrap_or(1)

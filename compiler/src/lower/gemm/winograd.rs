@@ -130,7 +130,10 @@ fn block_rows(th: usize, whole: usize, tw: usize, c: usize, m: usize) -> usize {
     let per_tile = 16 * (c + m) * 4;
     let most = (BLOCK_BYTES / per_tile / tw).clamp(1, th.div_ceil(2));
     let pad = |t: usize| t.div_ceil(PANEL) * PANEL;
-    let cost = |rb: usize| blocks_cost(th, whole, rb, |rows| pad(rows * tw) + PANEL);
+    let cost = |rb: usize| {
+        let (one, two) = blocks_cost(th, whole, rb, |rows| pad(rows * tw) + PANEL);
+        one + two
+    };
     (1..=most)
         .min_by_key(|&rb| (cost(rb), std::cmp::Reverse(rb)))
         .unwrap_or(1)
