@@ -33,7 +33,31 @@ pub struct BenchOptions {
     pub peak: bool,
     /// Scratch folder (kept when given; a temporary one is removed otherwise).
     pub dir: Option<PathBuf>,
+    /// After timing, run each engine this many more times with per-kernel (per-node)
+    /// timing and report where the time goes; 0: no profile.
+    pub profile: usize,
 }
+
+/// One kernel of the compiled model, or one node of ONNX Runtime's optimised graph, and
+/// its mean time per run in the profile runs.
+#[derive(Clone, Debug, Serialize)]
+pub struct Span {
+    pub name: String,
+    /// ONNX Runtime's op type (empty for the compiled model's kernels).
+    pub op: String,
+    pub ms: f64,
+}
+
+/// Where each engine's time goes (`--profile`), longest first.
+#[derive(Clone, Debug, Serialize)]
+pub struct Profile {
+    pub runs: usize,
+    pub onnxc: Vec<Span>,
+    pub ort: Vec<Span>,
+}
+
+/// Kernels (nodes) the text report lists per engine.
+const PROFILE_TOP: usize = 25;
 
 /// Median and 90th percentile of a run, in milliseconds.
 #[derive(Clone, Debug, Serialize)]
@@ -90,6 +114,7 @@ pub struct BenchReport {
     pub peak_gflops: Option<f64>,
     pub kernels: usize,
     pub arena_bytes: u64,
+    pub profile: Option<Profile>,
 }
 
 impl BenchReport {
@@ -166,8 +191,144 @@ impl BenchReport {
                 e.join(", ")
             ));
         }
+        if let Some(p) = &self.profile {
+            s.push_str(&p.text());
+        }
         s
     }
+}
+
+impl Profile {
+    /// Each engine's longest kernels (nodes), with the sum of all of them: timed one
+    /// by one, so the sums run a little over the medians above.
+    fn text(&self) -> String {
+        let mut s = String::new();
+        for (engine, spans) in [
+            ("onnxc kernels", &self.onnxc),
+            ("onnxruntime nodes", &self.ort),
+        ] {
+            if spans.is_empty() {
+                continue;
+            }
+            let total: f64 = spans.iter().map(|k| k.ms).sum();
+            s.push_str(&format!(
+                "  {engine}, mean of {} profiled runs, {} in all, {total:.3} ms:\n",
+                self.runs,
+                spans.len()
+            ));
+            for k in spans.iter().take(PROFILE_TOP) {
+                let op = if k.op.is_empty() {
+                    String::new()
+                } else {
+                    format!("{:14} ", k.op)
+                };
+                s.push_str(&format!(
+                    "    {:8.3} ms {:5.1}%  {op}{}\n",
+                    k.ms,
+                    100.0 * k.ms / total.max(1e-12),
+                    k.name
+                ));
+            }
+            if spans.len() > PROFILE_TOP {
+                let rest: f64 = spans[PROFILE_TOP..].iter().map(|k| k.ms).sum();
+                s.push_str(&format!(
+                    "    {rest:8.3} ms {:5.1}%  ({} more)\n",
+                    100.0 * rest / total.max(1e-12),
+                    spans.len() - PROFILE_TOP
+                ));
+            }
+        }
+        let pairs = self.matched();
+        if !pairs.is_empty() {
+            s.push_str(
+                "  kernels against the nodes whose names they share most of (a guess from \
+                 the names: a fused kernel gathers its nodes), largest difference first:\n",
+            );
+            for (k, ort, n) in pairs.iter().take(PROFILE_TOP) {
+                s.push_str(&format!(
+                    "    {:8.3} ms vs {ort:8.3} ms ({n} node{}) {:+8.3}  {}\n",
+                    k.ms,
+                    if *n == 1 { "" } else { "s" },
+                    k.ms - ort,
+                    k.name
+                ));
+            }
+        }
+        s
+    }
+
+    /// Each ONNX Runtime node charged to the kernel whose name shares the longest prefix
+    /// with it (the first such kernel in run order, "kN " aside): per kernel, its time,
+    /// the nodes' time and their count, by the difference, largest first. Layout
+    /// reorders and other nodes of no ONNX node's name charge to where they share most.
+    pub fn matched(&self) -> Vec<(&Span, f64, usize)> {
+        if self.onnxc.is_empty() || self.ort.is_empty() {
+            return Vec::new();
+        }
+        let bare = |k: &Span| -> String {
+            let n = k.name.split_once(' ').map_or(k.name.as_str(), |(_, n)| n);
+            n.to_string()
+        };
+        let order = |k: &Span| -> usize {
+            k.name
+                .strip_prefix('k')
+                .and_then(|r| r.split_once(' '))
+                .and_then(|(i, _)| i.parse().ok())
+                .unwrap_or(usize::MAX)
+        };
+        let names: Vec<String> = self.onnxc.iter().map(bare).collect();
+        let mut sum = vec![(0.0, 0usize); self.onnxc.len()];
+        for node in &self.ort {
+            let common = |n: &str| {
+                n.bytes()
+                    .zip(node.name.bytes())
+                    .take_while(|(a, b)| a == b)
+                    .count()
+            };
+            let best = (0..self.onnxc.len()).max_by(|&a, &b| {
+                common(&names[a])
+                    .cmp(&common(&names[b]))
+                    .then(order(&self.onnxc[b]).cmp(&order(&self.onnxc[a])))
+            });
+            if let Some(i) = best {
+                sum[i].0 += node.ms;
+                sum[i].1 += 1;
+            }
+        }
+        let mut pairs: Vec<(&Span, f64, usize)> = self
+            .onnxc
+            .iter()
+            .zip(sum)
+            .map(|(k, (ms, n))| (k, ms, n))
+            .collect();
+        pairs.sort_by(|a, b| (b.0.ms - b.1).total_cmp(&(a.0.ms - a.1)));
+        pairs
+    }
+}
+
+/// Reads "mean_ns name" (the compiled model) or "mean_ns op name" (ONNX Runtime) lines,
+/// longest first.
+fn read_spans(path: &Path, with_op: bool) -> Result<Vec<Span>> {
+    let text = std::fs::read_to_string(path).map_err(io(path))?;
+    let mut spans: Vec<Span> = text
+        .lines()
+        .filter_map(|l| {
+            let (ns, rest) = l.split_once(' ')?;
+            let (op, name) = if with_op {
+                let (op, name) = rest.split_once(' ')?;
+                (op.to_string(), name.to_string())
+            } else {
+                (String::new(), rest.to_string())
+            };
+            Some(Span {
+                name,
+                op,
+                ms: ns.trim().parse::<f64>().ok()? / 1e6,
+            })
+        })
+        .collect();
+    spans.sort_by(|a, b| b.ms.total_cmp(&a.ms));
+    Ok(spans)
 }
 
 fn read_times(path: &Path) -> Result<Vec<u64>> {
@@ -206,7 +367,9 @@ pub fn measure_peak(dir: &Path, isa: &str) -> Result<f64> {
 
 /// Benchmarks one model.
 pub fn bench(model: &Path, opts: &BenchOptions) -> Result<BenchReport> {
-    let c = driver::compile_file(model, &opts.compile)?;
+    let mut copts = opts.compile.clone();
+    copts.kernel_table |= opts.profile > 0;
+    let c = driver::compile_file(model, &copts)?;
     let tc = Toolchain::for_triple(&c.target.triple);
     if !tc.exec.is_empty() {
         return Err(Error::Usage(format!(
@@ -254,9 +417,12 @@ fn bench_in(
     let src = dir.join("bench.c");
     std::fs::write(&src, BENCH_C).map_err(io(&src))?;
     let exe = dir.join("bench");
+    let mut cc = Command::new(&tc.cc);
+    if opts.profile > 0 {
+        cc.arg(format!("-DONNXC_KERNELS={}_kernels", c.prefix));
+    }
     run_cmd(
-        Command::new(&tc.cc)
-            .arg("-O2")
+        cc.arg("-O2")
             .arg(format!("-DONNXC_MODEL={}_model", c.prefix))
             .arg("-I")
             .arg(dir)
@@ -268,18 +434,19 @@ fn bench_in(
             .arg(&exe),
         "linking the benchmark",
     )?;
-    let run_onnxc = || -> Result<Vec<u64>> {
+    let run_onnxc = |profile: usize| -> Result<Vec<u64>> {
         run_cmd(
             Command::new(&exe)
                 .arg(dir)
                 .arg(opts.iters.to_string())
                 .arg(opts.warmup.to_string())
-                .arg(opts.threads.to_string()),
+                .arg(opts.threads.to_string())
+                .arg(profile.to_string()),
             "running the compiled model",
         )?;
         read_times(&dir.join("times_ns.txt"))
     };
-    let mut onnxc_ns = vec![run_onnxc()?];
+    let mut onnxc_ns = vec![run_onnxc(0)?];
     let shapes = g
         .outputs
         .iter()
@@ -306,8 +473,14 @@ fn bench_in(
     };
     let mut ort_ns = Vec::new();
     for round in 0..opts.rounds {
-        if round > 0 {
-            onnxc_ns.push(run_onnxc()?);
+        // The profile runs come after the last round's timed runs.
+        let last = round + 1 == opts.rounds;
+        let profile = if last { opts.profile } else { 0 };
+        if round > 0 || profile > 0 {
+            let ns = run_onnxc(profile)?;
+            if round > 0 {
+                onnxc_ns.push(ns);
+            }
         }
         if let Some((py, abs)) = &ort_files {
             let v = run_cmd(
@@ -317,13 +490,27 @@ fn bench_in(
                     .arg(dir)
                     .arg(opts.threads.to_string())
                     .arg(opts.iters.to_string())
-                    .arg(opts.warmup.to_string()),
+                    .arg(opts.warmup.to_string())
+                    .arg(profile.to_string()),
                 "running ONNX Runtime (python3 with onnxruntime)",
             )?;
             ort_version = Some(v.trim().to_string());
             ort_ns.push(read_times(&dir.join("ort_times_ns.txt"))?);
         }
     }
+    let profile = if opts.profile > 0 {
+        Some(Profile {
+            runs: opts.profile,
+            onnxc: read_spans(&dir.join("kernels_ns.txt"), false)?,
+            ort: if opts.with_ort {
+                read_spans(&dir.join("ort_nodes_ns.txt"), true)?
+            } else {
+                Vec::new()
+            },
+        })
+    } else {
+        None
+    };
     if opts.with_ort {
         ort = Timing::best_round(ort_ns);
         for (k, (got, &o)) in outs.iter().zip(&g.outputs).enumerate() {
@@ -364,5 +551,6 @@ fn bench_in(
         peak_gflops,
         kernels: c.lowered.program.kernels.len(),
         arena_bytes: c.lowered.plan.arena_bytes,
+        profile,
     })
 }

@@ -28,6 +28,9 @@ pub struct Options {
     /// 128-bit and AVX-512 code. Off by default: the AVX-512 loops then contract
     /// multiply-adds and use shorter exp/erf/tanh (within a few ulp).
     pub exact_math: bool,
+    /// Export `PREFIX_kernels` (each kernel's function and name, in run order) for
+    /// `onnxc bench --profile`. Off by default.
+    pub kernel_table: bool,
 }
 
 impl Default for Options {
@@ -39,6 +42,7 @@ impl Default for Options {
             constants: Vec::new(),
             opt_level: 2,
             exact_math: false,
+            kernel_table: false,
         }
     }
 }
@@ -117,7 +121,10 @@ pub fn compile_graph(mut g: Graph, prefix: &str, opts: &Options) -> Result<Compi
         prefix,
         &target.triple,
         &target.features,
-        opts.exact_math,
+        &crate::emit::CodeOptions {
+            exact_math: opts.exact_math,
+            kernel_table: opts.kernel_table,
+        },
     )?;
     artifacts.report["opt_level"] = opts.opt_level.into();
     artifacts.report["passes"] = serde_json::to_value(&passes).unwrap_or_default();

@@ -112,6 +112,12 @@ enum Cmd {
         /// skewing the one that happened to be running.
         #[arg(long, default_value_t = 1)]
         rounds: usize,
+        /// After timing, run each engine N more times timing every kernel of the compiled
+        /// model (the model is compiled with its kernel table) and every node of ONNX
+        /// Runtime's optimised graph (its profiler), and list where the time goes, longest
+        /// first. Kernel names are the ONNX node names they were lowered from.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        profile: usize,
         /// Target to compile for; must run on this machine.
         #[arg(long, default_value = "host")]
         target: String,
@@ -326,6 +332,7 @@ fn real_main(cli: Cli) -> Result<()> {
             iters,
             warmup,
             rounds,
+            profile,
             target,
             opt_level,
             no_ort,
@@ -354,6 +361,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 with_ort: !no_ort,
                 peak: true,
                 dir: keep,
+                profile,
             };
             let r = onnxc::bench::bench(&model, &opts)?;
             if json {
@@ -589,6 +597,7 @@ fn compile(args: CompileArgs) -> Result<()> {
         constants: vec![],
         opt_level: args.opt_level,
         exact_math: args.exact_math,
+        kernel_table: false,
     };
     if args.emit == Emit::Onnx {
         let mut m = onnx::load(&model)?;

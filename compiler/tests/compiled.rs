@@ -460,3 +460,57 @@ int main(void) {
         String::from_utf8_lossy(&run.stdout)
     );
 }
+
+/// `onnxc bench --profile`: the harness runs the model kernel by kernel through the
+/// kernel table, times every kernel, and the outputs of those runs (the last ones it
+/// writes) match the reference evaluator on the bench's inputs.
+#[test]
+fn bench_profile_runs_every_kernel_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = onnxc::bench::BenchOptions {
+        compile: Options::default(),
+        threads: 2,
+        iters: 3,
+        warmup: 1,
+        rounds: 1,
+        with_ort: false,
+        peak: false,
+        dir: Some(dir.path().to_path_buf()),
+        profile: 4,
+    };
+    let r = onnxc::bench::bench(&digits(), &opts).unwrap();
+    let p = r.profile.as_ref().expect("a profile");
+    assert_eq!(p.runs, 4);
+    assert_eq!(p.onnxc.len(), r.kernels, "one time per kernel");
+    let mut order: Vec<usize> = p
+        .onnxc
+        .iter()
+        .map(|k| k.name[1..].split_once(' ').unwrap().0.parse().unwrap())
+        .collect();
+    order.sort_unstable();
+    assert_eq!(order, (0..r.kernels).collect::<Vec<_>>());
+    assert!(
+        p.onnxc.windows(2).all(|w| w[0].ms >= w[1].ms),
+        "longest first"
+    );
+    assert!(r.text().contains("onnxc kernels, mean of 4 profiled runs"));
+    let input = io::from_npy(&std::fs::read(dir.path().join("in_0.npy")).unwrap(), "in").unwrap();
+    let model = onnx::load(&digits()).unwrap();
+    let want = eval::run(&model.graph, vec![Value::Tensor(input)]).unwrap();
+    let bytes = std::fs::read(dir.path().join("out_0.bin")).unwrap();
+    let got: Vec<f64> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
+        .collect();
+    let want = want[0].as_tensor().unwrap().to_f64().unwrap();
+    let want: Vec<f64> = want.iter().copied().collect();
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().map(|y| y.abs()).fold(0.0, f64::max);
+    let err = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max)
+        / scale;
+    assert!(err < 1e-4, "kernel-by-kernel outputs off by {err:.2e}");
+}

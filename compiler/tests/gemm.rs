@@ -912,6 +912,7 @@ fn check_calls(target: &str) {
                 triple: &t.triple,
                 features: &t.features,
                 exact_math: false,
+                kernel_table: false,
             })
             .unwrap();
             // The microkernel is taken where the target has one (AVX-512 or AVX2+FMA)

@@ -64,6 +64,13 @@ pub fn c_ident(s: &str) -> String {
     out
 }
 
+/// How the code is generated (see `driver::Options`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CodeOptions {
+    pub exact_math: bool,
+    pub kernel_table: bool,
+}
+
 /// Compiles a lowered program for a target into object bytes, header and report.
 pub fn emit(
     g: &Graph,
@@ -71,7 +78,7 @@ pub fn emit(
     prefix: &str,
     triple: &str,
     features: &[String],
-    exact_math: bool,
+    code: &CodeOptions,
 ) -> Result<Artifacts> {
     let (inputs, outputs) = interface(g);
     let spec = crate::backend::cranelift::ObjectSpec {
@@ -81,7 +88,8 @@ pub fn emit(
         outputs: &outputs,
         triple,
         features,
-        exact_math,
+        exact_math: code.exact_math,
+        kernel_table: code.kernel_table,
     };
     let object =
         compile_object(&spec).map_err(|e| Error::Model(format!("code generation failed: {e}")))?;

@@ -5,7 +5,11 @@
  * (on THREADS threads through onnxc_pool.h and run_parallel when THREADS > 1)
  * (CLOCK_MONOTONIC around each call), writes one time in nanoseconds per line to
  * DIR/times_ns.txt and the last run's outputs to DIR/out_K.bin.
- * Built with -DONNXC_MODEL=<prefix>_model. */
+ * Built with -DONNXC_MODEL=<prefix>_model.
+ *   bench DIR ITERS WARMUP THREADS PROFILE
+ * with the model compiled with its kernel table and -DONNXC_KERNELS=<prefix>_kernels
+ * then runs the model PROFILE more times kernel by kernel, timing each kernel, and writes
+ * "mean_ns name" per kernel to DIR/kernels_ns.txt. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
 #include <stdio.h>
@@ -18,6 +22,14 @@
 #include "onnxc_pool.h"
 
 extern const onnxc_model_t ONNXC_MODEL;
+#ifdef ONNXC_KERNELS
+/* The kernel table: u64 count, then per kernel its function and its name. */
+typedef struct {
+    void (*fn)(const void *const *inputs, void *const *outputs, void *arena, const onnxc_threads_t *threads);
+    const char *name;
+} onnxc_kernel_t;
+extern const uint64_t ONNXC_KERNELS[];
+#endif
 
 static void *alloc64(uint64_t n) {
     void *p = NULL;
@@ -37,9 +49,10 @@ static uint64_t now_ns(void) {
 int main(int argc, char **argv) {
     const onnxc_model_t *m = &ONNXC_MODEL;
     char path[4096];
-    if (argc != 4 && argc != 5) { fprintf(stderr, "usage: bench DIR ITERS WARMUP [THREADS]\n"); return 2; }
+    if (argc < 4 || argc > 6) { fprintf(stderr, "usage: bench DIR ITERS WARMUP [THREADS [PROFILE]]\n"); return 2; }
     long iters = atol(argv[2]), warmup = atol(argv[3]);
-    int n_threads = argc == 5 ? atoi(argv[4]) : 1;
+    int n_threads = argc >= 5 ? atoi(argv[4]) : 1;
+    long profile = argc == 6 ? atol(argv[5]) : 0;
     onnxc_pool_t *pool = NULL;
     onnxc_threads_t threads;
     if (n_threads > 1) {
@@ -87,6 +100,35 @@ int main(int argc, char **argv) {
     if (!f) { fprintf(stderr, "cannot write %s\n", path); return 2; }
     for (long r = 0; r < iters; r++) fprintf(f, "%llu\n", (unsigned long long)t[r]);
     fclose(f);
+    if (profile > 0) {
+#ifdef ONNXC_KERNELS
+        /* The kernels in order, as run_parallel calls them (the pointers were checked by
+         * the runs above), each timed on its own. */
+        uint64_t nk = ONNXC_KERNELS[0];
+        const onnxc_kernel_t *ks = (const onnxc_kernel_t *)(const void *)&ONNXC_KERNELS[1];
+        uint64_t *kt = calloc((size_t)nk + 1, sizeof(uint64_t));
+        const onnxc_threads_t *th = pool ? &threads : NULL;
+        /* Nothing left from the timed runs: the outputs written below are these runs'. */
+        memset(arena, 0, (size_t)m->arena_bytes);
+        for (uint32_t i = 0; i < m->n_outputs; i++) memset(outs[i], 0, (size_t)m->outputs[i].bytes);
+        for (long r = 0; r < profile; r++) {
+            for (uint64_t k = 0; k < nk; k++) {
+                uint64_t t0 = now_ns();
+                ks[k].fn(ins, (void *const *)outs, arena, th);
+                kt[k] += now_ns() - t0;
+            }
+        }
+        snprintf(path, sizeof path, "%s/kernels_ns.txt", argv[1]);
+        FILE *kf = fopen(path, "w");
+        if (!kf) { fprintf(stderr, "cannot write %s\n", path); return 2; }
+        for (uint64_t k = 0; k < nk; k++)
+            fprintf(kf, "%llu %s\n", (unsigned long long)(kt[k] / (uint64_t)profile), ks[k].name);
+        fclose(kf);
+#else
+        fprintf(stderr, "profiling needs the kernel table (-DONNXC_KERNELS)\n");
+        return 2;
+#endif
+    }
     onnxc_pool_destroy(pool);
     for (uint32_t i = 0; i < m->n_outputs; i++) {
         snprintf(path, sizeof path, "%s/out_%u.bin", argv[1], i);

@@ -42,6 +42,9 @@ pub struct ObjectSpec<'a> {
     pub features: &'a [String],
     /// See `driver::Options::exact_math`.
     pub exact_math: bool,
+    /// Also export `PREFIX_kernels`, the kernels in order with their names, so that a
+    /// profiler can time each (see `driver::Options::kernel_table`).
+    pub kernel_table: bool,
 }
 
 /// Alignment the arena must have (bytes); checked by the entry points.
@@ -328,6 +331,9 @@ pub fn compile_object(spec: &ObjectSpec) -> R<Vec<u8>> {
         .define_function(run, &mut ctx)
         .map_err(|e| format!("run: {e:?}"))?;
     module.clear_context(&mut ctx);
+    if spec.kernel_table {
+        kernel_table(&mut module, spec.prefix, p, &kernel_ids)?;
+    }
 
     // PREFIX_cpu_supported() -> 1/0.
     let cpu = define_cpu_supported(&mut module, spec, &mut ctx, &mut fbc)?;
@@ -643,5 +649,43 @@ fn define_descriptor(
     module
         .define_data(id, &dd)
         .map_err(err("define descriptor"))?;
+    Ok(())
+}
+
+/// `PREFIX_kernels`: u64 count, then per kernel in run order its function (the kernel
+/// signature: inputs, outputs, arena, threads) and its NUL-terminated name. Calling them
+/// in order with checked pointers is what `PREFIX_run_parallel` does.
+fn kernel_table(module: &mut ObjectModule, prefix: &str, p: &Program, ids: &[FuncId]) -> R<()> {
+    let mut names = Vec::with_capacity(ids.len());
+    for (i, k) in p.kernels.iter().enumerate() {
+        let id = module
+            .declare_data(&format!("{prefix}__kname{i}"), Linkage::Local, false, false)
+            .map_err(err("declare kernel name"))?;
+        let mut dd = DataDescription::new();
+        let mut b = format!("k{i} {}", k.name).into_bytes();
+        b.push(0);
+        dd.define(b.into_boxed_slice());
+        module
+            .define_data(id, &dd)
+            .map_err(err("define kernel name"))?;
+        names.push(id);
+    }
+    let id = module
+        .declare_data(&format!("{prefix}_kernels"), Linkage::Export, false, false)
+        .map_err(err("declare kernel table"))?;
+    let mut dd = DataDescription::new();
+    let mut bytes = vec![0u8; 8 + 16 * ids.len()];
+    bytes[0..8].copy_from_slice(&(ids.len() as u64).to_le_bytes());
+    dd.define(bytes.into_boxed_slice());
+    dd.set_align(8);
+    for (i, (&f, &n)) in ids.iter().zip(&names).enumerate() {
+        let fr = module.declare_func_in_data(f, &mut dd);
+        dd.write_function_addr((8 + 16 * i) as u32, fr);
+        let gv = module.declare_data_in_data(n, &mut dd);
+        dd.write_data_addr((16 + 16 * i) as u32, gv, 0);
+    }
+    module
+        .define_data(id, &dd)
+        .map_err(err("define kernel table"))?;
     Ok(())
 }
