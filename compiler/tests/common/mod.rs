@@ -82,6 +82,17 @@ pub fn f32_tensor(name: &str, dims: &[i64], data: &[f32]) -> TensorProto {
     }
 }
 
+#[allow(dead_code)]
+pub fn i64_tensor(name: &str, data: &[i64]) -> TensorProto {
+    TensorProto {
+        name: Some(name.into()),
+        dims: vec![data.len() as i64],
+        data_type: Some(DataType::Int64 as i32),
+        int64_data: data.to_vec(),
+        ..Default::default()
+    }
+}
+
 pub fn model(graph: GraphProto) -> ModelProto {
     ModelProto {
         ir_version: Some(9),

@@ -253,6 +253,18 @@ impl Tr {
     /// the rounding instruction and `vscalefps` for `2^n`; results below the smallest
     /// normal are 0, NaN stays NaN.
     fn exp_fast(&mut self, v: V) -> V {
+        use crate::backend::cranelift::vmath::EXP_MIN;
+        let y = self.exp_fast_raw(v);
+        let lim = self.b.c(EXP_MIN);
+        let tiny = self.b.cmp(x::Cmp::Lt, v, lim);
+        let zero = self.b.c(0.0);
+        self.b.select(tiny, zero, y)
+    }
+
+    /// [`Tr::exp_fast`] without its flush of results below the smallest normal to 0
+    /// (they come out subnormal or 0): `e^r 2^n` for `r = x - n ln 2`, `e^r` as
+    /// `1 + r (1 + r P(r))`, one Horner chain of fused multiply-adds.
+    fn exp_fast_raw(&mut self, v: V) -> V {
         use crate::backend::cranelift::vmath::{EXP_MIN, EXP_P, LN2_HI, LN2_LO};
         let t = self.clamp_fast(v, EXP_MIN, 89.0);
         let log2e = self.b.c(std::f32::consts::LOG2_E);
@@ -262,16 +274,10 @@ impl Tr {
         let lo = self.b.c(LN2_LO);
         let r = self.b.push(Inst::Fma(x::FmaKind::NegMulAdd, n, hi, t));
         let r = self.b.push(Inst::Fma(x::FmaKind::NegMulAdd, n, lo, r));
-        let p = self.poly_fast(r, &EXP_P);
-        let r2 = self.b.mul(r, r);
-        let y = self.b.push(Inst::Fma(x::FmaKind::Add, p, r2, r));
-        let one = self.b.c(1.0);
-        let y = self.b.add(y, one);
-        let y = self.b.push(Inst::Scalef(y, n));
-        let lim = self.b.c(EXP_MIN);
-        let tiny = self.b.cmp(x::Cmp::Lt, v, lim);
-        let zero = self.b.c(0.0);
-        self.b.select(tiny, zero, y)
+        let mut cs = EXP_P.to_vec();
+        cs.extend([1.0, 1.0]);
+        let y = self.poly_fast(r, &cs);
+        self.b.push(Inst::Scalef(y, n))
     }
 
     /// `1 / d` for a finite `d` of magnitude in [2^-126, 2^126]: the 14-bit reciprocal
@@ -641,21 +647,26 @@ impl Gen<'_, '_> {
                 t.b.push(Inst::Fma(kind, vx, vy, vo))
             }
             Expr::Bin(BinOp::Div, a, d) if ty == Ty::F32 && !t.exact && one_plus_exp(d) => {
-                // a / (1 + exp(e)) (sigmoid, SiLU): the divisor is in [1, inf]; clamped
-                // to 2^126 it has a reciprocal, and a / inf is 0 either way.
+                // a / (1 + exp(e)) (sigmoid, SiLU): e^e below the smallest normal needs
+                // no flush (1 + it is 1), and the division instruction: on Zen 4 its
+                // unit runs beside the FMA pipes, where a 14-bit reciprocal and a Newton
+                // step took four instructions.
+                let Expr::Bin(BinOp::Add, p, q) = &**d else {
+                    return None;
+                };
+                let e = match (&**p, &**q) {
+                    (Expr::Call(MathFn::Exp, e), _) | (_, Expr::Call(MathFn::Exp, e)) => &e[0],
+                    _ => return None,
+                };
                 let va = self.wexpr(t, a)?;
-                let vd = self.wexpr(t, d)?;
-                if t.is_mask(va) || t.is_mask(vd) {
+                let ve = self.wexpr(t, e)?;
+                if t.is_mask(va) || t.is_mask(ve) {
                     return None;
                 }
-                let big = t.b.c(f32::from_bits(0x7e80_0000));
-                let vd = t.b.bin(x::Bin::MinX, big, vd);
-                let r = t.recip_fast(vd);
-                if matches!(&**a, Expr::Float(x, Ty::F32) if *x == 1.0) {
-                    r
-                } else {
-                    t.b.mul(va, r)
-                }
+                let ex = t.exp_fast_raw(ve);
+                let one = t.b.c(1.0);
+                let vd = t.b.add(ex, one);
+                t.b.bin(x::Bin::Div, va, vd)
             }
             Expr::Bin(op, a, b) if ty == Ty::F32 => {
                 let op = match op {
