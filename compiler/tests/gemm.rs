@@ -611,6 +611,19 @@ fn split_cases() -> Vec<Case> {
         vec![ints_attr("pads", &[1, 1, 1, 1])],
         &["Relu"],
     ));
+    // A max pool separable over whole planes: parts of consecutive planes, each in its
+    // own scratch slot, the last part short (99 planes).
+    v.push(one_node(
+        "split_maxpool_planes",
+        "MaxPool",
+        &[("x", &[1, 99, 27, 27], false)],
+        &[1, 99, 13, 13],
+        vec![
+            ints_attr("kernel_shape", &[3, 3]),
+            ints_attr("strides", &[2, 2]),
+        ],
+        &[],
+    ));
     v.push(one_node(
         "split_conv1x1_silu",
         "Conv",
@@ -738,6 +751,7 @@ fn check_split(target: &str) {
             || c.name.starts_with("split_wino")
             || c.name.starts_with("split_dw")
             || c.name == "split_gap_planes"
+            || c.name == "split_maxpool_planes"
     });
     check(target, gemms, &[1, 2, 3]);
     check_tasks(target, padded, &[1, 2, 3], b"_task0");

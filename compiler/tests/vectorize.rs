@@ -266,8 +266,10 @@ fn pools(w: usize) -> Vec<Case> {
         i64,
         i64,
     );
-    let geoms: [P; 8] = [
+    let geoms: [P; 9] = [
         ("max3_s2_pad", "MaxPool", 3, (1, 1), 2, 1, 0, 0),
+        // Every window inside (separable over whole planes).
+        ("max3_s2", "MaxPool", 3, (0, 0), 2, 1, 0, 0),
         ("max3_s2_ceil", "MaxPool", 3, (0, 0), 2, 1, 1, 0),
         ("avg3_s3_ceil", "AveragePool", 3, (1, 0), 3, 1, 1, 0),
         ("max2_ceil", "MaxPool", 2, (0, 0), 2, 1, 1, 0),

@@ -865,6 +865,112 @@ mod lower {
         Ok(true)
     }
 
+    /// Most scratch slots (parts of consecutive planes) of `max_pool_planes`.
+    const MP_SLOTS: usize = 8;
+    /// Scratch bytes `max_pool_planes` may fill with more slots than [`MP_SLOTS`].
+    const MP_SLOT_BYTES: usize = 128 << 10;
+
+    /// A 2-D f32 MaxPool whose windows all lie inside the input (as `pool_direct`) with
+    /// a column stride s > 1, done separably over whole planes: first the window rows
+    /// are folded into a plane of output rows at input width (`oh x w`, scratch; unit
+    /// stride loads), then the window columns of that plane, loaded at the column
+    /// stride, into the output. A tap at stride 2 costs two loads and a permute on
+    /// AVX-512: this takes `kw` of them per output vector instead of `kh * kw`
+    /// (SqueezeNet's 3x3 stride-2 pools: 9 -> 3), and each pass is one call per plane.
+    /// The planes share out into parts of consecutive planes, each part in its own
+    /// scratch slot, so that the parts may run in parallel. NaN inputs are ignored; a
+    /// window with none gives NaN. Returns false where it does not apply.
+    fn max_pool_planes(lw: &mut LowerCtx, x: &TensorRef, win: &Window) -> OpResult<bool> {
+        let out = lw.outputs[0].clone();
+        if lw.outputs.len() != 1
+            || win.k.len() != 2
+            || x.ty() != Ty::F32
+            || out.ty() != Ty::F32
+            || win.kernel_len() > P2_TAPS
+            || win.out.contains(&0)
+            || win.in_sp.contains(&0)
+            || win.s[1] < 2
+            || win.k[0] < 2
+            || win.k[1] < 2
+        {
+            return Ok(false);
+        }
+        for d in 0..2 {
+            let reach =
+                (win.out[d] as i64 - 1) * win.s[d] as i64 + (win.k[d] as i64 - 1) * win.d[d] as i64;
+            if win.pb[d] != 0 || reach >= win.in_sp[d] as i64 {
+                return Ok(false);
+            }
+        }
+        let planes = x.shape[0] * x.shape[1];
+        let (kh_n, kw_n) = (win.k[0] as i64, win.k[1] as i64);
+        let (oh_n, ow_n) = (win.out[0] as i64, win.out[1] as i64);
+        let (ih, iw) = (win.in_sp[0] as i64, win.in_sp[1] as i64);
+        let (sh, sw) = (win.s[0] as i64, win.s[1] as i64);
+        let (dh, dw) = (win.d[0] as i64, win.d[1] as i64);
+        // The input columns the windows read.
+        let vw = (ow_n - 1) * sw + (kw_n - 1) * dw + 1;
+        let plane = oh_n * vw;
+        let most = MP_SLOTS.max(MP_SLOT_BYTES / (4 * plane as usize));
+        let per = crate::kir::build::per_part(planes, most);
+        let slots = planes.div_ceil(per);
+        let scratch = lw.program.add_buffer(
+            format!("{}/rows", lw.name),
+            crate::kir::BufKind::Arena { offset: 0 },
+            Ty::F32,
+            (slots as i64 * plane) as u64,
+        );
+        let mut k = lw.kernel("");
+        let (slot, gi, ohv, j) = (
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+        );
+        let pv = add(mul(v(slot), int(per as i64)), v(gi));
+        let sb = mul(v(slot), int(plane));
+        // The window rows of output row ohv, at every column the windows read.
+        let mut st = Vec::new();
+        let taps = (0..kh_n)
+            .map(|kh| {
+                let i = add(
+                    mul(pv.clone(), int(ih * iw)),
+                    add(mul(v(ohv), int(sh * iw)), add(v(j), int(kh * dh * iw))),
+                );
+                Expr::load(x.buf, i)
+            })
+            .collect();
+        let value = max_of(&mut k, &mut st, taps);
+        let vidx = add(sb.clone(), add(mul(v(ohv), int(vw)), v(j)));
+        st.push(store(scratch, vidx, value));
+        let mut body = loops(&[(ohv, oh_n as usize), (j, vw as usize)], st);
+        // Then its window columns, every sw-th.
+        let mut st = Vec::new();
+        let taps = (0..kw_n)
+            .map(|kw| {
+                let i = add(
+                    sb.clone(),
+                    add(mul(v(ohv), int(vw)), add(mul(v(j), int(sw)), int(kw * dw))),
+                );
+                Expr::load(scratch, i)
+            })
+            .collect();
+        let value = max_of(&mut k, &mut st, taps);
+        let oidx = add(
+            mul(pv.clone(), int(oh_n * ow_n)),
+            add(mul(v(ohv), int(ow_n)), v(j)),
+        );
+        st.push(store(out.buf, oidx, value));
+        body.extend(loops(&[(ohv, oh_n as usize), (j, ow_n as usize)], st));
+        // The last part's missing planes skipped.
+        if !planes.is_multiple_of(per) {
+            body = vec![iff(Expr::cmp(CmpOp::Lt, pv, int(planes as i64)), body)];
+        }
+        k.body = loops(&[(slot, slots), (gi, per)], body);
+        lw.push(k);
+        Ok(true)
+    }
+
     /// A 2-D f32 MaxPool with a column stride s > 1, done separably per output row:
     /// the window rows inside the input are folded into one input-width row (unit
     /// stride), then the window columns into a row at input resolution over each output
@@ -1249,7 +1355,8 @@ mod lower {
 
     fn max_pool(lw: &mut LowerCtx) -> OpResult<()> {
         let (x, win) = setup(lw)?;
-        if pool_direct(lw, &x, &win, RowPool::Max)?
+        if max_pool_planes(lw, &x, &win)?
+            || pool_direct(lw, &x, &win, RowPool::Max)?
             || max_pool_sep(lw, &x, &win)?
             || pool_2d(lw, &x, &win, RowPool::Max)?
             || pool_rows(lw, &x, &win, RowPool::Max)?
