@@ -269,7 +269,7 @@ fn cases() -> Vec<Case> {
     // 3x3 stride-1 convs through Winograd F(2x2, 3x3): odd output sizes (tiles that
     // lose a column or a row), uneven pads, and enough channels for a loop of blocks of
     // tile rows and a tail block ending in a tile row of one output row.
-    let convs: [ConvCase; 18] = [
+    let convs: [ConvCase; 19] = [
         (
             "wino3x3_odd",
             vec![2, 6, 17, 13],
@@ -401,6 +401,15 @@ fn cases() -> Vec<Case> {
             vec![96, 160, 1, 1],
             vec![],
             vec![2, 96, 7, 7],
+        ),
+        (
+            // Squeeze-excitation's expanding 1x1 conv on one pixel: channels in the
+            // lanes at a shallow depth, the output copied out without a pixel loop.
+            "conv1x1_one_pixel",
+            vec![2, 48, 1, 1],
+            vec![1152, 48, 1, 1],
+            vec![],
+            vec![2, 1152, 1, 1],
         ),
         (
             "conv3x3_deep_stride2",

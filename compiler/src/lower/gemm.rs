@@ -498,6 +498,12 @@ const CT_MIN_K: usize = 1024;
 /// lanes saved for K = 64..384.)
 const CT_MIN_K_1X1: usize = 128;
 
+/// Planes of at most this many pixels run with channels in lanes at any depth: with
+/// pixels in lanes the microkernel's columns were nearly all wasted (squeeze-excitation
+/// 48 -> 1152 at 1x1: a 16-lane panel per pixel, 0.023 ms), and the transpose back is
+/// a few elements.
+const CT_ANY_K_PIXELS: usize = 4;
+
 /// Most elements of [`conv_transposed`]'s scratch (the output, and its im2col).
 const CT_MAX_ELEMS: usize = 4 << 20;
 
@@ -511,7 +517,7 @@ fn lane_use(x: usize) -> f64 {
 /// the vector lanes better than the pixels (ResNet's and MobileNetV2's 7x7 layers: 49
 /// pixels in 64 lanes, 512 or 320 channels in as many).
 fn channels_in_lanes(m: usize, ol: usize, kd: usize, one_by_one: bool) -> bool {
-    kd >= if one_by_one { CT_MIN_K_1X1 } else { CT_MIN_K }
+    (kd >= if one_by_one { CT_MIN_K_1X1 } else { CT_MIN_K } || ol <= CT_ANY_K_PIXELS)
         && m >= 32
         && m * ol <= CT_MAX_ELEMS
         && kd * ol.div_ceil(A_PANEL) * A_PANEL <= CT_MAX_ELEMS
@@ -628,41 +634,47 @@ fn copy_out(
     let (mv, rv, qv) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
     let v = |x: VarId| Expr::Var(x);
     let int = |x: usize| Expr::Int(x as i64);
-    let pix = if oh == 1 {
-        v(qv)
-    } else {
-        Expr::add(Expr::mul(v(rv), int(ow)), v(qv))
+    // One pixel: no pixel loop (a loop of one iteration innermost kept the channel loop
+    // scalar: squeeze-excitation's 1152 sigmoids).
+    let one = ol == 1;
+    let (row, col) = match (oh == 1, one) {
+        (_, true) => (int(0), int(0)),
+        (true, false) => (int(0), v(qv)),
+        (false, _) => (v(rv), v(qv)),
     };
+    let pix = Expr::add(Expr::mul(row.clone(), int(ow)), col.clone());
     let oidx = Expr::add(
         Expr::add(Expr::mul(v(nv), int(m * ol)), Expr::mul(v(mv), int(ol))),
         pix,
     );
-    let row = if oh == 1 { Expr::Int(0) } else { v(rv) };
-    let val = src(v(mv), row, v(qv));
+    let val = src(v(mv), row, col);
     let val = match ep {
         Some(ep) => ep.apply_flat(val, Ty::F32, oidx.clone(), &out.shape),
         None => val,
     };
-    let mut inner = Stmt::For {
-        var: qv,
-        extent: ow as u64,
-        body: vec![Stmt::Store {
-            buf: out.buf,
-            index: oidx,
-            value: val,
-        }],
-    };
+    let mut body = vec![Stmt::Store {
+        buf: out.buf,
+        index: oidx,
+        value: val,
+    }];
+    if !one {
+        body = vec![Stmt::For {
+            var: qv,
+            extent: ow as u64,
+            body,
+        }];
+    }
     if oh > 1 {
-        inner = Stmt::For {
+        body = vec![Stmt::For {
             var: rv,
             extent: oh as u64,
-            body: vec![inner],
-        };
+            body,
+        }];
     }
     Stmt::For {
         var: mv,
         extent: m as u64,
-        body: vec![inner],
+        body,
     }
 }
 
