@@ -376,6 +376,9 @@ struct Gen<'l> {
     rdisp: Vec<i32>,
     /// The row within a tile whose transposed vector a gather reads.
     tile_row: i32,
+    /// Uniforms and constants held in registers for the whole call (broadcast once at
+    /// entry), by the instruction that makes each: (instruction, register).
+    resident: Vec<(Inst, usize)>,
 }
 
 /// The gathered stream of tile mode: `s[stride (i + l) + disp]` for lane `l`.
@@ -461,25 +464,60 @@ pub fn generate(lp: &Loop) -> R<Vec<u8>> {
             last[o] = j;
         }
     }
-    let mut g = Gen {
-        a: CodeAssembler::new(64).map_err(e)?,
-        lp,
-        lay: lp.layout(),
-        pool: CodeLabel::default(),
-        consts: Vec::new(),
-        last,
-        tile: if std::env::var_os("ONNXC_NO_TILE").is_some() {
-            None
-        } else {
-            tile_stream(lp)
-        },
-        rdisp: vec![0; lp.streams as usize],
-        tile_row: 0,
+    let tile = if std::env::var_os("ONNXC_NO_TILE").is_some() {
+        None
+    } else {
+        tile_stream(lp)
     };
-    g.pool = g.a.create_label();
-    g.body()?;
-    g.a.assemble(0).map_err(e)
+    // The uniforms and constants the body reads, in order of first use: as many as the
+    // registers allow are held in registers (each a broadcast memory operand otherwise,
+    // a load on every use: a 3x3 depthwise row's nine weights were nine loads per
+    // vector beside its nine taps). Fewer are tried until the body fits.
+    let mut mem: Vec<Inst> = Vec::new();
+    for i in &lp.insts {
+        if i.is_mem() && !mem.contains(i) {
+            mem.push(*i);
+        }
+    }
+    let avail = 32 - lp.reds.len();
+    let mut tries = vec![
+        mem.len().min(avail.saturating_sub(MIN_FREE)),
+        mem.len() / 2,
+        0,
+    ];
+    tries.dedup();
+    if tile.is_some() || std::env::var_os("ONNXC_NO_RESIDENT").is_some() {
+        tries = vec![0];
+    }
+    let mut err = String::new();
+    for n in tries {
+        let mut g = Gen {
+            a: CodeAssembler::new(64).map_err(e)?,
+            lp,
+            lay: lp.layout(),
+            pool: CodeLabel::default(),
+            consts: Vec::new(),
+            last: last.clone(),
+            tile,
+            rdisp: vec![0; lp.streams as usize],
+            tile_row: 0,
+            resident: mem[..n]
+                .iter()
+                .enumerate()
+                .map(|(k, &i)| (i, avail - 1 - k))
+                .collect(),
+        };
+        g.pool = g.a.create_label();
+        match g.body() {
+            Ok(()) => return g.a.assemble(0).map_err(e),
+            Err(m) => err = m,
+        }
+    }
+    Err(err)
 }
+
+/// Vector registers left free for the body when uniforms are made resident.
+const MIN_FREE: usize = 12;
 
 impl Gen<'_> {
     fn body(&mut self) -> R<()> {
@@ -500,6 +538,18 @@ impl Gen<'_> {
             self.a.mov(reg, qword_ptr(rdi + off)).map_err(e)?;
         }
         self.a.lea(r11, ptr(self.pool)).map_err(e)?;
+        for k in 0..self.resident.len() {
+            let (inst, r) = self.resident[k];
+            let m = match inst {
+                Inst::Uni(u) => dword_ptr(rdi + self.lay.uni(u as usize) as i32),
+                Inst::Const(bits) => {
+                    let off = self.pool_off(bits);
+                    dword_ptr(r11 + off)
+                }
+                _ => return Err("x86 loop: a resident value must be uniform".into()),
+            };
+            self.a.vbroadcastss(ZMM[r], m).map_err(e)?;
+        }
         // Accumulators from the top register down.
         for r in 0..lp.reds.len() {
             let off = self.lay.red(r) as i32;
@@ -756,10 +806,16 @@ impl Gen<'_> {
         let lp = self.lp;
         let nred = lp.reds.len();
         let mut loc: Vec<Loc> = vec![Loc::None; lp.insts.len()];
-        let mut zfree: Vec<usize> = (0..32 - nred).rev().collect();
+        let nres = self.resident.len();
+        let mut zfree: Vec<usize> = (0..32 - nred - nres).rev().collect();
         let mut kfree: Vec<usize> = (0..KVAL.len()).rev().collect();
         for (j, inst) in lp.insts.iter().enumerate() {
             let ops = inst.operands();
+            // Resident values are in their registers for the whole call.
+            if let Some(&(_, r)) = self.resident.iter().find(|(i, _)| i == inst) {
+                loc[j] = Loc::Z(r);
+                continue;
+            }
             // Memory operands need no register.
             match *inst {
                 Inst::Uni(u) => {
@@ -772,11 +828,14 @@ impl Gen<'_> {
                 }
                 _ => {}
             }
-            // Registers whose value dies here (an operand may appear twice).
+            // Registers whose value dies here (an operand may appear twice); never a
+            // resident one.
             let mut dying: Vec<Loc> = Vec::new();
             for &o in &ops {
-                if self.last[o as usize] == j && !dying.contains(&loc[o as usize]) {
-                    dying.push(loc[o as usize]);
+                let l = loc[o as usize];
+                let resident = matches!(l, Loc::Z(r) if r >= 32 - nred - nres);
+                if self.last[o as usize] == j && !dying.contains(&l) && !resident {
+                    dying.push(l);
                 }
             }
             // A single instruction may write a dying operand's register; min/max and
@@ -789,7 +848,9 @@ impl Gen<'_> {
                 inst,
                 Inst::Bin(Bin::Min | Bin::Max, ..) | Inst::Store { two: true, .. }
             ) || minmax_red;
-            let any_mem = ops.iter().any(|&o| lp.insts[o as usize].is_mem());
+            let any_mem = ops
+                .iter()
+                .any(|&o| matches!(loc[o as usize], Loc::Uni(_) | Loc::Pool(_)));
             let ntmp = if minmax_red
                 || matches!(
                     inst,
