@@ -2,6 +2,7 @@
 //! lowering; values get buffers (model inputs and outputs, constants, arena slices), and
 //! the memory plan fixes the arena offsets.
 
+pub mod alias;
 pub mod gemm;
 pub mod plan;
 
@@ -312,6 +313,9 @@ pub fn lower(g: &Graph, known: &HashMap<ValueId, Value>) -> Result<Lowered> {
     }
     if !errors.is_empty() {
         return Err(Error::Unsupported(errors));
+    }
+    for k in alias::copies(&mut p).into_iter().rev() {
+        kernel_nodes.remove(k);
     }
     let plan = plan::plan(&mut p);
     if let Err(e) = crate::kir::verify::verify_program(&p) {
