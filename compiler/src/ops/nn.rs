@@ -1216,12 +1216,17 @@ mod lower {
 
     /// Channels per block of `dw_lanes`: one AVX-512 vector of f32.
     const DW_LANES: usize = 16;
-    /// Largest padded input plane `dw_lanes` transposes per block (bytes): 28x28 and
-    /// below (58 KiB). Larger planes measured faster with pixels in the lanes
-    /// (`dw_flat`), since the AVX-512 loops keep its nine weights in registers: a
-    /// 144-channel 56x56 layer alone 0.205 -> 0.167 ms, MobileNetV2 1 thread 7.62 ->
-    /// 7.45 ms; EfficientNet-B0 unchanged, and slower with 28x28 planes in `dw_flat` too.
+    /// Largest padded input plane `dw_lanes` transposes per block (bytes) for windows of
+    /// up to 3x3: 28x28 and below (58 KiB). Larger planes measured faster with pixels in
+    /// the lanes (`dw_flat`), since the AVX-512 loops keep its nine weights in
+    /// registers: a 144-channel 56x56 layer alone 0.205 -> 0.167 ms, its stride-2
+    /// version 0.136 -> 0.126, MobileNetV2 1 thread 7.62 -> 7.45 ms; EfficientNet-B0
+    /// slower with 28x28 planes in `dw_flat` too.
     const DW_LANES_MAX_PAD_BYTES: usize = 64 << 10;
+    /// The same for larger windows, whose weights do not all stay in registers (a
+    /// 144-channel 5x5 stride-2 layer on 56x56: 0.168 ms in `dw_lanes`, 0.194 in
+    /// `dw_flat`); beyond, the block's scratch leaves L2.
+    const DW_LANES_MAX_PAD_BYTES_WIDE: usize = 256 << 10;
     /// Most output pixels `dw_lanes` computes per vector iteration (accumulators,
     /// inputs and one kernel row's weights stay within the 32 vector registers).
     const DW_LANES_PX: usize = 7;
@@ -1273,7 +1278,12 @@ mod lower {
         let hp = ((oh_n - 1) * sh + (kh_n - 1) * dh + 1).max(ih + ph);
         let wp = ((ow_n - 1) * sw + (kw_n - 1) * dw + 1).max(iw + pw);
         let (pad_len, t_len) = (hp * wp * lb, oh_n * ow_n * lb);
-        if 4 * pad_len > DW_LANES_MAX_PAD_BYTES {
+        let most = if taps > 9 {
+            DW_LANES_MAX_PAD_BYTES_WIDE
+        } else {
+            DW_LANES_MAX_PAD_BYTES
+        };
+        if 4 * pad_len > most {
             return Ok(false);
         }
         // Weights [block][tap][lane].
