@@ -303,6 +303,21 @@ pub enum Expr {
     StrByte(BufId, Box<Expr>, Box<Expr>),
 }
 
+impl Expr {
+    /// The direct subexpressions, for rewrites that walk the tree.
+    pub fn children_mut(&mut self) -> Vec<&mut Expr> {
+        match self {
+            Expr::Var(_) | Expr::Int(_) | Expr::Float(..) => Vec::new(),
+            Expr::Load(_, a) | Expr::Un(_, a) | Expr::Cast(_, a) => vec![&mut **a],
+            Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) | Expr::StrByte(_, a, b) => {
+                vec![&mut **a, &mut **b]
+            }
+            Expr::Select(c, a, b) => vec![&mut **c, &mut **a, &mut **b],
+            Expr::Call(_, args) => args.iter_mut().collect(),
+        }
+    }
+}
+
 /// Shorthands for building expressions.
 impl Expr {
     pub fn load(buf: BufId, idx: Expr) -> Expr {

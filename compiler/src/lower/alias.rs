@@ -68,30 +68,14 @@ fn writes(body: &[Stmt], buf: BufId) -> bool {
 
 /// `e` with every access to `from` made an access to `to` at `off` elements on.
 fn expr(e: &mut Expr, from: BufId, to: BufId, off: i64) {
-    match e {
-        Expr::Load(b, i) => {
-            expr(i, from, to, off);
-            if *b == from {
-                *b = to;
-                **i = Expr::add(Expr::Int(off), (**i).clone());
-            }
+    for c in e.children_mut() {
+        expr(c, from, to, off);
+    }
+    if let Expr::Load(b, i) = e {
+        if *b == from {
+            *b = to;
+            **i = Expr::add(Expr::Int(off), (**i).clone());
         }
-        Expr::Un(_, a) | Expr::Cast(_, a) => expr(a, from, to, off),
-        Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => {
-            expr(a, from, to, off);
-            expr(b, from, to, off);
-        }
-        Expr::Select(c, a, b) => {
-            expr(c, from, to, off);
-            expr(a, from, to, off);
-            expr(b, from, to, off);
-        }
-        Expr::Call(_, args) => args.iter_mut().for_each(|a| expr(a, from, to, off)),
-        Expr::StrByte(_, i, j) => {
-            expr(i, from, to, off);
-            expr(j, from, to, off);
-        }
-        Expr::Var(_) | Expr::Int(_) | Expr::Float(..) => {}
     }
 }
 

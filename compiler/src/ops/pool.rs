@@ -783,6 +783,24 @@ mod lower {
         Ok(true)
     }
 
+    /// Whether a pool fits `pool_direct` and `max_pool_planes`: one f32 output, 2-D, at
+    /// most [`P2_TAPS`] taps, no empty dim, and every window inside the input (no
+    /// padding at the start, the last window's end inside).
+    fn all_inside(lw: &LowerCtx, x: &TensorRef, out: &TensorRef, win: &Window) -> bool {
+        lw.outputs.len() == 1
+            && win.k.len() == 2
+            && x.ty() == Ty::F32
+            && out.ty() == Ty::F32
+            && win.kernel_len() <= P2_TAPS
+            && !win.out.contains(&0)
+            && !win.in_sp.contains(&0)
+            && (0..2).all(|d| {
+                let reach = (win.out[d] as i64 - 1) * win.s[d] as i64
+                    + (win.k[d] as i64 - 1) * win.d[d] as i64;
+                win.pb[d] == 0 && reach < win.in_sp[d] as i64
+            })
+    }
+
     /// A 2-D f32 pool whose windows all lie inside the input (no padding reached, as in
     /// 2x2 stride-2 pools and SqueezeNet's 3x3 stride-2 ones): each output is one
     /// expression over all `kh x kw` taps, loaded at the column stride, in a loop nest
@@ -797,23 +815,8 @@ mod lower {
         kind: RowPool,
     ) -> OpResult<bool> {
         let out = lw.outputs[0].clone();
-        if lw.outputs.len() != 1
-            || win.k.len() != 2
-            || x.ty() != Ty::F32
-            || out.ty() != Ty::F32
-            || win.kernel_len() > P2_TAPS
-            || win.out.contains(&0)
-            || win.in_sp.contains(&0)
-        {
+        if !all_inside(lw, x, &out, win) {
             return Ok(false);
-        }
-        // Every window inside: no padding at the start, the last window's end inside.
-        for d in 0..2 {
-            let reach =
-                (win.out[d] as i64 - 1) * win.s[d] as i64 + (win.k[d] as i64 - 1) * win.d[d] as i64;
-            if win.pb[d] != 0 || reach >= win.in_sp[d] as i64 {
-                return Ok(false);
-            }
         }
         let planes = x.shape[0] * x.shape[1];
         let (kh_n, kw_n) = (win.k[0] as i64, win.k[1] as i64);
@@ -882,25 +885,8 @@ mod lower {
     /// window with none gives NaN. Returns false where it does not apply.
     fn max_pool_planes(lw: &mut LowerCtx, x: &TensorRef, win: &Window) -> OpResult<bool> {
         let out = lw.outputs[0].clone();
-        if lw.outputs.len() != 1
-            || win.k.len() != 2
-            || x.ty() != Ty::F32
-            || out.ty() != Ty::F32
-            || win.kernel_len() > P2_TAPS
-            || win.out.contains(&0)
-            || win.in_sp.contains(&0)
-            || win.s[1] < 2
-            || win.k[0] < 2
-            || win.k[1] < 2
-        {
+        if !all_inside(lw, x, &out, win) || win.s[1] < 2 || win.k[0] < 2 || win.k[1] < 2 {
             return Ok(false);
-        }
-        for d in 0..2 {
-            let reach =
-                (win.out[d] as i64 - 1) * win.s[d] as i64 + (win.k[d] as i64 - 1) * win.d[d] as i64;
-            if win.pb[d] != 0 || reach >= win.in_sp[d] as i64 {
-                return Ok(false);
-            }
         }
         let planes = x.shape[0] * x.shape[1];
         let (kh_n, kw_n) = (win.k[0] as i64, win.k[1] as i64);
