@@ -20,6 +20,7 @@ use std::process::ExitCode;
 ///   onnxc run model.onnx --input x=x.npy --output-dir out/ [--engine compiled]
 ///   onnxc check model.onnx                               # compiled vs reference, random inputs
 ///   onnxc bench model.onnx [--threads 2]                 # compiled vs ONNX Runtime, timed
+///   onnxc bench model.onnx --profile 20                  # ... and each one's time per kernel
 ///
 /// Symbolic dims (batch, sequence) are fixed with --shape NAME=1x3x224x224.
 #[derive(Parser, Debug)]
