@@ -269,7 +269,7 @@ fn cases() -> Vec<Case> {
     // 3x3 stride-1 convs through Winograd F(2x2, 3x3): odd output sizes (tiles that
     // lose a column or a row), uneven pads, and enough channels for a loop of blocks of
     // tile rows and a tail block ending in a tile row of one output row.
-    let convs: [ConvCase; 19] = [
+    let convs: [ConvCase; 21] = [
         (
             "wino3x3_odd",
             vec![2, 6, 17, 13],
@@ -401,6 +401,22 @@ fn cases() -> Vec<Case> {
             vec![96, 160, 1, 1],
             vec![],
             vec![2, 96, 7, 7],
+        ),
+        (
+            // Channels in the lanes on 20 and 36 pixels: X's panels of 12 pixels with a
+            // partial last panel, and whole panels only.
+            "conv1x1_lanes_20px",
+            vec![1, 128, 4, 5],
+            vec![48, 128, 1, 1],
+            vec![],
+            vec![1, 48, 4, 5],
+        ),
+        (
+            "conv1x1_lanes_36px",
+            vec![1, 128, 6, 6],
+            vec![48, 128, 1, 1],
+            vec![],
+            vec![1, 48, 6, 6],
         ),
         (
             // Squeeze-excitation's expanding 1x1 conv on one pixel: channels in the

@@ -580,18 +580,29 @@ fn conv_transposed(
     );
     let mut k = lw.kernel("");
     let nv = k.var(Ty::I64);
-    let mut body = p2.im2col(
-        &mut k,
-        x.buf,
-        cb,
-        nv,
-        c,
-        kd,
-        Expr::Int(0),
-        p2.oh,
-        A_PANEL,
-        Expr::Int(0),
-    );
+    let direct = p2.kh == 1
+        && p2.kw == 1
+        && p2.sh == 1
+        && p2.sw == 1
+        && p2.ph == 0
+        && p2.pw == 0
+        && (p2.oh, p2.ow) == (p2.h, p2.w);
+    let mut body = if direct {
+        panels_of_pixels(&mut k, x.buf, cb, nv, c, ol)
+    } else {
+        p2.im2col(
+            &mut k,
+            x.buf,
+            cb,
+            nv,
+            c,
+            kd,
+            Expr::Int(0),
+            p2.oh,
+            A_PANEL,
+            Expr::Int(0),
+        )
+    };
     body.push(Stmt::Gemm(Box::new(GemmCall {
         m: ol as u64,
         n: m as u64,
@@ -617,6 +628,85 @@ fn conv_transposed(
         body,
     }];
     lw.push(k);
+}
+
+/// The `c x ol` input planes of image `nv` (a 1x1 stride-1 conv's X) transposed into
+/// `cb` as the A operand's row panels of [`A_PANEL`] pixels (`cb[p][ci][r] =
+/// x[ci][p * A_PANEL + r]`, pixels past `ol` zero): per panel one nest over the channels
+/// and a row of the panel, which the AVX-512 back end runs as one call walking the
+/// channels. (Plane::im2col split each channel's pixels at every image row and panel
+/// edge: a 7x7 plane was 15 loops of 1-7 elements per channel.)
+fn panels_of_pixels(
+    k: &mut Kernel,
+    x: crate::kir::BufId,
+    cb: crate::kir::BufId,
+    nv: VarId,
+    c: usize,
+    ol: usize,
+) -> Vec<Stmt> {
+    let (full, rem) = (ol / A_PANEL, ol % A_PANEL);
+    let (pv, cv, rv) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+    let v = |x: VarId| Expr::Var(x);
+    let int = |x: usize| Expr::Int(x as i64);
+    let panel = c * A_PANEL;
+    let dst = |p: Expr, r: Expr| {
+        Expr::add(
+            Expr::mul(p, int(panel)),
+            Expr::add(Expr::mul(v(cv), int(A_PANEL)), r),
+        )
+    };
+    let src = |p: Expr, r: Expr| {
+        Expr::add(
+            Expr::add(Expr::mul(v(nv), int(c * ol)), Expr::mul(v(cv), int(ol))),
+            Expr::add(Expr::mul(p, int(A_PANEL)), r),
+        )
+    };
+    let mut body = Vec::new();
+    if rem > 0 {
+        // The last panel zeroed first, then its pixels copied over.
+        let zv = k.var(Ty::I64);
+        body.push(Stmt::For {
+            var: zv,
+            extent: panel as u64,
+            body: vec![Stmt::Store {
+                buf: cb,
+                index: Expr::add(int(full * panel), v(zv)),
+                value: Expr::f(0.0, Ty::F32),
+            }],
+        });
+    }
+    // (One pixel: no loop of one iteration, which would keep the channel loop scalar.)
+    let copy = |p: Expr, n: usize| {
+        let r = if n == 1 { int(0) } else { v(rv) };
+        let mut st = Stmt::Store {
+            buf: cb,
+            index: dst(p.clone(), r.clone()),
+            value: Expr::load(x, src(p, r)),
+        };
+        if n > 1 {
+            st = Stmt::For {
+                var: rv,
+                extent: n as u64,
+                body: vec![st],
+            };
+        }
+        Stmt::For {
+            var: cv,
+            extent: c as u64,
+            body: vec![st],
+        }
+    };
+    if full > 0 {
+        body.push(Stmt::For {
+            var: pv,
+            extent: full as u64,
+            body: vec![copy(v(pv), A_PANEL)],
+        });
+    }
+    if rem > 0 {
+        body.push(copy(int(full), rem));
+    }
+    body
 }
 
 /// `out[img, co, r, q] = epilogue(src(co, r, q))` over the `m` channels and the
