@@ -379,6 +379,9 @@ struct Gen<'l> {
     /// Uniforms and constants held in registers for the whole call (broadcast once at
     /// entry), by the instruction that makes each: (instruction, register).
     resident: Vec<(Inst, usize)>,
+    /// A register holding the even-element permutation of [`Inst::Load2`] for the whole
+    /// call (loaded once at entry; else reloaded for every such load).
+    perm: Option<usize>,
 }
 
 /// The gathered stream of tile mode: `s[stride (i + l) + disp]` for lane `l`.
@@ -479,14 +482,17 @@ pub fn generate(lp: &Loop) -> R<Vec<u8>> {
             mem.push(*i);
         }
     }
-    let avail = 32 - lp.reds.len();
+    let resident_ok = tile.is_none() && std::env::var_os("ONNXC_NO_RESIDENT").is_none();
+    let perm = (resident_ok && lp.insts.iter().any(|i| matches!(i, Inst::Load2 { .. })))
+        .then_some(31 - lp.reds.len());
+    let avail = 32 - lp.reds.len() - usize::from(perm.is_some());
     let mut tries = vec![
         mem.len().min(avail.saturating_sub(MIN_FREE)),
         mem.len() / 2,
         0,
     ];
     tries.dedup();
-    if tile.is_some() || std::env::var_os("ONNXC_NO_RESIDENT").is_some() {
+    if !resident_ok {
         tries = vec![0];
     }
     let mut err = String::new();
@@ -506,6 +512,7 @@ pub fn generate(lp: &Loop) -> R<Vec<u8>> {
                 .enumerate()
                 .map(|(k, &i)| (i, avail - 1 - k))
                 .collect(),
+            perm,
         };
         g.pool = g.a.create_label();
         match g.body() {
@@ -518,6 +525,9 @@ pub fn generate(lp: &Loop) -> R<Vec<u8>> {
 
 /// Vector registers left free for the body when uniforms are made resident.
 const MIN_FREE: usize = 12;
+/// [`Inst::Load2`]'s permutation: lanes 0..16 are elements 0, 2, .., 30 of the two
+/// vectors at the lane-0 address.
+const EVEN: [u32; 16] = [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30];
 
 impl Gen<'_> {
     fn body(&mut self) -> R<()> {
@@ -538,6 +548,10 @@ impl Gen<'_> {
             self.a.mov(reg, qword_ptr(rdi + off)).map_err(e)?;
         }
         self.a.lea(r11, ptr(self.pool)).map_err(e)?;
+        if let Some(r) = self.perm {
+            let io = self.pool_slice(&EVEN);
+            self.a.vmovups(ZMM[r], zmmword_ptr(r11 + io)).map_err(e)?;
+        }
         for k in 0..self.resident.len() {
             let (inst, r) = self.resident[k];
             let m = match inst {
@@ -806,7 +820,7 @@ impl Gen<'_> {
         let lp = self.lp;
         let nred = lp.reds.len();
         let mut loc: Vec<Loc> = vec![Loc::None; lp.insts.len()];
-        let nres = self.resident.len();
+        let nres = self.resident.len() + usize::from(self.perm.is_some());
         let mut zfree: Vec<usize> = (0..32 - nred - nres).rev().collect();
         let mut kfree: Vec<usize> = (0..KVAL.len()).rev().collect();
         for (j, inst) in lp.insts.iter().enumerate() {
@@ -1081,8 +1095,7 @@ impl Gen<'_> {
             Inst::Load2 { s, disp, .. } => {
                 // Lanes 0..16 of the result are elements 0, 2, .., 30 of the two vectors
                 // at the lane-0 address.
-                let idx: Vec<u32> = (0..16).map(|l| 2 * l).collect();
-                let io = self.pool_slice(&idx);
+                let io = self.pool_slice(&EVEN);
                 let (lo, hi) = (ZMM[tmp[0]], ZMM[tmp[1]]);
                 let (m0, m1) = (self.stream_at2(s, disp), self.stream_at2(s, disp + 64));
                 if masked {
@@ -1101,8 +1114,16 @@ impl Gen<'_> {
                     let ob = self.pool_off(mb);
                     self.a.kmovw(k6, word_ptr(r11 + ob)).map_err(e)?;
                     self.a.vmovups(hi.k6().z(), m1).map_err(e)?;
-                    self.a.vmovups(d, zmmword_ptr(r11 + io)).map_err(e)?;
+                    match self.perm {
+                        Some(r) => self.a.vmovaps(d, ZMM[r]).map_err(e)?,
+                        None => self.a.vmovups(d, zmmword_ptr(r11 + io)).map_err(e)?,
+                    }
                     self.a.vpermi2ps(d, lo, hi).map_err(e)?;
+                } else if let Some(r) = self.perm {
+                    // The first vector into d, permuted with the second in place: the
+                    // index stays in its register.
+                    self.a.vmovups(d, m0).map_err(e)?;
+                    self.a.vpermt2ps(d, ZMM[r], m1).map_err(e)?;
                 } else {
                     self.a.vmovups(lo, m0).map_err(e)?;
                     self.a.vmovups(d, zmmword_ptr(r11 + io)).map_err(e)?;
