@@ -265,18 +265,20 @@ impl Profile {
         if self.onnxc.is_empty() || self.ort.is_empty() {
             return Vec::new();
         }
-        let bare = |k: &Span| -> String {
-            let n = k.name.split_once(' ').map_or(k.name.as_str(), |(_, n)| n);
-            n.to_string()
-        };
-        let order = |k: &Span| -> usize {
-            k.name
-                .strip_prefix('k')
-                .and_then(|r| r.split_once(' '))
-                .and_then(|(i, _)| i.parse().ok())
-                .unwrap_or(usize::MAX)
-        };
-        let names: Vec<String> = self.onnxc.iter().map(bare).collect();
+        // Each kernel's run order and its node name ("kN name").
+        let keys: Vec<(usize, &str)> = self
+            .onnxc
+            .iter()
+            .map(|k| match k.name.split_once(' ') {
+                Some((i, n)) => (
+                    i.strip_prefix('k')
+                        .and_then(|r| r.parse().ok())
+                        .unwrap_or(usize::MAX),
+                    n,
+                ),
+                None => (usize::MAX, k.name.as_str()),
+            })
+            .collect();
         let mut sum = vec![(0.0, 0usize); self.onnxc.len()];
         for node in &self.ort {
             let common = |n: &str| {
@@ -285,11 +287,8 @@ impl Profile {
                     .take_while(|(a, b)| a == b)
                     .count()
             };
-            let best = (0..self.onnxc.len()).max_by(|&a, &b| {
-                common(&names[a])
-                    .cmp(&common(&names[b]))
-                    .then(order(&self.onnxc[b]).cmp(&order(&self.onnxc[a])))
-            });
+            let best =
+                (0..keys.len()).max_by_key(|&i| (common(keys[i].1), std::cmp::Reverse(keys[i].0)));
             if let Some(i) = best {
                 sum[i].0 += node.ms;
                 sum[i].1 += 1;
@@ -446,7 +445,6 @@ fn bench_in(
         )?;
         read_times(&dir.join("times_ns.txt"))
     };
-    let mut onnxc_ns = vec![run_onnxc(0)?];
     let shapes = g
         .outputs
         .iter()
@@ -461,7 +459,6 @@ fn bench_in(
             }
         })
         .collect::<Result<Vec<_>>>()?;
-    let outs = read_outputs(dir, &shapes)?;
     // ONNX Runtime on the same inputs, alternating with the compiled model by rounds.
     let (mut ort, mut ort_version, mut errs) = (None, None, Vec::new());
     let ort_files = if opts.with_ort {
@@ -471,16 +468,14 @@ fn bench_in(
     } else {
         None
     };
-    let mut ort_ns = Vec::new();
+    let (mut onnxc_ns, mut ort_ns, mut outs) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..opts.rounds {
         // The profile runs come after the last round's timed runs.
         let last = round + 1 == opts.rounds;
         let profile = if last { opts.profile } else { 0 };
-        if round > 0 || profile > 0 {
-            let ns = run_onnxc(profile)?;
-            if round > 0 {
-                onnxc_ns.push(ns);
-            }
+        onnxc_ns.push(run_onnxc(profile)?);
+        if round == 0 {
+            outs = read_outputs(dir, &shapes)?;
         }
         if let Some((py, abs)) = &ort_files {
             let v = run_cmd(

@@ -11,6 +11,7 @@
 //! 64-byte alignment (buffers start so aligned), element types must match, and strings
 //! are left alone.
 
+use super::writes;
 use crate::kir::{BufId, BufKind, Expr, Kernel, Program, Stmt, Ty, VarId};
 
 /// Alignment (bytes) an aliased buffer's offset into its destination keeps.
@@ -54,16 +55,6 @@ fn as_copy(k: &Kernel, p: &Program) -> Option<(BufId, BufId, i64)> {
         return None;
     }
     Some((*src, *dst, c))
-}
-
-fn writes(body: &[Stmt], buf: BufId) -> bool {
-    body.iter().any(|s| match s {
-        Stmt::Store { buf: b, .. } => *b == buf,
-        Stmt::For { body, .. } | Stmt::While { body, .. } => writes(body, buf),
-        Stmt::If { then, els, .. } => writes(then, buf) || writes(els, buf),
-        Stmt::Set { .. } => false,
-        Stmt::Gemm(g) => g.c.buf == buf,
-    })
 }
 
 /// `e` with every access to `from` made an access to `to` at `off` elements on.
@@ -120,15 +111,19 @@ fn stmts(body: &mut [Stmt], from: BufId, to: BufId, off: i64) {
 /// (in the program as it was) of the kernels removed.
 pub fn copies(p: &mut Program) -> Vec<usize> {
     // Destinations that only copies write (decided on the program as it comes: once a
-    // copy goes, its source's producer writes the destination too).
-    let clean: Vec<bool> = (0..p.buffers.len())
-        .map(|b| {
-            p.kernels
-                .iter()
-                .filter(|k| writes(&k.body, b))
-                .all(|k| as_copy(k, p).is_some_and(|(_, d, _)| d == b))
-        })
-        .collect();
+    // copy goes, its source's producer writes the destination too). Only the copies'
+    // destinations are candidates, so only theirs are looked up.
+    let mut clean = std::collections::HashMap::new();
+    for k in &p.kernels {
+        if let Some((_, dst, _)) = as_copy(k, p) {
+            clean.entry(dst).or_insert_with(|| {
+                p.kernels
+                    .iter()
+                    .filter(|k| writes(&k.body, dst))
+                    .all(|k| as_copy(k, p).is_some_and(|(_, d, _)| d == dst))
+            });
+        }
+    }
     let mut removed = Vec::new();
     let mut i = 0;
     let mut orig = 0;
@@ -143,7 +138,7 @@ pub fn copies(p: &mut Program) -> Vec<usize> {
                 && c >= 0
                 && bytes.is_multiple_of(ALIGN)
                 && p.kernels[i..].iter().all(|k| !writes(&k.body, src))
-                && clean[dst]
+                && clean.get(&dst) == Some(&true)
         });
         match ok {
             Some((src, dst, c)) => {

@@ -393,7 +393,8 @@ fn copy_kernel(name: &str, src: BufId, dst: BufId, len: u64) -> Kernel {
     k
 }
 
-fn writes(body: &[Stmt], buf: BufId) -> bool {
+/// Whether `body` stores into `buf` (a GEMM's C included).
+pub(super) fn writes(body: &[Stmt], buf: BufId) -> bool {
     body.iter().any(|s| match s {
         Stmt::Store { buf: b, .. } => *b == buf,
         Stmt::For { body, .. } => writes(body, buf),

@@ -115,13 +115,19 @@ fn inline(e: &Expr, defs: &[(VarId, Expr)]) -> Expr {
     }
 }
 
-/// Whether `d` is `1 + exp(e)` (either order): a divisor in [1, inf] (or NaN).
-fn one_plus_exp(d: &Expr) -> bool {
+/// `e` when `d` is `1 + exp(e)` or `exp(e) + 1` (f32): the divisor of sigmoid and SiLU.
+fn exp_of_one_plus(d: &Expr) -> Option<&Expr> {
     let one = |e: &Expr| matches!(e, Expr::Float(x, Ty::F32) if *x == 1.0);
-    let exp = |e: &Expr| matches!(e, Expr::Call(MathFn::Exp, _));
-    match d {
-        Expr::Bin(BinOp::Add, a, b) => (one(a) && exp(b)) || (exp(a) && one(b)),
-        _ => false,
+    let Expr::Bin(BinOp::Add, a, b) = d else {
+        return None;
+    };
+    match (&**a, &**b) {
+        (Expr::Call(MathFn::Exp, e), o) | (o, Expr::Call(MathFn::Exp, e))
+            if one(o) && e.len() == 1 =>
+        {
+            Some(&e[0])
+        }
+        _ => None,
     }
 }
 
@@ -646,18 +652,14 @@ impl Gen<'_, '_> {
                 };
                 t.b.push(Inst::Fma(kind, vx, vy, vo))
             }
-            Expr::Bin(BinOp::Div, a, d) if ty == Ty::F32 && !t.exact && one_plus_exp(d) => {
+            Expr::Bin(BinOp::Div, a, d)
+                if ty == Ty::F32 && !t.exact && exp_of_one_plus(d).is_some() =>
+            {
                 // a / (1 + exp(e)) (sigmoid, SiLU): e^e below the smallest normal needs
                 // no flush (1 + it is 1), and the division instruction: on Zen 4 its
                 // unit runs beside the FMA pipes, where a 14-bit reciprocal and a Newton
                 // step took four instructions.
-                let Expr::Bin(BinOp::Add, p, q) = &**d else {
-                    return None;
-                };
-                let e = match (&**p, &**q) {
-                    (Expr::Call(MathFn::Exp, e), _) | (_, Expr::Call(MathFn::Exp, e)) => &e[0],
-                    _ => return None,
-                };
+                let e = exp_of_one_plus(d)?;
                 let va = self.wexpr(t, a)?;
                 let ve = self.wexpr(t, e)?;
                 if t.is_mask(va) || t.is_mask(ve) {
