@@ -486,11 +486,9 @@ pub fn generate(lp: &Loop) -> R<Vec<u8>> {
     let perm = (resident_ok && lp.insts.iter().any(|i| matches!(i, Inst::Load2 { .. })))
         .then_some(31 - lp.reds.len());
     let avail = 32 - lp.reds.len() - usize::from(perm.is_some());
-    let mut tries = vec![
-        mem.len().min(avail.saturating_sub(MIN_FREE)),
-        mem.len() / 2,
-        0,
-    ];
+    // (Each try at most the first: more than `avail` would leave no register at all.)
+    let most = mem.len().min(avail.saturating_sub(MIN_FREE));
+    let mut tries = vec![most, (mem.len() / 2).min(most), 0];
     tries.dedup();
     if !resident_ok {
         tries = vec![0];
