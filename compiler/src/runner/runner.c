@@ -80,6 +80,9 @@ int main(int argc, char **argv) {
     }
     for (uint32_t i = 0; i < m->n_outputs; i++) outs[i] = alloc64(m->outputs[i].bytes);
     void *arena = alloc64(m->arena_bytes);
+    /* The arena starts as garbage (every f32 a NaN), as an application's reused arena
+     * holds the last run's values: a kernel reading scratch it did not write shows. */
+    if (arena) memset(arena, 0xff, (size_t)((m->arena_bytes + 63) / 64 * 64));
     const char *nt = getenv("ONNXC_THREADS");
     int n_threads = nt ? atoi(nt) : 1;
     int32_t rc;
