@@ -8,7 +8,7 @@
 //! Level 1 (cleanup): `fold_shape_ops`, `fold_constants`, `remove_noops`,
 //! `eliminate_common_subexpressions`, `eliminate_dead_code`. Level 2 (algebraic folding
 //! into weights, then fusion): `fold_batchnorm`, `matmul_add_to_gemm`, `fold_scale_bias`,
-//! `fuse_patterns`, `fuse_epilogue`, `fuse_elementwise`, `eliminate_dead_code`.
+//! `fold_input_scale`, `fuse_patterns`, `fuse_epilogue`, `fuse_elementwise`, `eliminate_dead_code`.
 //! No pass changes the graph's inputs or outputs (names and types), and every value it
 //! creates is typed.
 
@@ -17,6 +17,7 @@ pub mod eliminate_dead_code;
 pub mod expand_flex_attention;
 pub mod fold_batchnorm;
 pub mod fold_constants;
+pub mod fold_input_scale;
 pub mod fold_scale_bias;
 pub mod fold_shape_ops;
 pub mod fuse_elementwise;
@@ -96,6 +97,11 @@ pub const PIPELINE: &[Pass] = &[
         name: "fold_scale_bias",
         level: 2,
         run: fold_scale_bias::run,
+    },
+    Pass {
+        name: "fold_input_scale",
+        level: 2,
+        run: fold_input_scale::run,
     },
     // Level 2: fusion, after the folding.
     Pass {
