@@ -1748,11 +1748,11 @@ mod lower {
                 // share, with its own variables (a loop whose variables another loop
                 // reuses stays serial).
                 let (rv2, cv2, qv2) = (k_.var(Ty::I64), k_.var(Ty::I64), k_.var(Ty::I64));
-                let (xb2, sb2) = (k_.var(Ty::I64), k_.var(Ty::I64));
-                let dst = add(
-                    add(v(sb2), int(base + a * wp + b)),
-                    add(mul(v(rv2), int(wp)), v(qv2)),
-                );
+                let (xb2, sb2, at) = (k_.var(Ty::I64), k_.var(Ty::I64), k_.var(Ty::I64));
+                // (The phase's offset in a variable set before the loop: as a constant
+                // in the index, kir::parallel could not tell the rows apart.)
+                copies.push(set(at, int(base + a * wp + b)));
+                let dst = add(add(v(sb2), v(at)), add(mul(v(rv2), int(wp)), v(qv2)));
                 let src = add(
                     add(v(xb2), int(r0 * iw + c0)),
                     add(mul(v(rv2), int(sh * iw)), mul(v(qv2), int(sw))),
