@@ -1612,6 +1612,11 @@ mod lower {
     /// Most taps (`c * kh * kw`) of a group-1 conv [`conv_few_channels`] takes: an RGB
     /// stem's 27 (3x3 on 3 channels).
     const FEW_MAX_TAPS: usize = 32;
+    /// Most input channels for [`conv_few_channels`], whose windows are wider than one
+    /// pixel: 1x1 convs on 16 or 32 channels went there too, at 0.167 ms instead of the
+    /// GEMM's 0.117 (32 -> 16 on 112x112), which copied no input and keeps 24
+    /// accumulators.
+    const FEW_MAX_CHANNELS: usize = 4;
     /// Fewest output pixels for [`conv_few_channels`]: a large plane, where the im2col's
     /// short runs (rows cut at every 32-pixel panel edge, stride-2 gathers) cost more
     /// than the GEMM of depth 27 they feed.
@@ -1655,6 +1660,8 @@ mod lower {
         let (ph, pw) = (win.pb[0], win.pb[1]);
         let taps = c * (kh_n * kw_n) as usize;
         if w.shape[1] != c
+            || c > FEW_MAX_CHANNELS
+            || kh_n * kw_n == 1
             || taps > FEW_MAX_TAPS
             || ((oh_n * ow_n) as usize) < FEW_MIN_PIXELS
             || sh * sw > FEW_MAX_PHASES
