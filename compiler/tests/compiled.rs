@@ -276,16 +276,7 @@ fn rel_err(a: &Value, b: &Value) -> f64 {
     let diff = a
         .iter()
         .zip(b.iter())
-        .map(|(x, y)| {
-            // (A NaN where the other has a number is an error: f64::max drops NaNs.)
-            if x == y || (x.is_nan() && y.is_nan()) {
-                0.0
-            } else if x.is_nan() || y.is_nan() {
-                f64::INFINITY
-            } else {
-                (x - y).abs()
-            }
-        })
+        .map(|(x, y)| common::abs_diff(*x, *y))
         .fold(0.0, f64::max);
     diff / b.iter().map(|y| y.abs()).fold(0.0, f64::max).max(1e-30)
 }

@@ -518,16 +518,7 @@ fn rel_err(got: &Tensor, want: &Tensor) -> f64 {
     let scale = w.iter().fold(0f64, |m, x| m.max(x.abs())).max(1e-30);
     g.iter()
         .zip(w.iter())
-        .map(|(x, y)| {
-            // (A NaN where the other has a number is an error: f64::max drops NaNs.)
-            if x == y || (x.is_nan() && y.is_nan()) {
-                0.0
-            } else if x.is_nan() || y.is_nan() {
-                f64::INFINITY
-            } else {
-                (x - y).abs()
-            }
-        })
+        .map(|(x, y)| common::abs_diff(*x, *y))
         .fold(0f64, f64::max)
         / scale
 }

@@ -1442,6 +1442,102 @@ mod lower {
     /// little work to hand out (EfficientNet-B0's 7x7 layers ran on one thread).
     const DW_FLAT_SLOT_BYTES: usize = 128 << 10;
 
+    /// The zero-padded phase planes through which a strided window reads at unit stride
+    /// (`dw_flat`, `conv_few_channels`): plane `(r % sh) * sw + q % sw` holds the padded
+    /// input's rows `r` and columns `q` of its phase, `wp` to a row, so that tap `(kh,
+    /// kw)` of output `(oh, ow)` is element `oh * wp + ow + off` of plane `phase`
+    /// ([`Phases::tap`]). Planes are `plane` elements apart (16-element aligned, large
+    /// enough for the furthest tap).
+    struct Phases {
+        sh: i64,
+        sw: i64,
+        dh: i64,
+        dw: i64,
+        wp: i64,
+        plane: i64,
+    }
+
+    /// One phase's copy: input rows `r0 + sh * i` (`nr` of them) and columns `c0 + sw *
+    /// j` (`nq`) go to rows `a + i` and columns `b + j` of plane `phase` (none when `nr`
+    /// or `nq` is not positive).
+    struct PhaseCopy {
+        phase: i64,
+        r0: i64,
+        nr: i64,
+        a: i64,
+        c0: i64,
+        nq: i64,
+        b: i64,
+    }
+
+    impl Phases {
+        /// None for negative pads or planes too large.
+        fn of(win: &super::Window) -> Option<Phases> {
+            let (kh_n, kw_n) = (win.k[0] as i64, win.k[1] as i64);
+            let (oh_n, ow_n) = (win.out[0] as i64, win.out[1] as i64);
+            let (ih, iw) = (win.in_sp[0] as i64, win.in_sp[1] as i64);
+            let (sh, sw) = (win.s[0] as i64, win.s[1] as i64);
+            let (ph, pw) = (win.pb[0], win.pb[1]);
+            let (dh, dw) = (win.d[0] as i64, win.d[1] as i64);
+            // Padded extent: every row/column a tap reads, and every input one placed.
+            let hp = ((oh_n - 1) * sh + (kh_n - 1) * dh + 1).max(ih + ph);
+            let wpad = ((ow_n - 1) * sw + (kw_n - 1) * dw + 1).max(iw + pw);
+            let (hq, wp) = ((hp + sh - 1) / sh, (wpad + sw - 1) / sw);
+            if ph < 0 || pw < 0 || oh_n * wp > 1 << 24 {
+                return None;
+            }
+            let mut p = Phases {
+                sh,
+                sw,
+                dh,
+                dw,
+                wp,
+                plane: 0,
+            };
+            let max_off = (0..kh_n)
+                .flat_map(|kh| (0..kw_n).map(move |kw| (kh, kw)))
+                .map(|(kh, kw)| p.tap(kh, kw).1)
+                .max()
+                .unwrap_or(0);
+            p.plane = ((oh_n * wp + max_off).max(hq * wp) + 15) / 16 * 16;
+            Some(p)
+        }
+
+        /// Tap `(kh, kw)`: its phase plane and its offset in it.
+        fn tap(&self, kh: i64, kw: i64) -> (i64, i64) {
+            let (r, cq) = (kh * self.dh, kw * self.dw);
+            (
+                (r % self.sh) * self.sw + cq % self.sw,
+                (r / self.sh) * self.wp + cq / self.sw,
+            )
+        }
+
+        /// Every phase's copy of the window's input plane.
+        fn copies(&self, win: &super::Window) -> Vec<PhaseCopy> {
+            let (ih, iw) = (win.in_sp[0] as i64, win.in_sp[1] as i64);
+            let (ph, pw) = (win.pb[0], win.pb[1]);
+            let (sh, sw) = (self.sh, self.sw);
+            let mut v = Vec::new();
+            for rh in 0..sh {
+                // Input rows r with (r + ph) % sh == rh: r = r' sh + r0, padded row r' + a.
+                let r0 = (rh - ph).rem_euclid(sh);
+                for rw in 0..sw {
+                    let c0 = (rw - pw).rem_euclid(sw);
+                    v.push(PhaseCopy {
+                        phase: rh * sw + rw,
+                        r0,
+                        nr: (ih - r0 + sh - 1) / sh,
+                        a: (r0 + ph) / sh,
+                        c0,
+                        nq: (iw - c0 + sw - 1) / sw,
+                        b: (c0 + pw) / sw,
+                    });
+                }
+            }
+            v
+        }
+    }
+
     /// 2-D depthwise f32 convolution over whole planes: each input plane is copied into
     /// zero-padded scratch, split into its `sh x sw` row and column phases, so that every
     /// tap of output `(oh, ow)` reads `phase[oh * wp + ow + const]` (`wp`: the phase
@@ -1474,28 +1570,10 @@ mod lower {
         let (oh_n, ow_n) = (win.out[0] as i64, win.out[1] as i64);
         let (ih, iw) = (win.in_sp[0] as i64, win.in_sp[1] as i64);
         let (sh, sw) = (win.s[0] as i64, win.s[1] as i64);
-        let (dh, dw) = (win.d[0] as i64, win.d[1] as i64);
-        let (ph, pw) = (win.pb[0], win.pb[1]);
-        // Padded extent: every row/column a tap reads, and every input row/column placed.
-        let hp = ((oh_n - 1) * sh + (kh_n - 1) * dh + 1).max(ih + ph);
-        let wpad = ((ow_n - 1) * sw + (kw_n - 1) * dw + 1).max(iw + pw);
-        let (hq, wp) = ((hp + sh - 1) / sh, (wpad + sw - 1) / sw);
-        if ph < 0 || pw < 0 || oh_n * wp > 1 << 24 {
+        let Some(phs) = Phases::of(win) else {
             return Ok(false);
-        }
-        // Tap (kh, kw): phase plane and offset from i.
-        let tap = |kh: i64, kw: i64| {
-            let (r, cq) = (kh * dh, kw * dw);
-            ((r % sh) * sw + cq % sw, (r / sh) * wp + cq / sw)
         };
-        let flat_n = oh_n * wp;
-        // A phase plane: large enough for the furthest tap read, 16-element aligned.
-        let max_off = (0..kh_n)
-            .flat_map(|kh| (0..kw_n).map(move |kw| (kh, kw)))
-            .map(|(kh, kw)| tap(kh, kw).1)
-            .max()
-            .unwrap_or(0);
-        let plane = ((flat_n + max_off).max(hq * wp) + 15) / 16 * 16;
+        let (wp, plane) = (phs.wp, phs.plane);
         let phases = sh * sw;
         let gplane = phases * plane;
         // Groups in parts of consecutive groups, one slot each, up to the slot count
@@ -1529,36 +1607,36 @@ mod lower {
             set(xb, mul(ng, int(ih * iw))),
             set(sb, mul(v(slot), int(gplane))),
         ];
-        for rh in 0..sh {
-            // Input rows r with (r + ph) % sh == rh: r = r' sh + r0, padded row r' + a.
-            let r0 = (rh - ph).rem_euclid(sh);
-            let nr = (ih - r0 + sh - 1) / sh;
-            let a = (r0 + ph) / sh;
-            for rw in 0..sw {
-                let c0 = (rw - pw).rem_euclid(sw);
-                let nq = (iw - c0 + sw - 1) / sw;
-                let b = (c0 + pw) / sw;
-                if nr <= 0 || nq <= 0 {
-                    continue;
-                }
-                let dst = add(
-                    add(v(sb), int((rh * sw + rw) * plane + a * wp + b)),
-                    add(mul(v(rv), int(wp)), v(qv)),
-                );
-                let src = add(
-                    add(v(xb), int(r0 * iw + c0)),
-                    add(mul(v(rv), int(sh * iw)), mul(v(qv), int(sw))),
-                );
-                gbody.push(for_(
-                    rv,
-                    nr as usize,
-                    vec![for_(
-                        qv,
-                        nq as usize,
-                        vec![store(scratch, dst, Expr::load(x.buf, src))],
-                    )],
-                ));
+        for pc in phs.copies(win) {
+            let PhaseCopy {
+                phase,
+                r0,
+                nr,
+                a,
+                c0,
+                nq,
+                b,
+            } = pc;
+            if nr <= 0 || nq <= 0 {
+                continue;
             }
+            let dst = add(
+                add(v(sb), int(phase * plane + a * wp + b)),
+                add(mul(v(rv), int(wp)), v(qv)),
+            );
+            let src = add(
+                add(v(xb), int(r0 * iw + c0)),
+                add(mul(v(rv), int(sh * iw)), mul(v(qv), int(sw))),
+            );
+            gbody.push(for_(
+                rv,
+                nr as usize,
+                vec![for_(
+                    qv,
+                    nq as usize,
+                    vec![store(scratch, dst, Expr::load(x.buf, src))],
+                )],
+            ));
         }
         // Per output channel: weights and bias in variables, then the output rows.
         let oc = add(mul(gv.clone(), int(mg as i64)), v(mv));
@@ -1582,7 +1660,7 @@ mod lower {
         let rows: Vec<Expr> = (0..kh_n)
             .filter_map(|kh| {
                 let taps = (0..kw_n).map(|kw| {
-                    let (ph_i, off) = tap(kh, kw);
+                    let (ph_i, off) = phs.tap(kh, kw);
                     let xi = add(add(v(sb), iv_at.clone()), int(ph_i * plane + off));
                     mul(Expr::load(scratch, xi), v(wv[(kh * kw_n + kw) as usize]))
                 });
@@ -1656,8 +1734,6 @@ mod lower {
         let (oh_n, ow_n) = (win.out[0] as i64, win.out[1] as i64);
         let (ih, iw) = (win.in_sp[0] as i64, win.in_sp[1] as i64);
         let (sh, sw) = (win.s[0] as i64, win.s[1] as i64);
-        let (dh, dw) = (win.d[0] as i64, win.d[1] as i64);
-        let (ph, pw) = (win.pb[0], win.pb[1]);
         let taps = c * (kh_n * kw_n) as usize;
         if w.shape[1] != c
             || c > FEW_MAX_CHANNELS
@@ -1665,28 +1741,13 @@ mod lower {
             || taps > FEW_MAX_TAPS
             || ((oh_n * ow_n) as usize) < FEW_MIN_PIXELS
             || sh * sw > FEW_MAX_PHASES
-            || ph < 0
-            || pw < 0
         {
             return Ok(false);
         }
-        // The phase planes of one input channel, as in dw_flat.
-        let hp = ((oh_n - 1) * sh + (kh_n - 1) * dh + 1).max(ih + ph);
-        let wpad = ((ow_n - 1) * sw + (kw_n - 1) * dw + 1).max(iw + pw);
-        let (hq, wp) = ((hp + sh - 1) / sh, (wpad + sw - 1) / sw);
-        if oh_n * wp > 1 << 24 {
+        let Some(phs) = Phases::of(win) else {
             return Ok(false);
-        }
-        let tap = |kh: i64, kw: i64| {
-            let (r, cq) = (kh * dh, kw * dw);
-            ((r % sh) * sw + cq % sw, (r / sh) * wp + cq / sw)
         };
-        let max_off = (0..kh_n)
-            .flat_map(|kh| (0..kw_n).map(move |kw| (kh, kw)))
-            .map(|(kh, kw)| tap(kh, kw).1)
-            .max()
-            .unwrap_or(0);
-        let plane = ((oh_n * wp + max_off).max(hq * wp) + 15) / 16 * 16;
+        let (wp, plane) = (phs.wp, phs.plane);
         let cplane = sh * sw * plane;
         let scratch = lw.program.add_buffer(
             format!("{}/planes", lw.name),
@@ -1715,76 +1776,77 @@ mod lower {
                 )],
             )
         };
-        for rh in 0..sh {
-            let r0 = (rh - ph).rem_euclid(sh);
-            let nr = (ih - r0 + sh - 1) / sh;
-            let a = (r0 + ph) / sh;
-            for rw in 0..sw {
-                let c0 = (rw - pw).rem_euclid(sw);
-                let nq = (iw - c0 + sw - 1) / sw;
-                let b = (c0 + pw) / sw;
-                let base = (rh * sw + rw) * plane;
-                if nr <= 0 || nq <= 0 {
-                    cbody.push(zero(base, plane));
-                    continue;
-                }
-                // Before the first interior row's run, between runs (a row's right
-                // border and the next one's left), after the last.
-                if a * wp + b > 0 {
-                    cbody.push(zero(base, a * wp + b));
-                }
-                if nr > 1 && wp > nq {
-                    let gap = add(int(base + a * wp + b + nq), mul(v(gv), int(wp)));
-                    cbody.push(for_(
-                        gv,
-                        (nr - 1) as usize,
-                        vec![for_(
-                            zv,
-                            (wp - nq) as usize,
-                            vec![store(
-                                scratch,
-                                add(add(v(sb), gap), v(zv)),
-                                lit(0.0, Ty::F32),
-                            )],
-                        )],
-                    ));
-                }
-                let end = (a + nr - 1) * wp + b + nq;
-                cbody.push(zero(base + end, plane - end));
-                // The copy: rows outermost (every channel's inside), the loop threads
-                // share, with its own variables (a loop whose variables another loop
-                // reuses stays serial).
-                let (rv2, cv2, qv2) = (k_.var(Ty::I64), k_.var(Ty::I64), k_.var(Ty::I64));
-                let (xb2, sb2, at) = (k_.var(Ty::I64), k_.var(Ty::I64), k_.var(Ty::I64));
-                // (The phase's offset in a variable set before the loop: as a constant
-                // in the index, kir::parallel could not tell the rows apart.)
-                copies.push(set(at, int(base + a * wp + b)));
-                let dst = add(add(v(sb2), v(at)), add(mul(v(rv2), int(wp)), v(qv2)));
-                let src = add(
-                    add(v(xb2), int(r0 * iw + c0)),
-                    add(mul(v(rv2), int(sh * iw)), mul(v(qv2), int(sw))),
-                );
-                copies.push(for_(
-                    rv2,
-                    nr as usize,
+        for pc in phs.copies(win) {
+            let PhaseCopy {
+                phase,
+                r0,
+                nr,
+                a,
+                c0,
+                nq,
+                b,
+            } = pc;
+            let base = phase * plane;
+            if nr <= 0 || nq <= 0 {
+                cbody.push(zero(base, plane));
+                continue;
+            }
+            // Before the first interior row's run, between runs (a row's right
+            // border and the next one's left), after the last.
+            if a * wp + b > 0 {
+                cbody.push(zero(base, a * wp + b));
+            }
+            if nr > 1 && wp > nq {
+                let gap = add(int(base + a * wp + b + nq), mul(v(gv), int(wp)));
+                cbody.push(for_(
+                    gv,
+                    (nr - 1) as usize,
                     vec![for_(
-                        cv2,
-                        c,
-                        vec![
-                            set(
-                                xb2,
-                                mul(add(mul(v(nv), int(c as i64)), v(cv2)), int(ih * iw)),
-                            ),
-                            set(sb2, mul(v(cv2), int(cplane))),
-                            for_(
-                                qv2,
-                                nq as usize,
-                                vec![store(scratch, dst, Expr::load(x.buf, src))],
-                            ),
-                        ],
+                        zv,
+                        (wp - nq) as usize,
+                        vec![store(
+                            scratch,
+                            add(add(v(sb), gap), v(zv)),
+                            lit(0.0, Ty::F32),
+                        )],
                     )],
                 ));
             }
+            let end = (a + nr - 1) * wp + b + nq;
+            cbody.push(zero(base + end, plane - end));
+            // The copy: rows outermost (every channel's inside), the loop threads
+            // share, with its own variables (a loop whose variables another loop
+            // reuses stays serial).
+            let (rv2, cv2, qv2) = (k_.var(Ty::I64), k_.var(Ty::I64), k_.var(Ty::I64));
+            let (xb2, sb2, at) = (k_.var(Ty::I64), k_.var(Ty::I64), k_.var(Ty::I64));
+            // (The phase's offset in a variable set before the loop: as a constant
+            // in the index, kir::parallel could not tell the rows apart.)
+            copies.push(set(at, int(base + a * wp + b)));
+            let dst = add(add(v(sb2), v(at)), add(mul(v(rv2), int(wp)), v(qv2)));
+            let src = add(
+                add(v(xb2), int(r0 * iw + c0)),
+                add(mul(v(rv2), int(sh * iw)), mul(v(qv2), int(sw))),
+            );
+            copies.push(for_(
+                rv2,
+                nr as usize,
+                vec![for_(
+                    cv2,
+                    c,
+                    vec![
+                        set(
+                            xb2,
+                            mul(add(mul(v(nv), int(c as i64)), v(cv2)), int(ih * iw)),
+                        ),
+                        set(sb2, mul(v(cv2), int(cplane))),
+                        for_(
+                            qv2,
+                            nq as usize,
+                            vec![store(scratch, dst, Expr::load(x.buf, src))],
+                        ),
+                    ],
+                )],
+            ));
         }
         // Per output row and block of `cb` output channels, one loop over the row: per
         // tap one load, shared by the block's `cb` accumulators (their weights broadcast
@@ -1813,7 +1875,7 @@ mod lower {
             for ci in 0..c as i64 {
                 for kh in 0..kh_n {
                     for kw in 0..kw_n {
-                        let (ph_i, off) = tap(kh, kw);
+                        let (ph_i, off) = phs.tap(kh, kw);
                         let xi = add(iv_at.clone(), int(ci * cplane + ph_i * plane + off));
                         inner.push(set(xt, Expr::load(scratch, xi)));
                         let t = (ci * kh_n + kh) * kw_n + kw;

@@ -156,3 +156,15 @@ pub fn assert_clean_error(args: &[&str], needle: &str) {
         "error for {args:?} should mention `{needle}`:\n{err}"
     );
 }
+
+/// `|x - y|` for comparing outputs, where a NaN on one side only is infinitely far off
+/// (folding differences with `f64::max` would drop it) and NaN against NaN is equal.
+pub fn abs_diff(x: f64, y: f64) -> f64 {
+    if x == y || (x.is_nan() && y.is_nan()) {
+        0.0
+    } else if x.is_nan() || y.is_nan() {
+        f64::INFINITY
+    } else {
+        (x - y).abs()
+    }
+}
