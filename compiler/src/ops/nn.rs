@@ -1414,18 +1414,41 @@ mod lower {
             &[(lv, lb), (qv, ol)],
             vec![store(out.buf, oi, Expr::load(tb, ts))],
         ));
-        k_.body = vec![for_(
-            zv,
-            slots * pad_len,
-            vec![store(pad, v(zv), lit(0.0, Ty::F32))],
-        )];
         // The last part's missing blocks skipped.
         if !blocks.is_multiple_of(per) {
             let bi = lin(vec![(v(slot), per), (v(g), 1)]);
             body = vec![iff(Expr::cmp(CmpOp::Lt, bi, int(blocks as i64)), body)];
         }
-        k_.body
-            .extend(loops(&[(nv, n), (slot, slots), (g, per)], body));
+        // Per slot, before its blocks: the border the transposes do not write zeroed
+        // (rows above, each row's right and the next one's left border as one run, the
+        // rest), on the thread that runs the slot's blocks. (Zeroing every slot whole
+        // first was 128 KiB per 14x14 layer, a loop of its own.)
+        let gr = k_.var(Ty::I64);
+        let zero = |from: usize, len: usize, row: Option<VarId>| {
+            let mut at = vec![(v(slot), pad_len), (int(from as i64), 1), (v(zv), 1)];
+            if let Some(r) = row {
+                at.push((v(r), wp * lb));
+            }
+            for_(zv, len, vec![store(pad, lin(at), lit(0.0, Ty::F32))])
+        };
+        let first = (ph * wp + pw) * lb;
+        let after = |r: usize| ((ph + r) * wp + pw + iw) * lb;
+        let mut sbody = Vec::new();
+        if first > 0 {
+            sbody.push(zero(0, first, None));
+        }
+        if ih > 1 && wp > iw {
+            sbody.push(for_(
+                gr,
+                ih - 1,
+                vec![zero(after(0), (wp - iw) * lb, Some(gr))],
+            ));
+        }
+        if pad_len > after(ih - 1) {
+            sbody.push(zero(after(ih - 1), pad_len - after(ih - 1), None));
+        }
+        sbody.push(for_(g, per, body));
+        k_.body = loops(&[(nv, n), (slot, slots)], sbody);
         lw.push(k_);
         Ok(true)
     }
