@@ -1535,6 +1535,51 @@ mod lower {
             )
         }
 
+        /// Statements zeroing what of the phase planes at `base` (elements of `buf`) the
+        /// copies leave unwritten: per phase the rows above and left of the first run,
+        /// each run's right border with the next one's left as one run (a loop over
+        /// `rv`), the rest of the plane; a plane no input reaches whole. (Zeroing all
+        /// of the planes first wrote them twice.)
+        fn zero_unwritten(
+            &self,
+            win: &super::Window,
+            (buf, base): (crate::kir::BufId, &Expr),
+            zv: VarId,
+            rv: VarId,
+        ) -> Vec<Stmt> {
+            let (wp, plane) = (self.wp, self.plane);
+            let zero = |at: Expr, len: i64| {
+                for_(
+                    zv,
+                    len as usize,
+                    vec![store(
+                        buf,
+                        add(add(base.clone(), at), v(zv)),
+                        lit(0.0, Ty::F32),
+                    )],
+                )
+            };
+            let mut out = Vec::new();
+            for pc in self.copies(win) {
+                let at = pc.phase * plane;
+                if pc.nr <= 0 || pc.nq <= 0 {
+                    out.push(zero(int(at), plane));
+                    continue;
+                }
+                let (a, b, nr, nq) = (pc.a, pc.b, pc.nr, pc.nq);
+                if a * wp + b > 0 {
+                    out.push(zero(int(at), a * wp + b));
+                }
+                if nr > 1 && wp > nq {
+                    let gap = add(int(at + a * wp + b + nq), mul(v(rv), int(wp)));
+                    out.push(for_(rv, (nr - 1) as usize, vec![zero(gap, wp - nq)]));
+                }
+                let end = (a + nr - 1) * wp + b + nq;
+                out.push(zero(int(at + end), plane - end));
+            }
+            out
+        }
+
         /// Every phase's copy of the window's input plane.
         fn copies(&self, win: &super::Window) -> Vec<PhaseCopy> {
             let (ih, iw) = (win.in_sp[0] as i64, win.in_sp[1] as i64);
@@ -1624,8 +1669,8 @@ mod lower {
         // The group: slot * per + gi.
         let gv = add(mul(v(slot), int(per as i64)), v(gi));
         let ng = add(mul(v(nv), int(group as i64)), gv.clone());
-        // Per group: place the input plane in its slot's phase planes (zeroed once: the
-        // copies write only the same interior positions).
+        // Per group: place the input plane in its slot's phase planes (their borders are
+        // zeroed once per slot: the copies write only the same interior positions).
         let mut gbody = vec![
             set(xb, mul(ng, int(ih * iw))),
             set(sb, mul(v(slot), int(gplane))),
@@ -1695,17 +1740,16 @@ mod lower {
         let st = epilogue.store(&mut k_, sum, &out, oidx);
         cbody.push(for_(rv, oh_n as usize, vec![for_(qv, ow_n as usize, st)]));
         gbody.extend(loops(&[(mv, mg)], cbody));
-        k_.body = vec![for_(
-            zv,
-            (slots as i64 * gplane) as usize,
-            vec![store(scratch, v(zv), lit(0.0, Ty::F32))],
-        )];
         // The last part's missing groups skipped.
         if !group.is_multiple_of(per) {
             gbody = vec![iff(Expr::cmp(CmpOp::Lt, gv, int(group as i64)), gbody)];
         }
-        k_.body
-            .extend(loops(&[(nv, n), (slot, slots), (gi, per)], gbody));
+        // Per slot, before its groups: what of its phase planes no copy writes is
+        // zeroed, on the thread that runs the slot's groups.
+        let zr = k_.var(Ty::I64);
+        let mut sbody = phs.zero_unwritten(win, (scratch, &mul(v(slot), int(gplane))), zv, zr);
+        sbody.push(for_(gi, per, gbody));
+        k_.body = loops(&[(nv, n), (slot, slots)], sbody);
         lw.push(k_);
         Ok(true)
     }
@@ -1788,17 +1832,7 @@ mod lower {
         // (zeroing the whole planes first cost 28 us of EfficientNet-B0's 0.44 ms stem).
         let mut cbody = vec![set(sb, mul(v(civ), int(cplane)))];
         let mut copies = Vec::new();
-        let zero = |at: i64, len: i64| {
-            for_(
-                zv,
-                len as usize,
-                vec![store(
-                    scratch,
-                    add(add(v(sb), int(at)), v(zv)),
-                    lit(0.0, Ty::F32),
-                )],
-            )
-        };
+        cbody.extend(phs.zero_unwritten(win, (scratch, &v(sb)), zv, gv));
         for pc in phs.copies(win) {
             let PhaseCopy {
                 phase,
@@ -1809,34 +1843,10 @@ mod lower {
                 nq,
                 b,
             } = pc;
-            let base = phase * plane;
             if nr <= 0 || nq <= 0 {
-                cbody.push(zero(base, plane));
                 continue;
             }
-            // Before the first interior row's run, between runs (a row's right
-            // border and the next one's left), after the last.
-            if a * wp + b > 0 {
-                cbody.push(zero(base, a * wp + b));
-            }
-            if nr > 1 && wp > nq {
-                let gap = add(int(base + a * wp + b + nq), mul(v(gv), int(wp)));
-                cbody.push(for_(
-                    gv,
-                    (nr - 1) as usize,
-                    vec![for_(
-                        zv,
-                        (wp - nq) as usize,
-                        vec![store(
-                            scratch,
-                            add(add(v(sb), gap), v(zv)),
-                            lit(0.0, Ty::F32),
-                        )],
-                    )],
-                ));
-            }
-            let end = (a + nr - 1) * wp + b + nq;
-            cbody.push(zero(base + end, plane - end));
+            let base = phase * plane;
             // The copy: rows outermost (every channel's inside), the loop threads
             // share, with its own variables (a loop whose variables another loop
             // reuses stays serial).
