@@ -2,23 +2,12 @@
 //! statistics) becomes one Conv with scaled weights and a shifted bias:
 //! `s = scale / sqrt(var + eps)`, `W' = W * s` per output channel, `b' = (b - mean) * s + B`.
 
-use super::eliminate_dead_code::prune;
-use super::util::{absorb, const_f64, is_op, order, producer, sole_reader, ConvWeights};
+use super::util::{absorb, const_f64, fold_each, is_op, producer, sole_reader, ConvWeights};
 use crate::error::Result;
 use crate::ir::{Graph, NodeId};
 
 pub fn run(g: &mut Graph) -> Result<()> {
-    let mut changed = false;
-    for n in order(g)? {
-        if g.nodes.contains_node(n) && fold(g, n)? {
-            changed = true;
-        }
-    }
-    g.rewire();
-    if changed {
-        prune(g)?;
-    }
-    Ok(())
+    fold_each(g, fold)
 }
 
 fn fold(g: &mut Graph, bn: NodeId) -> Result<bool> {

@@ -7,9 +7,8 @@
 //! 112x112 to 28x28. Only a batch of one (the gate is per image), group 1, constant f32
 //! weights, and a product with no other reader are rewritten.
 
-use super::eliminate_dead_code::prune;
 use super::util::{
-    derived_name, dtype_of, is_op, new_node, order, producer, shape_of, sole_reader,
+    derived_name, dtype_of, fold_each, is_op, new_node, producer, shape_of, sole_reader,
 };
 use crate::error::Result;
 use crate::ir::{Attrs, DType, Graph, NodeId, Source, ValueType};
@@ -20,17 +19,7 @@ use crate::ir::{Attrs, DType, Graph, NodeId, Source, ValueType};
 pub const MIN_PIXELS_PER_OUTPUT: usize = 4;
 
 pub fn run(g: &mut Graph) -> Result<()> {
-    let mut changed = false;
-    for n in order(g)? {
-        if g.nodes.contains_node(n) && fold(g, n)? {
-            changed = true;
-        }
-    }
-    g.rewire();
-    if changed {
-        prune(g)?;
-    }
-    Ok(())
+    fold_each(g, fold)
 }
 
 fn fold(g: &mut Graph, conv: NodeId) -> Result<bool> {
@@ -129,6 +118,16 @@ mod tests {
         b.finish(&[o])
     }
 
+    /// The weights the (one) conv reads.
+    fn conv_weights(g: &Graph) -> crate::ir::ValueId {
+        let conv = g
+            .nodes
+            .node_indices()
+            .find(|&n| is_op(g, n, "Conv"))
+            .unwrap();
+        g.nodes[conv].inputs[1].unwrap()
+    }
+
     fn ops(g: &Graph) -> Vec<String> {
         let mut v: Vec<String> = g.nodes.node_weights().map(|n| n.op_type.clone()).collect();
         v.sort();
@@ -140,12 +139,7 @@ mod tests {
         let mut g = se_conv(6, 4, 1);
         // check_pass compares the evaluated outputs before and after.
         check_pass(&mut g, run);
-        let conv = g
-            .nodes
-            .node_indices()
-            .find(|&n| is_op(&g, n, "Conv"))
-            .unwrap();
-        let w = g.nodes[conv].inputs[1].unwrap();
+        let w = conv_weights(&g);
         assert!(g.const_of(w).is_none(), "the conv reads scaled weights");
         let scale = producer(&g, w).unwrap();
         assert!(is_op(&g, scale, "Mul"));
@@ -159,12 +153,7 @@ mod tests {
         for mut g in [se_conv(3, 4, 1), se_conv(6, 4, 2)] {
             let before = ops(&g);
             check_pass(&mut g, run);
-            let conv = g
-                .nodes
-                .node_indices()
-                .find(|&n| is_op(&g, n, "Conv"))
-                .unwrap();
-            assert!(g.const_of(g.nodes[conv].inputs[1].unwrap()).is_some());
+            assert!(g.const_of(conv_weights(&g)).is_some());
             assert_eq!(ops(&g), before);
         }
     }

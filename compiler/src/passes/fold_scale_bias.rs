@@ -10,9 +10,8 @@
 //!
 //! Only float32/float64 values whose intermediate has no other reader are rewritten.
 
-use super::eliminate_dead_code::prune;
 use super::util::{
-    absorb, add_const, along_axis, array, const_f64, dtype_of, foldable_float, is_op, order,
+    absorb, add_const, along_axis, array, const_f64, dtype_of, fold_each, foldable_float, is_op,
     producer, rebuild, shape_of, sole_reader, tensor_f64, zip_broadcast, ConvWeights,
 };
 use crate::error::Result;
@@ -20,17 +19,7 @@ use crate::ir::{Attr, Graph, NodeId, ValueId};
 use ndarray::ArrayD;
 
 pub fn run(g: &mut Graph) -> Result<()> {
-    let mut changed = false;
-    for n in order(g)? {
-        if g.nodes.contains_node(n) && fold(g, n)? {
-            changed = true;
-        }
-    }
-    g.rewire();
-    if changed {
-        prune(g)?;
-    }
-    Ok(())
+    fold_each(g, fold)
 }
 
 #[derive(Clone, Copy, PartialEq)]

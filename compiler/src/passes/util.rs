@@ -6,6 +6,23 @@ use crate::ir::{Attrs, DType, Graph, Node, NodeId, Source, Tensor, ValueId, Valu
 use crate::ops::{OpCtx, Registry};
 use ndarray::{ArrayD, IxDyn, Zip};
 
+/// Runs `fold` on every node in schedule order (skipping nodes an earlier rewrite
+/// removed), rewires the graph, and prunes dead nodes when any rewrite happened: the
+/// driver of the passes that fold one node at a time into its neighbours.
+pub fn fold_each(g: &mut Graph, fold: fn(&mut Graph, NodeId) -> Result<bool>) -> Result<()> {
+    let mut changed = false;
+    for n in order(g)? {
+        if g.nodes.contains_node(n) && fold(g, n)? {
+            changed = true;
+        }
+    }
+    g.rewire();
+    if changed {
+        super::eliminate_dead_code::prune(g)?;
+    }
+    Ok(())
+}
+
 /// Nodes in schedule order, or an error naming a cycle.
 pub fn order(g: &Graph) -> Result<Vec<NodeId>> {
     g.topo_order()
