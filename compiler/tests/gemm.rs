@@ -482,6 +482,54 @@ fn cases() -> Vec<Case> {
         vec![ints_attr("pads", &[1, 1, 1, 1])],
         &["residual", "Relu"],
     ));
+    // Depthwise convs over planes wide enough that the phase planes' rows are padded to
+    // whole vectors and every copied row starts on one: stride 2 with both column phases
+    // copied by one loop (equal runs), and with asymmetric pads that give the two column
+    // phases runs of 35 and 34 (separate loops); a stride-1 plane.
+    v.push(one_node(
+        "dw3x3_s2_wide",
+        "Conv",
+        &[
+            ("x", &[1, 5, 21, 70], false),
+            ("w", &[5, 1, 3, 3], true),
+            ("bias", &[5], true),
+        ],
+        &[1, 5, 11, 35],
+        vec![
+            ints_attr("pads", &[1, 1, 1, 1]),
+            ints_attr("strides", &[2, 2]),
+            int_attr("group", 5),
+        ],
+        &["Relu"],
+    ));
+    v.push(one_node(
+        "dw3x3_s2_wide_uneven",
+        "Conv",
+        &[
+            ("x", &[1, 3, 9, 69], false),
+            ("w", &[3, 1, 3, 3], true),
+            ("bias", &[3], true),
+        ],
+        &[1, 3, 5, 34],
+        vec![
+            ints_attr("pads", &[1, 0, 0, 1]),
+            ints_attr("strides", &[2, 2]),
+            int_attr("group", 3),
+        ],
+        &["Silu"],
+    ));
+    v.push(one_node(
+        "dw5x5_wide",
+        "Conv",
+        &[
+            ("x", &[1, 2, 7, 45], false),
+            ("w", &[2, 1, 5, 5], true),
+            ("bias", &[2], true),
+        ],
+        &[1, 2, 7, 45],
+        vec![ints_attr("pads", &[2, 2, 2, 2]), int_attr("group", 2)],
+        &["Relu"],
+    ));
     for (name, xs, ws, attrs, ys) in convs {
         for bias in [true, false] {
             let bs = [ws[0]];
