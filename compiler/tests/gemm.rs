@@ -269,7 +269,7 @@ fn cases() -> Vec<Case> {
     // 3x3 stride-1 convs through Winograd F(2x2, 3x3): odd output sizes (tiles that
     // lose a column or a row), uneven pads, and enough channels for a loop of blocks of
     // tile rows and a tail block ending in a tile row of one output row.
-    let convs: [ConvCase; 24] = [
+    let convs: [ConvCase; 25] = [
         (
             "wino3x3_odd",
             vec![2, 6, 17, 13],
@@ -446,6 +446,14 @@ fn cases() -> Vec<Case> {
             vec![5, 1, 3, 3],
             vec![ints_attr("pads", &[2, 0, 0, 1])],
             vec![1, 5, 64, 69],
+        ),
+        (
+            // An MNIST-sized first conv: one channel, 784 output pixels.
+            "stem3x3_mnist",
+            vec![1, 1, 28, 28],
+            vec![16, 1, 3, 3],
+            vec![ints_attr("pads", &[1, 1, 1, 1])],
+            vec![1, 16, 28, 28],
         ),
         (
             "stem3x3_dilated",

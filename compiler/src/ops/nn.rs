@@ -1791,10 +1791,13 @@ mod lower {
     /// GEMM's 0.117 (32 -> 16 on 112x112), which copied no input and keeps 24
     /// accumulators.
     const FEW_MAX_CHANNELS: usize = 4;
-    /// Fewest output pixels for [`conv_few_channels`]: a large plane, where the im2col's
-    /// short runs (rows cut at every 32-pixel panel edge, stride-2 gathers) cost more
-    /// than the GEMM of depth 27 they feed.
-    const FEW_MIN_PIXELS: usize = 1 << 12;
+    /// Fewest output pixels for [`conv_few_channels`]. On large planes the im2col's short
+    /// runs (rows cut at every 32-pixel panel edge, stride-2 gathers) cost more than the
+    /// GEMM of depth 27 they feed. An MNIST-sized first conv (1 -> 16 channels, 28x28)
+    /// takes the same time either way on one thread (3.9 us), but here its rows are a
+    /// loop two threads share, where the im2col's GEMM stayed on one: the small CNN 27.0
+    /// -> 25.3 us on two threads (min of 5, interleaved).
+    const FEW_MIN_PIXELS: usize = 1 << 9;
     /// Most phase planes (`sh * sw`) for [`conv_few_channels`].
     const FEW_MAX_PHASES: i64 = 4;
 
