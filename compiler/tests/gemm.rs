@@ -526,6 +526,36 @@ fn cases() -> Vec<Case> {
         ],
         &["Silu"],
     ));
+    // Channels in the lanes (`dw_lanes`): the planes transposed in and out through
+    // 16x16 register tiles, whole and masked, stored straight from the registers.
+    v.push(one_node(
+        "dw3x3_lanes",
+        "Conv",
+        &[
+            ("x", &[1, 32, 14, 14], false),
+            ("w", &[32, 1, 3, 3], true),
+            ("bias", &[32], true),
+        ],
+        &[1, 32, 14, 14],
+        vec![ints_attr("pads", &[1, 1, 1, 1]), int_attr("group", 32)],
+        &["Relu"],
+    ));
+    v.push(one_node(
+        "dw3x3_lanes_s2",
+        "Conv",
+        &[
+            ("x", &[1, 48, 27, 27], false),
+            ("w", &[48, 1, 3, 3], true),
+            ("bias", &[48], true),
+        ],
+        &[1, 48, 14, 14],
+        vec![
+            ints_attr("pads", &[1, 1, 1, 1]),
+            ints_attr("strides", &[2, 2]),
+            int_attr("group", 48),
+        ],
+        &["Silu"],
+    ));
     v.push(one_node(
         "dw5x5_wide",
         "Conv",

@@ -396,6 +396,20 @@ struct Tile {
 /// Bytes of stack a tile of transposed vectors takes.
 const TILE_BYTES: i32 = 16 * 64;
 
+/// A tile-mode loop whose body only stores the gathered value (a transposing copy): the
+/// stream and displacement of that store.
+fn copy_only(lp: &Loop) -> Option<(u16, i32)> {
+    match lp.insts[..] {
+        [Inst::LoadS { .. }, Inst::Store {
+            s,
+            disp,
+            v: 0,
+            two: false,
+        }] => Some((s, disp)),
+        _ => None,
+    }
+}
+
 /// Tile mode: a loop over rows whose one gathered stream (`LoadS`) advances by one
 /// element from row to row reads, for 16 rows and 16 iterations, a 16x16 block of
 /// elements: the lanes of 16 plain vector loads, transposed in registers (64
@@ -721,7 +735,17 @@ impl Gen<'_> {
                 self.a.vmovups(z, m).map_err(e)?;
             }
         }
-        self.transpose16()?;
+        if let Some((dst, ddisp)) = copy_only(lp) {
+            // Each transposed vector straight to its row's store.
+            let mut to = Vec::with_capacity(nr as usize);
+            for r in 0..nr as i32 {
+                self.rdisp[dst as usize] = (lp.row_step[dst as usize] * r as i64) as i32;
+                to.push(self.stream_at(dst, ddisp));
+            }
+            self.rdisp.iter_mut().for_each(|d| *d = 0);
+            return self.transpose16(Some((&to, masked)));
+        }
+        self.transpose16(None)?;
         for r in 0..nr as i32 {
             for (s, d) in self.rdisp.iter_mut().enumerate() {
                 *d = (lp.row_step[s] * r as i64) as i32;
@@ -736,8 +760,10 @@ impl Gen<'_> {
     /// zmm0..16 (vector i, lane r) transposed onto the stack: vector r at
     /// `rsp + 64 r` holds lane r of every input vector. Unpacks of 32- and 64-bit
     /// elements transpose the 4x4 blocks within 128-bit lanes, then two rounds of
-    /// 128-bit lane shuffles gather each output's four blocks.
-    fn transpose16(&mut self) -> R<()> {
+    /// 128-bit lane shuffles gather each output's four blocks. With `to` (a copy-only
+    /// loop), vector r goes to `to[r]` instead (rows past its length are dropped;
+    /// masked: only the valid iterations' lanes, mask k7).
+    fn transpose16(&mut self, to: Option<(&[AsmMemoryOperand], bool)>) -> R<()> {
         let z = |i: usize| ZMM[i];
         for i in 0..8 {
             self.a
@@ -771,10 +797,23 @@ impl Gen<'_> {
                 (17, 19, 0xDD, 12 + k),
             ];
             for (a, b, imm, row) in outs {
-                self.a.vshuff32x4(z(20), z(a), z(b), imm).map_err(e)?;
-                self.a
-                    .vmovups(zmmword_ptr(rsp + 64 * row as i32), z(20))
-                    .map_err(e)?;
+                match to {
+                    Some((to, _)) if row >= to.len() => {}
+                    Some((to, masked)) => {
+                        self.a.vshuff32x4(z(20), z(a), z(b), imm).map_err(e)?;
+                        if masked {
+                            self.a.vmovups(to[row].k7(), z(20)).map_err(e)?;
+                        } else {
+                            self.a.vmovups(to[row], z(20)).map_err(e)?;
+                        }
+                    }
+                    None => {
+                        self.a.vshuff32x4(z(20), z(a), z(b), imm).map_err(e)?;
+                        self.a
+                            .vmovups(zmmword_ptr(rsp + 64 * row as i32), z(20))
+                            .map_err(e)?;
+                    }
+                }
             }
         }
         Ok(())
