@@ -490,84 +490,64 @@ fn cases() -> Vec<Case> {
         vec![ints_attr("pads", &[1, 1, 1, 1])],
         &["residual", "Relu"],
     ));
-    // Depthwise convs over planes wide enough that the phase planes' rows are padded to
-    // whole vectors and every copied row starts on one: stride 2 with both column phases
-    // copied by one loop (equal runs), and with asymmetric pads that give the two column
-    // phases runs of 35 and 34 (separate loops); a stride-1 plane.
-    v.push(one_node(
-        "dw3x3_s2_wide",
-        "Conv",
-        &[
-            ("x", &[1, 5, 21, 70], false),
-            ("w", &[5, 1, 3, 3], true),
-            ("bias", &[5], true),
-        ],
-        &[1, 5, 11, 35],
-        vec![
-            ints_attr("pads", &[1, 1, 1, 1]),
-            ints_attr("strides", &[2, 2]),
-            int_attr("group", 5),
-        ],
-        &["Relu"],
-    ));
-    v.push(one_node(
-        "dw3x3_s2_wide_uneven",
-        "Conv",
-        &[
-            ("x", &[1, 3, 9, 69], false),
-            ("w", &[3, 1, 3, 3], true),
-            ("bias", &[3], true),
-        ],
-        &[1, 3, 5, 34],
-        vec![
-            ints_attr("pads", &[1, 0, 0, 1]),
-            ints_attr("strides", &[2, 2]),
-            int_attr("group", 3),
-        ],
-        &["Silu"],
-    ));
-    // Channels in the lanes (`dw_lanes`): the planes transposed in and out through
-    // 16x16 register tiles, whole and masked, stored straight from the registers.
-    v.push(one_node(
-        "dw3x3_lanes",
-        "Conv",
-        &[
-            ("x", &[1, 32, 14, 14], false),
-            ("w", &[32, 1, 3, 3], true),
-            ("bias", &[32], true),
-        ],
-        &[1, 32, 14, 14],
-        vec![ints_attr("pads", &[1, 1, 1, 1]), int_attr("group", 32)],
-        &["Relu"],
-    ));
-    v.push(one_node(
-        "dw3x3_lanes_s2",
-        "Conv",
-        &[
-            ("x", &[1, 48, 27, 27], false),
-            ("w", &[48, 1, 3, 3], true),
-            ("bias", &[48], true),
-        ],
-        &[1, 48, 14, 14],
-        vec![
-            ints_attr("pads", &[1, 1, 1, 1]),
-            ints_attr("strides", &[2, 2]),
-            int_attr("group", 48),
-        ],
-        &["Silu"],
-    ));
-    v.push(one_node(
-        "dw5x5_wide",
-        "Conv",
-        &[
-            ("x", &[1, 2, 7, 45], false),
-            ("w", &[2, 1, 5, 5], true),
-            ("bias", &[2], true),
-        ],
-        &[1, 2, 7, 45],
-        vec![ints_attr("pads", &[2, 2, 2, 2]), int_attr("group", 2)],
-        &["Relu"],
-    ));
+    // Depthwise convs (3x3 unless noted), each with a bias and an activation:
+    // - planes wide enough that the phase planes' rows are padded to whole vectors and
+    //   every copied row starts on one: stride 2 with all four phases copied by one loop
+    //   (equal runs), asymmetric pads that give the column phases runs of 35 and 34
+    //   (separate loops), a stride-1 5x5;
+    // - channels in the lanes (`dw_lanes`): the planes transposed in and out through
+    //   16x16 register tiles, whole and masked, stored straight from the registers.
+    // (name, N C H W, kernel, pads t l b r, stride, activation)
+    type Dw = (&'static str, [usize; 4], usize, [i64; 4], i64, &'static str);
+    let dws: [Dw; 5] = [
+        ("dw3x3_s2_wide", [1, 5, 21, 70], 3, [1, 1, 1, 1], 2, "Relu"),
+        (
+            "dw3x3_s2_wide_uneven",
+            [1, 3, 9, 69],
+            3,
+            [1, 0, 0, 1],
+            2,
+            "Silu",
+        ),
+        ("dw5x5_wide", [1, 2, 7, 45], 5, [2, 2, 2, 2], 1, "Relu"),
+        ("dw3x3_lanes", [1, 32, 14, 14], 3, [1, 1, 1, 1], 1, "Relu"),
+        (
+            "dw3x3_lanes_s2",
+            [1, 48, 27, 27],
+            3,
+            [1, 1, 1, 1],
+            2,
+            "Silu",
+        ),
+    ];
+    for (name, xs, k, pads, stride, act) in dws {
+        let c = xs[1];
+        let out = |i: usize, pb: i64, pe: i64| {
+            (i as i64 + pb + pe - k as i64) as usize / stride as usize + 1
+        };
+        let ys = [
+            1,
+            c,
+            out(xs[2], pads[0], pads[2]),
+            out(xs[3], pads[1], pads[3]),
+        ];
+        v.push(one_node(
+            name,
+            "Conv",
+            &[
+                ("x", &xs, false),
+                ("w", &[c, 1, k, k], true),
+                ("bias", &[c], true),
+            ],
+            &ys,
+            vec![
+                ints_attr("pads", &pads),
+                ints_attr("strides", &[stride, stride]),
+                int_attr("group", c as i64),
+            ],
+            &[act],
+        ));
+    }
     for (name, xs, ws, attrs, ys) in convs {
         for bias in [true, false] {
             let bs = [ws[0]];
