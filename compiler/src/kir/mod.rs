@@ -304,6 +304,25 @@ pub enum Expr {
 }
 
 impl Expr {
+    /// `self` with every use of `var` replaced by `with`.
+    pub fn subst(&self, var: VarId, with: &Expr) -> Expr {
+        let b = |y: &Expr| Box::new(y.subst(var, with));
+        match self {
+            Expr::Var(v) if *v == var => with.clone(),
+            Expr::Var(_) | Expr::Int(_) | Expr::Float(..) => self.clone(),
+            Expr::Load(buf, i) => Expr::Load(*buf, b(i)),
+            Expr::Un(op, a) => Expr::Un(*op, b(a)),
+            Expr::Cast(t, a) => Expr::Cast(*t, b(a)),
+            Expr::Bin(op, a, c) => Expr::Bin(*op, b(a), b(c)),
+            Expr::Cmp(op, a, c) => Expr::Cmp(*op, b(a), b(c)),
+            Expr::Select(c, a, d) => Expr::Select(b(c), b(a), b(d)),
+            Expr::Call(f, args) => {
+                Expr::Call(*f, args.iter().map(|a| a.subst(var, with)).collect())
+            }
+            Expr::StrByte(buf, i, j) => Expr::StrByte(*buf, b(i), b(j)),
+        }
+    }
+
     /// The direct subexpressions, for rewrites that walk the tree.
     pub fn children_mut(&mut self) -> Vec<&mut Expr> {
         match self {

@@ -683,21 +683,6 @@ pub fn rename(body: &[Stmt], from: VarId, to: VarId) -> Vec<Stmt> {
 
 /// `body` with every use of `var` replaced by `with`.
 pub fn subst(body: &[Stmt], var: VarId, with: &Expr) -> Vec<Stmt> {
-    fn e(x: &Expr, var: VarId, w: &Expr) -> Expr {
-        let b = |y: &Expr| Box::new(e(y, var, w));
-        match x {
-            Expr::Var(v) if *v == var => w.clone(),
-            Expr::Var(_) | Expr::Int(_) | Expr::Float(..) => x.clone(),
-            Expr::Load(buf, i) => Expr::Load(*buf, b(i)),
-            Expr::Un(op, a) => Expr::Un(*op, b(a)),
-            Expr::Cast(t, a) => Expr::Cast(*t, b(a)),
-            Expr::Bin(op, a, c) => Expr::Bin(*op, b(a), b(c)),
-            Expr::Cmp(op, a, c) => Expr::Cmp(*op, b(a), b(c)),
-            Expr::Select(c, a, d) => Expr::Select(b(c), b(a), b(d)),
-            Expr::Call(f, args) => Expr::Call(*f, args.iter().map(|a| e(a, var, w)).collect()),
-            Expr::StrByte(buf, i, j) => Expr::StrByte(*buf, b(i), b(j)),
-        }
-    }
     body.iter()
         .map(|s| match s {
             Stmt::For {
@@ -711,20 +696,20 @@ pub fn subst(body: &[Stmt], var: VarId, with: &Expr) -> Vec<Stmt> {
             },
             Stmt::Store { buf, index, value } => Stmt::Store {
                 buf: *buf,
-                index: e(index, var, with),
-                value: e(value, var, with),
+                index: index.subst(var, with),
+                value: value.subst(var, with),
             },
             Stmt::Set { var: v, value } => Stmt::Set {
                 var: *v,
-                value: e(value, var, with),
+                value: value.subst(var, with),
             },
             Stmt::If { cond, then, els } => Stmt::If {
-                cond: e(cond, var, with),
+                cond: cond.subst(var, with),
                 then: subst(then, var, with),
                 els: subst(els, var, with),
             },
             Stmt::While { cond, body } => Stmt::While {
-                cond: e(cond, var, with),
+                cond: cond.subst(var, with),
                 body: subst(body, var, with),
             },
             Stmt::Gemm(g) => {
@@ -733,7 +718,7 @@ pub fn subst(body: &[Stmt], var: VarId, with: &Expr) -> Vec<Stmt> {
                     .into_iter()
                     .chain(g.init.as_mut())
                 {
-                    v.offset = e(&v.offset, var, with);
+                    v.offset = v.offset.subst(var, with);
                 }
                 Stmt::Gemm(g)
             }

@@ -1465,6 +1465,9 @@ mod lower {
     /// little work to hand out (EfficientNet-B0's 7x7 layers ran on one thread).
     const DW_FLAT_SLOT_BYTES: usize = 128 << 10;
 
+    /// Narrowest phase planes (elements per row) that [`Phases`] aligns.
+    const ALIGN_MIN_WIDTH: i64 = 32;
+
     /// The zero-padded phase planes through which a strided window reads at unit stride
     /// (`dw_flat`, `conv_few_channels`): plane `(r % sh) * sw + q % sw` holds the padded
     /// input's rows `r` and columns `q` of its phase, `wp` to a row, so that tap `(kh,
@@ -1765,11 +1768,7 @@ mod lower {
         // DW_FLAT_ROWS output rows per iteration, every sum into a local before any
         // store: the rows share input rows, which the back end then loads once (a 3x3
         // window 6 loads per output vector instead of 9). The rows left over alone.
-        let at_row = |r: Expr| {
-            let mut e = sum.clone();
-            subst(&mut e, rv, &r);
-            e
-        };
+        let at_row = |r: Expr| sum.subst(rv, &r);
         let oidx = |r: Expr| add(add(v(ob), mul(r, int(ow_n))), v(qv));
         let rr = DW_FLAT_ROWS;
         let groups = oh_n / rr;
@@ -1810,19 +1809,6 @@ mod lower {
     /// 0.074 with four; MobileNetV2 -4.3% and EfficientNet-B0 -2% on one thread with
     /// two, the same within noise with four (A/B, min of 6).
     const DW_FLAT_ROWS: i64 = 2;
-
-    /// Narrowest phase planes (elements per row) that [`Phases`] aligns.
-    const ALIGN_MIN_WIDTH: i64 = 32;
-
-    fn subst(e: &mut Expr, var: VarId, by: &Expr) {
-        if *e == Expr::Var(var) {
-            *e = by.clone();
-            return;
-        }
-        for c in e.children_mut() {
-            subst(c, var, by);
-        }
-    }
 
     /// Most taps (`c * kh * kw`) of a group-1 conv [`conv_few_channels`] takes: an RGB
     /// stem's 27 (3x3 on 3 channels).
