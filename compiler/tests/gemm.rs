@@ -495,11 +495,12 @@ fn cases() -> Vec<Case> {
     //   every copied row starts on one: stride 2 with all four phases copied by one loop
     //   (equal runs), asymmetric pads that give the column phases runs of 35 and 34
     //   (separate loops), a stride-1 5x5;
-    // - channels in the lanes (`dw_lanes`): the planes transposed in and out through
-    //   16x16 register tiles, whole and masked, stored straight from the registers.
+    // - channels in the lanes (`dw_lanes`, 7x7 planes): the planes transposed in and out
+    //   through 16x16 register tiles, whole and masked, stored straight from the
+    //   registers; a 14x14 plane, since with pixels in the lanes.
     // (name, N C H W, kernel, pads t l b r, stride, activation)
     type Dw = (&'static str, [usize; 4], usize, [i64; 4], i64, &'static str);
-    let dws: [Dw; 5] = [
+    let dws: [Dw; 6] = [
         ("dw3x3_s2_wide", [1, 5, 21, 70], 3, [1, 1, 1, 1], 2, "Relu"),
         (
             "dw3x3_s2_wide_uneven",
@@ -510,15 +511,9 @@ fn cases() -> Vec<Case> {
             "Silu",
         ),
         ("dw5x5_wide", [1, 2, 7, 45], 5, [2, 2, 2, 2], 1, "Relu"),
-        ("dw3x3_lanes", [1, 32, 14, 14], 3, [1, 1, 1, 1], 1, "Relu"),
-        (
-            "dw3x3_lanes_s2",
-            [1, 48, 27, 27],
-            3,
-            [1, 1, 1, 1],
-            2,
-            "Silu",
-        ),
+        ("dw3x3_lanes", [1, 32, 7, 7], 3, [1, 1, 1, 1], 1, "Relu"),
+        ("dw3x3_lanes_s2", [1, 48, 7, 7], 3, [1, 1, 1, 1], 2, "Silu"),
+        ("dw3x3_flat_14", [1, 32, 14, 14], 3, [1, 1, 1, 1], 1, "Relu"),
     ];
     for (name, xs, k, pads, stride, act) in dws {
         let c = xs[1];
@@ -682,17 +677,18 @@ fn split_cases() -> Vec<Case> {
         &["Relu"],
     ));
     // Depthwise convs in parts of consecutive channel blocks, the last part shorter
-    // (skipping what it lacks): 144 channels in lanes (9 blocks of 16: 4 parts of 2 and
-    // one of 1), and 9 channels on 64x64 planes in phase planes (parts of 2 groups).
+    // (skipping what it lacks): 144 channels in lanes on 7x7 (9 blocks of 16: 4 parts of
+    // 2 and one of 1), and 9 channels on 64x64 planes in phase planes (parts of 2
+    // groups).
     v.push(one_node(
         "split_dw_lanes_parts",
         "Conv",
         &[
-            ("x", &[1, 144, 14, 14], false),
+            ("x", &[1, 144, 7, 7], false),
             ("w", &[144, 1, 3, 3], true),
             ("bias", &[144], true),
         ],
-        &[1, 144, 14, 14],
+        &[1, 144, 7, 7],
         vec![ints_attr("pads", &[1, 1, 1, 1]), int_attr("group", 144)],
         &["Relu"],
     ));

@@ -1224,12 +1224,14 @@ mod lower {
     /// Channels per block of `dw_lanes`: one AVX-512 vector of f32.
     const DW_LANES: usize = 16;
     /// Largest padded input plane `dw_lanes` transposes per block (bytes) for windows of
-    /// up to 3x3: 28x28 and below (58 KiB). Larger planes measured faster with pixels in
+    /// up to 3x3: 7x7 and below (5 KiB). Larger planes measured faster with pixels in
     /// the lanes (`dw_flat`), since the AVX-512 loops keep its nine weights in
-    /// registers: a 144-channel 56x56 layer alone 0.205 -> 0.167 ms, its stride-2
-    /// version 0.136 -> 0.126, MobileNetV2 1 thread 7.62 -> 7.45 ms; EfficientNet-B0
-    /// slower with 28x28 planes in `dw_flat` too.
-    const DW_LANES_MAX_PAD_BYTES: usize = 64 << 10;
+    /// registers: a 144-channel 56x56 layer alone 0.205 -> 0.167 ms. This was 28x28
+    /// (64 KiB) until `dw_flat` aligned its rows and computed two rows per iteration;
+    /// then a 192-channel 28x28 layer alone took 0.059 ms in `dw_lanes` and 0.043 in
+    /// `dw_flat`, and with 28x28 and 14x14 planes in `dw_flat` MobileNetV2 ran -3.8% on
+    /// one thread and -5% on two, EfficientNet-B0 -2% on one (A/B, min of 6).
+    const DW_LANES_MAX_PAD_BYTES: usize = 8 << 10;
     /// The same for larger windows, whose weights do not all stay in registers (a
     /// 144-channel 5x5 stride-2 layer on 56x56: 0.168 ms in `dw_lanes`, 0.194 in
     /// `dw_flat`); beyond, the block's scratch leaves L2.
