@@ -497,7 +497,7 @@ fn cases() -> Vec<Case> {
     //   (separate loops), a stride-1 5x5;
     // - channels in the lanes (`dw_lanes`, 7x7 planes): the planes transposed in and out
     //   through 16x16 register tiles, whole and masked, stored straight from the
-    //   registers; a 14x14 plane, since with pixels in the lanes.
+    //   registers; a 14x14 plane, now with pixels in the lanes.
     // (name, N C H W, kernel, pads t l b r, stride, activation)
     type Dw = (&'static str, [usize; 4], usize, [i64; 4], i64, &'static str);
     let dws: [Dw; 6] = [
