@@ -664,7 +664,15 @@ impl Gen<'_> {
     /// row-block count.
     fn tiles(&mut self, tile: Tile, counter: AsmRegister64) -> R<()> {
         let lp = self.lp;
-        self.a.sub(rsp, TILE_BYTES).map_err(e)?;
+        // (A copy-only loop stores its tiles straight to their rows: no stack.)
+        let stack = if copy_only(lp).is_some() {
+            0
+        } else {
+            TILE_BYTES
+        };
+        if stack > 0 {
+            self.a.sub(rsp, stack).map_err(e)?;
+        }
         let blocks = lp.rows / LANES;
         let rest = (lp.rows % LANES) as u32;
         if blocks > 0 {
@@ -679,7 +687,10 @@ impl Gen<'_> {
         if rest > 0 {
             self.tile_rows(rest, tile)?;
         }
-        self.a.add(rsp, TILE_BYTES).map_err(e)
+        if stack > 0 {
+            self.a.add(rsp, stack).map_err(e)?;
+        }
+        Ok(())
     }
 
     /// `nr` rows (at most 16) from the streams' current bases: every block of 16
@@ -797,22 +808,16 @@ impl Gen<'_> {
                 (17, 19, 0xDD, 12 + k),
             ];
             for (a, b, imm, row) in outs {
-                match to {
-                    Some((to, _)) if row >= to.len() => {}
-                    Some((to, masked)) => {
-                        self.a.vshuff32x4(z(20), z(a), z(b), imm).map_err(e)?;
-                        if masked {
-                            self.a.vmovups(to[row].k7(), z(20)).map_err(e)?;
-                        } else {
-                            self.a.vmovups(to[row], z(20)).map_err(e)?;
-                        }
-                    }
-                    None => {
-                        self.a.vshuff32x4(z(20), z(a), z(b), imm).map_err(e)?;
-                        self.a
-                            .vmovups(zmmword_ptr(rsp + 64 * row as i32), z(20))
-                            .map_err(e)?;
-                    }
+                let (m, masked) = match to {
+                    Some((to, _)) if row >= to.len() => continue,
+                    Some((to, masked)) => (to[row], masked),
+                    None => (zmmword_ptr(rsp + 64 * row as i32), false),
+                };
+                self.a.vshuff32x4(z(20), z(a), z(b), imm).map_err(e)?;
+                if masked {
+                    self.a.vmovups(m.k7(), z(20)).map_err(e)?;
+                } else {
+                    self.a.vmovups(m, z(20)).map_err(e)?;
                 }
             }
         }
