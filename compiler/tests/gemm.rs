@@ -918,6 +918,36 @@ fn gemm_conv_blocks_threads_aarch64_neon_qemu() {
     check_tasks("aarch64-neon", conv, &[1, 2, 3], b"_task0");
 }
 
+/// A constant B that the GEMM reads prepacked is in the object once, as its panels: the
+/// weights as stored are not emitted beside them (an MLP's object was twice its weights).
+#[test]
+fn prepacked_weights_once() {
+    let case = one_node(
+        "matmul_1x256x512_const",
+        "MatMul",
+        &[("a", &[1, 256], false), ("b", &[256, 512], true)],
+        &[1, 512],
+        vec![],
+        &[],
+    );
+    let scratch = tempfile::tempdir().unwrap();
+    let path = common::write_model(scratch.path(), "m.onnx", &case.model);
+    let m = onnx::load(&path).unwrap();
+    let weights = 256 * 512 * 4;
+    for target in ["x86_64-avx512", "x86_64-avx2", "aarch64-neon"] {
+        let opts = onnxc::driver::Options {
+            target: target.to_string(),
+            ..Default::default()
+        };
+        let c = onnxc::driver::compile_graph(m.graph.clone(), "model", &opts).unwrap();
+        let size = c.artifacts.object.len();
+        assert!(
+            size > weights && size < weights * 5 / 4,
+            "{target}: a {size}-byte object for {weights} bytes of weights"
+        );
+    }
+}
+
 #[test]
 fn gemm_host() {
     check_target("host");

@@ -145,10 +145,8 @@ pub fn kernel(
         (v[0], v[1], v[2], v[3])
     };
     // Base address of every buffer the kernel touches, computed once in the entry block.
-    let mut used = Vec::new();
-    collect_bufs(&k.body, &mut used);
     let mut bases = HashMap::new();
-    for id in used {
+    for id in kernel_bufs(k, &gemms) {
         let buf = &p.buffers[id];
         let v = match &buf.kind {
             BufKind::Input(i) => b
@@ -212,7 +210,20 @@ fn zero(b: &mut FunctionBuilder, t: Ty) -> Value {
     }
 }
 
-fn collect_bufs(body: &[Stmt], out: &mut Vec<BufId>) {
+/// The buffers kernel `k` reads or writes, in order of first use, with the GEMM calls
+/// planned as `plans`: an operand that a call reads prepacked is not one of them.
+pub fn kernel_bufs(k: &Kernel, plans: &[super::gemm::Plan]) -> Vec<BufId> {
+    let mut used = Vec::new();
+    collect_bufs(&k.body, &mut plans.iter(), &mut used);
+    used
+}
+
+/// [`kernel_bufs`] of `body`, whose GEMM calls take their plans from `plans` in order.
+fn collect_bufs(
+    body: &[Stmt],
+    plans: &mut std::slice::Iter<super::gemm::Plan>,
+    out: &mut Vec<BufId>,
+) {
     fn e(x: &Expr, out: &mut Vec<BufId>) {
         match x {
             Expr::Load(b, i) => {
@@ -244,7 +255,7 @@ fn collect_bufs(body: &[Stmt], out: &mut Vec<BufId>) {
     }
     for s in body {
         match s {
-            Stmt::For { body, .. } => collect_bufs(body, out),
+            Stmt::For { body, .. } => collect_bufs(body, plans, out),
             Stmt::Store { buf, index, value } => {
                 if !out.contains(buf) {
                     out.push(*buf);
@@ -255,15 +266,25 @@ fn collect_bufs(body: &[Stmt], out: &mut Vec<BufId>) {
             Stmt::Set { value, .. } => e(value, out),
             Stmt::If { cond, then, els } => {
                 e(cond, out);
-                collect_bufs(then, out);
-                collect_bufs(els, out);
+                collect_bufs(then, plans, out);
+                collect_bufs(els, plans, out);
             }
             Stmt::While { cond, body } => {
                 e(cond, out);
-                collect_bufs(body, out);
+                collect_bufs(body, plans, out);
             }
             Stmt::Gemm(g) => {
-                for v in g.views() {
+                let packed = match plans.next() {
+                    Some(super::gemm::Plan::Asm { a, b, .. }) => {
+                        [a, b].map(|o| matches!(o, super::gemm::Operand::Packed(_)))
+                    }
+                    _ => [false; 2],
+                };
+                for (i, v) in g.views().into_iter().enumerate() {
+                    // views() lists a, b, c, then init.
+                    if i < 2 && packed[i] {
+                        continue;
+                    }
                     if !out.contains(&v.buf) {
                         out.push(v.buf);
                     }
@@ -443,7 +464,7 @@ impl Gen<'_, '_> {
         use crate::kir::parallel::{assigned, captured, rename, subst};
         let ptr = self.module.isa().pointer_type();
         let mut bufs = Vec::new();
-        collect_bufs(body, &mut bufs);
+        collect_bufs(body, &mut plans.iter(), &mut bufs);
         let caps = captured(var, body);
         let mut args: Vec<Value> = bufs.iter().map(|b| self.bases[b]).collect();
         for v in &caps {

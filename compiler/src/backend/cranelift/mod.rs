@@ -117,31 +117,10 @@ pub fn compile_object(spec: &ObjectSpec) -> R<Vec<u8>> {
     let mut module = ObjectModule::new(builder);
     let p = spec.program;
 
-    // Constant buffers: 64-byte aligned read-only data.
+    // Constant buffers, 64-byte aligned read-only data: defined when a kernel first
+    // reads them, so that weights the GEMMs only read prepacked (a copy in the panel
+    // layout) are not in the object twice.
     let mut consts: HashMap<usize, DataId> = HashMap::new();
-    for (i, b) in p.buffers.iter().enumerate() {
-        if let (BufKind::Const { data }, crate::kir::Ty::Str) = (&b.kind, b.elem) {
-            let id = define_strings(&mut module, &format!("{}__c{i}", spec.prefix), data)?;
-            consts.insert(i, id);
-            continue;
-        }
-        if let BufKind::Const { data } = &b.kind {
-            let id = module
-                .declare_data(
-                    &format!("{}__c{i}", spec.prefix),
-                    Linkage::Local,
-                    false,
-                    false,
-                )
-                .map_err(err("declare data"))?;
-            let mut dd = DataDescription::new();
-            // Never an all-zero `.bss` object: define explicit bytes (even for zeros).
-            dd.define(data.clone().into_boxed_slice());
-            dd.set_align(64);
-            module.define_data(id, &dd).map_err(err("define data"))?;
-            consts.insert(i, id);
-        }
-    }
 
     // The kernels.
     let mut ksig = Signature::new(CallConv::SystemV);
@@ -161,6 +140,13 @@ pub fn compile_object(spec: &ObjectSpec) -> R<Vec<u8>> {
     for (ki, k) in p.kernels.iter().enumerate() {
         let (k, calls) = gemms.prepare(&mut module, k, p)?;
         let k = &k;
+        for i in codegen::kernel_bufs(k, &calls) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = consts.entry(i) {
+                if let Some(id) = define_const(&mut module, spec.prefix, p, i)? {
+                    slot.insert(id);
+                }
+            }
+        }
         let fname = format!("{}__k{ki}_{}", spec.prefix, sanitize(&k.name));
         let fid = module
             .declare_function(&fname, Linkage::Local, &ksig)
@@ -348,6 +334,32 @@ pub fn compile_object(spec: &ObjectSpec) -> R<Vec<u8>> {
 /// A constant string buffer: its NUL-terminated strings (`data`, one after another) as
 /// read-only bytes, and the buffer itself as a table of pointers to them (relocations;
 /// explicit zero bytes, so the table is never `.bss`).
+/// Defines buffer `i` of `p` as data when it is a constant: `PREFIX__cI`.
+fn define_const(
+    module: &mut ObjectModule,
+    prefix: &str,
+    p: &Program,
+    i: usize,
+) -> R<Option<DataId>> {
+    let b = &p.buffers[i];
+    let BufKind::Const { data } = &b.kind else {
+        return Ok(None);
+    };
+    let name = format!("{prefix}__c{i}");
+    if b.elem == crate::kir::Ty::Str {
+        return define_strings(module, &name, data).map(Some);
+    }
+    let id = module
+        .declare_data(&name, Linkage::Local, false, false)
+        .map_err(err("declare data"))?;
+    let mut dd = DataDescription::new();
+    // Never an all-zero `.bss` object: define explicit bytes (even for zeros).
+    dd.define(data.clone().into_boxed_slice());
+    dd.set_align(64);
+    module.define_data(id, &dd).map_err(err("define data"))?;
+    Ok(Some(id))
+}
+
 fn define_strings(module: &mut ObjectModule, name: &str, data: &[u8]) -> R<DataId> {
     let bytes = module
         .declare_data(&format!("{name}_s"), Linkage::Local, false, false)
