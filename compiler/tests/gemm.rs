@@ -138,6 +138,11 @@ fn cases() -> Vec<Case> {
         // Two k blocks and two column blocks: the microkernel fetches the next B block
         // ahead, across the column blocks too.
         (40, 600, 1000),
+        // Up to four rows: one column block, k blocks of up to 1024, accumulator sets
+        // taking turns by k step (the k-loop's remainder steps included).
+        (1, 1031, 70),
+        (2, 37, 97),
+        (4, 2050, 48),
     ];
     for &(m, k, n) in &sizes {
         for konst in [true, false] {

@@ -295,7 +295,7 @@ impl GemmCtx {
             (None, None) if g.b.cs == 1 => (nr * 4, g.b.rs * 4, false, Operand::Direct),
             (None, None) => return Ok(None),
         };
-        let (kc, nc) = x86::blocking(isa, k, n, self.l1_kib, self.l2_kib);
+        let (kc, nc) = x86::blocking(isa, m, k, n, self.l1_kib, self.l2_kib);
         // Column blocks start at whole B panels.
         let gw = b_group * nr as usize;
         let nc = nc.div_ceil(gw) * gw;
@@ -403,7 +403,7 @@ impl GemmCtx {
             let mut s = spec.clone();
             if by_cols {
                 s.n = size;
-                let (kc, nc) = x86::blocking(isa, s.k, s.n, l1, l2);
+                let (kc, nc) = x86::blocking(isa, s.m, s.k, s.n, l1, l2);
                 s.kc = kc;
                 s.nc = nc.div_ceil(gw) * gw;
             } else {
