@@ -505,7 +505,7 @@ fn cases() -> Vec<Case> {
     //   registers; a 14x14 plane, now with pixels in the lanes.
     // (name, N C H W, kernel, pads t l b r, stride, activation)
     type Dw = (&'static str, [usize; 4], usize, [i64; 4], i64, &'static str);
-    let dws: [Dw; 6] = [
+    let dws: [Dw; 7] = [
         ("dw3x3_s2_wide", [1, 5, 21, 70], 3, [1, 1, 1, 1], 2, "Relu"),
         (
             "dw3x3_s2_wide_uneven",
@@ -519,6 +519,15 @@ fn cases() -> Vec<Case> {
         ("dw3x3_lanes", [1, 32, 7, 7], 3, [1, 1, 1, 1], 1, "Relu"),
         ("dw3x3_lanes_s2", [1, 48, 7, 7], 3, [1, 1, 1, 1], 2, "Silu"),
         ("dw3x3_flat_14", [1, 32, 14, 14], 3, [1, 1, 1, 1], 1, "Relu"),
+        // Stride 2 onto 7x7: channels in the lanes, from a 15x15 padded plane.
+        (
+            "dw3x3_lanes_s2_14",
+            [1, 32, 14, 14],
+            3,
+            [1, 1, 1, 1],
+            2,
+            "Relu",
+        ),
     ];
     for (name, xs, k, pads, stride, act) in dws {
         let c = xs[1];

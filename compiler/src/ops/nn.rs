@@ -1224,14 +1224,22 @@ mod lower {
     /// Channels per block of `dw_lanes`: one AVX-512 vector of f32.
     const DW_LANES: usize = 16;
     /// Largest padded input plane `dw_lanes` transposes per block (bytes) for windows of
-    /// up to 3x3: 7x7 and below (5 KiB). Larger planes measured faster with pixels in
+    /// up to 3x3: stride 1 onto 7x7 and below (5 KiB). Larger planes measured faster with pixels in
     /// the lanes (`dw_flat`), since the AVX-512 loops keep its nine weights in
     /// registers: a 144-channel 56x56 layer alone 0.205 -> 0.167 ms. This was 28x28
     /// (64 KiB) until `dw_flat` aligned its rows and computed two rows per iteration;
     /// then a 192-channel 28x28 layer alone took 0.059 ms in `dw_lanes` and 0.043 in
     /// `dw_flat`, and with 28x28 and 14x14 planes in `dw_flat` MobileNetV2 ran -3.8% on
-    /// one thread and -5% on two, EfficientNet-B0 -2% on one (A/B, min of 6).
-    const DW_LANES_MAX_PAD_BYTES: usize = 8 << 10;
+    /// one thread and -5% on two, EfficientNet-B0 -2% on one (A/B, min of 6). Stride-2
+    /// layers onto 7x7 transpose a 15x15 plane (14 KiB): these stay here too (see
+    /// [`DW_LANES_MAX_OUT_PIXELS`]).
+    const DW_LANES_MAX_PAD_BYTES: usize = 16 << 10;
+    /// Most output pixels of a plane that `dw_lanes` takes for windows of up to 3x3: 7x7
+    /// (and 8x8), whatever the stride. A 576-channel stride-2 layer from 14x14 onto 7x7
+    /// took 0.050 ms in `dw_flat`, whose per-plane loops are short for 7-pixel rows, and
+    /// 0.018 ms here (ONNX Runtime 0.035); a stride-1 14x14 layer (a 16x16 padded plane,
+    /// 16 KiB) stays faster in `dw_flat`.
+    const DW_LANES_MAX_OUT_PIXELS: usize = 64;
     /// The same for larger windows, whose weights do not all stay in registers (a
     /// 144-channel 5x5 stride-2 layer on 56x56: 0.168 ms in `dw_lanes`, 0.194 in
     /// `dw_flat`); beyond, the block's scratch leaves L2.
@@ -1287,12 +1295,12 @@ mod lower {
         let hp = ((oh_n - 1) * sh + (kh_n - 1) * dh + 1).max(ih + ph);
         let wp = ((ow_n - 1) * sw + (kw_n - 1) * dw + 1).max(iw + pw);
         let (pad_len, t_len) = (hp * wp * lb, oh_n * ow_n * lb);
-        let most = if taps > 9 {
-            DW_LANES_MAX_PAD_BYTES_WIDE
+        let fits = if taps > 9 {
+            4 * pad_len <= DW_LANES_MAX_PAD_BYTES_WIDE
         } else {
-            DW_LANES_MAX_PAD_BYTES
+            4 * pad_len <= DW_LANES_MAX_PAD_BYTES && oh_n * ow_n <= DW_LANES_MAX_OUT_PIXELS
         };
-        if 4 * pad_len > most {
+        if !fits {
             return Ok(false);
         }
         // Weights [block][tap][lane].
