@@ -1224,8 +1224,8 @@ mod lower {
     /// Channels per block of `dw_lanes`: one AVX-512 vector of f32.
     const DW_LANES: usize = 16;
     /// Largest padded input plane `dw_lanes` transposes per block (bytes) for windows of
-    /// up to 3x3: stride 1 onto 7x7 and below (5 KiB). Larger planes measured faster with pixels in
-    /// the lanes (`dw_flat`), since the AVX-512 loops keep its nine weights in
+    /// up to 3x3 (stride 1 onto 7x7: 5 KiB). Larger planes measured faster with pixels
+    /// in the lanes (`dw_flat`), since the AVX-512 loops keep its nine weights in
     /// registers: a 144-channel 56x56 layer alone 0.205 -> 0.167 ms. This was 28x28
     /// (64 KiB) until `dw_flat` aligned its rows and computed two rows per iteration;
     /// then a 192-channel 28x28 layer alone took 0.059 ms in `dw_lanes` and 0.043 in
@@ -1259,8 +1259,9 @@ mod lower {
     /// consecutive blocks (`kir::build::per_part`), each part in its own scratch slot, so
     /// that the parts may run in parallel. Returns false (nothing
     /// lowered) when it does not fit: not depthwise, channels not a multiple of the
-    /// block, a padded plane over [`DW_LANES_MAX_PAD_BYTES`], weights not constant,
-    /// negative pads.
+    /// block, a padded plane over [`DW_LANES_MAX_PAD_BYTES`] or an output plane over
+    /// [`DW_LANES_MAX_OUT_PIXELS`] (windows over 3x3: a padded plane over
+    /// [`DW_LANES_MAX_PAD_BYTES_WIDE`]), weights not constant, negative pads.
     fn dw_lanes(
         lw: &mut LowerCtx,
         x: &TensorRef,

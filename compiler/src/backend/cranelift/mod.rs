@@ -331,9 +331,6 @@ pub fn compile_object(spec: &ObjectSpec) -> R<Vec<u8>> {
     product.emit().map_err(err("emit object"))
 }
 
-/// A constant string buffer: its NUL-terminated strings (`data`, one after another) as
-/// read-only bytes, and the buffer itself as a table of pointers to them (relocations;
-/// explicit zero bytes, so the table is never `.bss`).
 /// Defines buffer `i` of `p` as data when it is a constant: `PREFIX__cI`.
 fn define_const(
     module: &mut ObjectModule,
@@ -360,6 +357,9 @@ fn define_const(
     Ok(Some(id))
 }
 
+/// A constant string buffer: its NUL-terminated strings (`data`, one after another) as
+/// read-only bytes, and the buffer itself as a table of pointers to them (relocations;
+/// explicit zero bytes, so the table is never `.bss`).
 fn define_strings(module: &mut ObjectModule, name: &str, data: &[u8]) -> R<DataId> {
     let bytes = module
         .declare_data(&format!("{name}_s"), Linkage::Local, false, false)
