@@ -1438,14 +1438,17 @@ impl Gen<'_> {
                         }
                     }
                     Red::SelGt | Red::SelLt => {
+                        // `v > acc ? v : acc` is exactly vmaxps(v, acc) (its second
+                        // operand on a tie or a NaN), `v < acc ? v : acc` vminps: one
+                        // instruction on the accumulator's chain instead of a compare
+                        // and a masked move.
                         let xr = self.reg(l(0), t0)?;
-                        let pred = if kind == Red::SelGt { 0x1e } else { 0x11 };
-                        if masked {
-                            self.a.vcmpps(k6.k7(), xr, acc, pred).map_err(e)?;
+                        let dst = if masked { acc.k7() } else { acc };
+                        if kind == Red::SelGt {
+                            self.a.vmaxps(dst, xr, acc).map_err(e)?;
                         } else {
-                            self.a.vcmpps(k6, xr, acc, pred).map_err(e)?;
+                            self.a.vminps(dst, xr, acc).map_err(e)?;
                         }
-                        self.a.vmovaps(acc.k6(), xr).map_err(e)?;
                     }
                 }
             }
