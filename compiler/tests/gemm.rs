@@ -138,8 +138,8 @@ fn cases() -> Vec<Case> {
         // Two k blocks and two column blocks: the microkernel fetches the next B block
         // ahead, across the column blocks too.
         (40, 600, 1000),
-        // Up to four rows: one column block, k blocks of up to 1024, accumulator sets
-        // taking turns by k step (the k-loop's remainder steps included).
+        // Up to four rows: one column block, k blocks of up to 1024 (two and three of
+        // them here), no B prefetch, column edges masked.
         (1, 1031, 70),
         (2, 37, 97),
         (4, 2050, 48),

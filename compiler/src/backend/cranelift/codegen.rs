@@ -110,13 +110,15 @@ struct Gen<'a, 'b> {
     wide: &'a mut WideFuncs,
 }
 
-/// Emits kernel `k` into `func` (whose signature is `(inputs, outputs, arena, threads)`).
+/// Emits kernel `k` into `func` (whose signature is `(inputs, outputs, arena, threads)`);
+/// `bufs` are [`kernel_bufs`] of `k` and `gemms`, every constant among them in `consts`.
 #[allow(clippy::too_many_arguments)]
 pub fn kernel(
     module: &mut ObjectModule,
     func: &mut Function,
     fbc: &mut FunctionBuilderContext,
     k: &Kernel,
+    bufs: &[BufId],
     p: &Program,
     consts: &HashMap<usize, DataId>,
     libm: &mut HashMap<&'static str, FuncId>,
@@ -146,7 +148,7 @@ pub fn kernel(
     };
     // Base address of every buffer the kernel touches, computed once in the entry block.
     let mut bases = HashMap::new();
-    for id in kernel_bufs(k, &gemms) {
+    for &id in bufs {
         let buf = &p.buffers[id];
         let v = match &buf.kind {
             BufKind::Input(i) => b
@@ -274,17 +276,17 @@ fn collect_bufs(
                 collect_bufs(body, plans, out);
             }
             Stmt::Gemm(g) => {
-                let packed = match plans.next() {
-                    Some(super::gemm::Plan::Asm { a, b, .. }) => {
-                        [a, b].map(|o| matches!(o, super::gemm::Operand::Packed(_)))
-                    }
-                    _ => [false; 2],
+                let packed =
+                    |o: &super::gemm::Operand| matches!(o, super::gemm::Operand::Packed(_));
+                let (pa, pb) = match plans.next() {
+                    Some(super::gemm::Plan::Asm { a, b, .. }) => (packed(a), packed(b)),
+                    _ => (false, false),
                 };
-                for (i, v) in g.views().into_iter().enumerate() {
-                    // views() lists a, b, c, then init.
-                    if i < 2 && packed[i] {
-                        continue;
-                    }
+                let direct = [(&g.a, !pa), (&g.b, !pb), (&g.c, true)]
+                    .into_iter()
+                    .chain(g.init.as_ref().map(|v| (v, true)))
+                    .filter_map(|(v, direct)| direct.then_some(v));
+                for v in direct {
                     if !out.contains(&v.buf) {
                         out.push(v.buf);
                     }

@@ -140,7 +140,8 @@ pub fn compile_object(spec: &ObjectSpec) -> R<Vec<u8>> {
     for (ki, k) in p.kernels.iter().enumerate() {
         let (k, calls) = gemms.prepare(&mut module, k, p)?;
         let k = &k;
-        for i in codegen::kernel_bufs(k, &calls) {
+        let bufs = codegen::kernel_bufs(k, &calls);
+        for &i in &bufs {
             if let std::collections::hash_map::Entry::Vacant(slot) = consts.entry(i) {
                 if let Some(id) = define_const(&mut module, spec.prefix, p, i)? {
                     slot.insert(id);
@@ -157,6 +158,7 @@ pub fn compile_object(spec: &ObjectSpec) -> R<Vec<u8>> {
             &mut ctx.func,
             &mut fbc,
             k,
+            &bufs,
             p,
             &consts,
             &mut libm,
