@@ -187,7 +187,7 @@ fn grouped_convs(w: usize) -> Vec<Case> {
         usize,
         Option<&'static str>,
     );
-    let geoms: [G; 12] = [
+    let geoms: [G; 13] = [
         ("dw3x3_pad", 4, 4, 3, (1, 1), 1, 1, Some("Relu")),
         // 16 and 32 channels: channels in the vector lanes (`dw_lanes`), its transposes
         // through 16x16 register tiles on AVX-512 (whole and partial row blocks).
@@ -205,11 +205,16 @@ fn grouped_convs(w: usize) -> Vec<Case> {
         ("dw_mult_s2_dil", 2, 2, 3, (2, 1), 2, 2, Some("Relu")),
         // Stride 3: three column phases.
         ("dw3x3_s3", 3, 3, 3, (1, 2), 3, 1, None),
+        // Stride 4: every fourth element (permutes on AVX-512, not gathers).
+        ("dw3x3_s4", 3, 3, 3, (1, 2), 4, 1, Some("Relu")),
         // Tall: many interior rows between the border rows.
         ("dw3x3_tall", 2, 2, 3, (1, 1), 1, 1, None),
     ];
     for (name, c, group, k, (pb, pe), s, d, post) in geoms {
         let h = if name == "dw3x3_tall" { 19 } else { 5 };
+        // Stride 4 on rows of 52 to 436: its phase planes copy rows of 13 to 109 every
+        // fourth element (AVX-512: permutes; masked tails of 3, 6, 9 and 13 lanes).
+        let w = if name == "dw3x3_s4" { 12 * w + 40 } else { w };
         if w + pb + pe < (k - 1) * d + 1 {
             continue;
         }

@@ -553,13 +553,12 @@ impl Gen<'_, '_> {
                     if t.is_mask(v) {
                         return None;
                     }
-                    let two = match stride(index, var, &t.locals)? {
-                        1 => false,
-                        2 => true,
+                    let step = match stride(index, var, &t.locals)? {
+                        st @ (1 | 2 | 4) => st as u8,
                         _ => return None,
                     };
                     let (s, disp) = t.stream(*buf, index)?;
-                    t.b.push(Inst::Store { s, disp, v, two });
+                    t.b.push(Inst::Store { s, disp, v, step });
                 }
                 _ => return None,
             }

@@ -142,14 +142,14 @@ pub enum Inst {
     Scalef(V, V),
     /// `1 / a` to 14 bits (vrcp14ps).
     Rcp14(V),
-    /// `v` into stream `s` at elements `i + disp`, or with `two` at `2 (i + l) + disp`
-    /// for lane `l` (every other element: one column phase of a row; the elements
-    /// between are left as they are).
+    /// `v` into stream `s` at elements `step (i + l) + disp` for lane `l`, `step` 1, 2
+    /// or 4 (with 2 or 4: one column phase of a row, as Winograd's output transforms
+    /// write it; the elements between are left as they are).
     Store {
         s: u16,
         disp: i32,
         v: V,
-        two: bool,
+        step: u8,
     },
     /// Reduction `r` takes in `v`.
     Reduce {
@@ -344,6 +344,11 @@ const ZMM: [AsmRegisterZmm; 32] = [
     zmm15, zmm16, zmm17, zmm18, zmm19, zmm20, zmm21, zmm22, zmm23, zmm24, zmm25, zmm26, zmm27,
     zmm28, zmm29, zmm30, zmm31,
 ];
+const YMM: [AsmRegisterYmm; 32] = [
+    ymm0, ymm1, ymm2, ymm3, ymm4, ymm5, ymm6, ymm7, ymm8, ymm9, ymm10, ymm11, ymm12, ymm13, ymm14,
+    ymm15, ymm16, ymm17, ymm18, ymm19, ymm20, ymm21, ymm22, ymm23, ymm24, ymm25, ymm26, ymm27,
+    ymm28, ymm29, ymm30, ymm31,
+];
 /// Mask registers for values (k6 is a temporary, k7 the tail mask).
 const KVAL: [AsmRegisterK; 5] = [k1, k2, k3, k4, k5];
 /// Stream base pointers, then: rdi = args, rax = element index, r11 = constant pool.
@@ -382,6 +387,19 @@ struct Gen<'l> {
     /// A register holding the even-element permutation of [`Inst::Load2`] for the whole
     /// call (loaded once at entry; else reloaded for every such load).
     perm: Option<usize>,
+    /// A general register for the addresses of stride-4 accesses (`base + 8 i`, see
+    /// [`Gen::stream_step`]), when the body has any.
+    quad: Option<AsmRegister64>,
+}
+
+/// Whether the body has a stride-4 access outside tile mode (it then needs
+/// [`Gen::quad`]).
+fn needs_quad(lp: &Loop, tile: bool) -> bool {
+    lp.insts.iter().any(|i| match i {
+        Inst::Store { step, .. } => *step == 4,
+        Inst::LoadS { stride, .. } => *stride == 4 && !tile,
+        _ => false,
+    })
 }
 
 /// The gathered stream of tile mode: `s[stride (i + l) + disp]` for lane `l`.
@@ -404,7 +422,7 @@ fn copy_only(lp: &Loop) -> Option<(u16, i32)> {
             s,
             disp,
             v: 0,
-            two: false,
+            step: 1,
         }] => Some((s, disp)),
         _ => None,
     }
@@ -486,6 +504,13 @@ pub fn generate(lp: &Loop) -> R<Vec<u8>> {
     } else {
         tile_stream(lp)
     };
+    let gprs = lp.streams as usize
+        + usize::from(lp.rows > 1)
+        + usize::from(tile.is_some())
+        + usize::from(needs_quad(lp, tile.is_some()));
+    if gprs > STREAMS.len() {
+        return Err("x86 loop: too many streams".into());
+    }
     // The uniforms and constants the body reads, in order of first use: as many as the
     // registers allow are held in registers (each a broadcast memory operand otherwise,
     // a load on every use: a 3x3 depthwise row's nine weights were nine loads per
@@ -519,6 +544,10 @@ pub fn generate(lp: &Loop) -> R<Vec<u8>> {
             tile,
             rdisp: vec![0; lp.streams as usize],
             tile_row: 0,
+            quad: needs_quad(lp, tile.is_some()).then(|| {
+                STREAMS
+                    [lp.streams as usize + usize::from(lp.rows > 1) + usize::from(tile.is_some())]
+            }),
             resident: mem[..n]
                 .iter()
                 .enumerate()
@@ -545,8 +574,12 @@ impl Gen<'_> {
     fn body(&mut self) -> R<()> {
         let lp = self.lp;
         let rows = lp.rows > 1;
-        // With rows: the row counter; in tile mode also the block's address.
-        let gprs = lp.streams as usize + usize::from(rows) + usize::from(self.tile.is_some());
+        // With rows: the row counter; in tile mode also the block's address; then the
+        // stride-4 address register.
+        let gprs = lp.streams as usize
+            + usize::from(rows)
+            + usize::from(self.tile.is_some())
+            + usize::from(self.quad.is_some());
         let saved: Vec<AsmRegister64> = STREAMS[..gprs]
             .iter()
             .copied()
@@ -902,19 +935,22 @@ impl Gen<'_> {
             // its value is still live: it too takes fresh ones.
             let fresh = matches!(
                 inst,
-                Inst::Bin(Bin::Min | Bin::Max, ..) | Inst::Store { two: true, .. }
+                Inst::Bin(Bin::Min | Bin::Max, ..) | Inst::Store { step: 2 | 4, .. }
             ) || minmax_red;
             let any_mem = ops
                 .iter()
                 .any(|&o| matches!(loc[o as usize], Loc::Uni(_) | Loc::Pool(_)));
-            let ntmp = if minmax_red
+            let ntmp = if matches!(inst, Inst::LoadS { stride: 4, .. }) && self.tile.is_none() {
+                3
+            } else if minmax_red
                 || matches!(
                     inst,
                     Inst::Load2 { .. }
                         | Inst::LoadS { .. }
                         | Inst::Fma(..)
-                        | Inst::Store { two: true, .. }
-                ) {
+                        | Inst::Store { step: 2 | 4, .. }
+                )
+            {
                 2
             } else {
                 usize::from(any_mem || matches!(inst, Inst::Bin(Bin::Min | Bin::Max, ..)))
@@ -978,6 +1014,26 @@ impl Gen<'_> {
     /// iterations spans two vectors of the stream.
     fn stream_at2(&self, s: u16, disp: i32) -> AsmMemoryOperand {
         zmmword_ptr(STREAMS[s as usize] + rax * 8 + (disp + self.rdisp[s as usize]))
+    }
+
+    /// The same for an access of every `step`-th element (1, 2 or 4). Element `4 i` is
+    /// past what one address can scale, so the quad register first takes the base plus
+    /// `8 i` (see [`Gen::quad`]).
+    fn stream_step(&mut self, s: u16, disp: i32, step: u32) -> R<AsmMemoryOperand> {
+        Ok(match step {
+            1 => self.stream_at(s, disp),
+            2 => self.stream_at2(s, disp),
+            4 => {
+                let q = self
+                    .quad
+                    .ok_or("x86 loop: no register for a stride-4 access")?;
+                self.a
+                    .lea(q, ptr(STREAMS[s as usize] + rax * 8))
+                    .map_err(e)?;
+                zmmword_ptr(q + rax * 8 + (disp + self.rdisp[s as usize]))
+            }
+            _ => return Err("x86 loop: unsupported access step".into()),
+        })
     }
 
     /// `d = max(x, y)` (or min) with NaN propagated and -0 < +0: x86's max returns its
@@ -1175,6 +1231,45 @@ impl Gen<'_> {
             Inst::LoadS { .. } if self.tile.is_some() => {
                 let m = zmmword_ptr(rsp + 64 * self.tile_row);
                 self.a.vmovups(d, m).map_err(e)?;
+            }
+            Inst::LoadS {
+                s, disp, stride: 4, ..
+            } => {
+                // Every fourth element of four vectors: two permutes each pick 8 lanes out
+                // of two vectors, and an insert joins their halves (a gather of 16 lanes
+                // takes about 22 cycles on Zen 4). The second vector of each pair is read
+                // 3 elements early so that nothing past the last lane's element is read
+                // (the index is then the same for both pairs); in the masked tail every
+                // vector is read under a mask of the elements up to the last valid lane's.
+                let (t0, t1, t2) = (ZMM[tmp[0]], ZMM[tmp[1]], ZMM[tmp[2]]);
+                let idx: Vec<u32> = (0..16)
+                    .map(|j| (if j < 4 { 4 * j } else { 4 * j + 3 }) % 32)
+                    .collect();
+                let io = self.pool_slice(&idx);
+                self.a.vmovups(d, zmmword_ptr(r11 + io)).map_err(e)?;
+                let last = 4 * ((self.lp.n % LANES) as u32).max(1) - 4;
+                for (t, first) in [(t0, 0u32), (t1, 32)] {
+                    let m0 = self.stream_step(s, disp + 4 * first as i32, 4)?;
+                    let m1 = self.stream_step(s, disp + 4 * (first as i32 + 13), 4)?;
+                    if masked {
+                        let bits = |from: u32| -> u32 {
+                            (0..16)
+                                .filter(|e| from + e <= last)
+                                .fold(0, |m, e| m | 1 << e)
+                        };
+                        let oa = self.pool_off(bits(first));
+                        self.a.kmovw(k6, word_ptr(r11 + oa)).map_err(e)?;
+                        self.a.vmovups(t.k6().z(), m0).map_err(e)?;
+                        let ob = self.pool_off(bits(first + 13));
+                        self.a.kmovw(k6, word_ptr(r11 + ob)).map_err(e)?;
+                        self.a.vmovups(t2.k6().z(), m1).map_err(e)?;
+                        self.a.vpermt2ps(t, d, t2).map_err(e)?;
+                    } else {
+                        self.a.vmovups(t, m0).map_err(e)?;
+                        self.a.vpermt2ps(t, d, m1).map_err(e)?;
+                    }
+                }
+                self.a.vinsertf32x8(d, t0, YMM[tmp[1]], 1).map_err(e)?;
             }
             Inst::LoadS {
                 s, disp, stride, ..
@@ -1379,32 +1474,37 @@ impl Gen<'_> {
                 }
             }
             Inst::Store {
-                s, disp, two: true, ..
+                s,
+                disp,
+                step: step @ (2 | 4),
+                ..
             } => {
-                // Lanes 0..8 spread to the even elements of the vector at the lane-0
-                // address, lanes 8..16 to those of the next; the odd elements keep
-                // their values (masked stores).
+                // Lanes 0..16/step spread to every step-th element of the vector at the
+                // lane-0 address, the next 16/step lanes to those of the next vector, and
+                // so on; the elements between keep their values (masked stores).
                 let x = self.reg(l(0), t0)?;
                 let t = ZMM[tmp[1]];
-                let (m0, m1) = (self.stream_at2(s, disp), self.stream_at2(s, disp + 64));
+                let step = u32::from(step);
+                let per = 16 / step;
                 let valid = if masked {
                     (self.lp.n % LANES) as u32
                 } else {
                     16
                 };
-                for half in 0..2u32 {
-                    let lanes = valid.saturating_sub(8 * half).min(8);
+                for part in 0..step {
+                    let lanes = valid.saturating_sub(per * part).min(per);
                     if lanes == 0 {
                         continue;
                     }
-                    let idx: Vec<u32> = (0..16).map(|j| 8 * half + j / 2).collect();
+                    let idx: Vec<u32> = (0..16).map(|j| per * part + j / step).collect();
                     let io = self.pool_slice(&idx);
-                    let mask = (0..lanes).fold(0u32, |m, l| m | 1 << (2 * l));
+                    let mask = (0..lanes).fold(0u32, |m, l| m | 1 << (step * l));
                     let mo = self.pool_off(mask);
+                    let m = self.stream_step(s, disp + 64 * part as i32, step)?;
                     self.a.vmovups(t, zmmword_ptr(r11 + io)).map_err(e)?;
                     self.a.vpermps(t, t, x).map_err(e)?;
                     self.a.kmovw(k6, word_ptr(r11 + mo)).map_err(e)?;
-                    self.a.vmovups([m0, m1][half as usize].k6(), t).map_err(e)?;
+                    self.a.vmovups(m.k6(), t).map_err(e)?;
                 }
             }
             Inst::Store { s, disp, .. } => {
