@@ -495,6 +495,33 @@ fn cases() -> Vec<Case> {
         vec![ints_attr("pads", &[1, 1, 1, 1])],
         &["residual", "Relu"],
     ));
+    // Winograd F(4x4, 3x3) (enough work per transformed matrix): a residual block's
+    // epilogue on a plane whose last tile row has 3 output rows and last tile column 3
+    // columns; uneven pads with a last tile of 2 rows and 1 column.
+    v.push(one_node(
+        "wino4_residual",
+        "Conv",
+        &[
+            ("x", &[1, 112, 27, 27], false),
+            ("w", &[112, 112, 3, 3], true),
+            ("bias", &[112], true),
+        ],
+        &[1, 112, 27, 27],
+        vec![ints_attr("pads", &[1, 1, 1, 1])],
+        &["residual", "Relu"],
+    ));
+    v.push(one_node(
+        "wino4_uneven_pads",
+        "Conv",
+        &[
+            ("x", &[1, 96, 30, 30], false),
+            ("w", &[96, 96, 3, 3], true),
+            ("bias", &[96], true),
+        ],
+        &[1, 96, 30, 29],
+        vec![ints_attr("pads", &[0, 1, 2, 0])],
+        &["Relu"],
+    ));
     // Depthwise convs (3x3 unless noted), each with a bias and an activation:
     // - planes wide enough that the phase planes' rows are padded to whole vectors and
     //   every copied row starts on one: stride 2 with all four phases copied by one loop
@@ -659,6 +686,19 @@ fn split_cases() -> Vec<Case> {
             ("bias", &[32], true),
         ],
         &[1, 32, 14, 14],
+        vec![ints_attr("pads", &[1, 1, 1, 1])],
+        &["Relu"],
+    ));
+    // Winograd F(4x4): blocks in two parts, each a parallel task.
+    v.push(one_node(
+        "split_wino4",
+        "Conv",
+        &[
+            ("x", &[1, 96, 32, 32], false),
+            ("w", &[96, 96, 3, 3], true),
+            ("bias", &[96], true),
+        ],
+        &[1, 96, 32, 32],
         vec![ints_attr("pads", &[1, 1, 1, 1])],
         &["Relu"],
     ));
@@ -920,15 +960,16 @@ fn gemm_split_threads_x86_64_avx2() {
 
 /// A convolution whose blocks of output rows run in slots, one parallel task each, with
 /// a GEMM inside every task (Cranelift's f32x4 tiles on aarch64), one through padded
-/// planes in runs of panels, on 1-3 threads under qemu, and a Winograd conv (strided stores, GEMMs and transforms in tasks): every run
+/// planes in runs of panels, on 1-3 threads under qemu, and Winograd F(2x2) and F(4x4)
+/// convs (strided stores, GEMMs and transforms in tasks): every run
 /// against the reference, threaded runs bit for bit against the serial.
 #[test]
 fn gemm_conv_blocks_threads_aarch64_neon_qemu() {
     let conv: Vec<Case> = split_cases()
         .into_iter()
-        .filter(|c| c.name.starts_with("split_conv3x") || c.name.starts_with("split_wino3x3"))
+        .filter(|c| c.name.starts_with("split_conv3x") || c.name.starts_with("split_wino"))
         .collect();
-    assert_eq!(conv.len(), 5);
+    assert_eq!(conv.len(), 6);
     check_tasks("aarch64-neon", conv, &[1, 2, 3], b"_task0");
 }
 

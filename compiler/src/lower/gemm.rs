@@ -338,10 +338,21 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
         return Ok(false);
     }
     if !direct {
-        if let Some(p2) = Plane::of(g).filter(|p2| winograd::fits(p2, c, m)) {
+        let wino = Plane::of(g).and_then(|p2| Some((winograd::fits(&p2, c, m)?, p2)));
+        if let Some((wino, p2)) = wino {
             let ep = lw.epilogue.take().filter(|e| !e.is_empty());
             let dims = (nimg, c, m);
-            if winograd::conv(lw, &p2, &x, &w, bias.as_ref(), &out, ep.as_ref(), dims) {
+            if winograd::conv(
+                lw,
+                wino,
+                &p2,
+                &x,
+                &w,
+                bias.as_ref(),
+                &out,
+                ep.as_ref(),
+                dims,
+            ) {
                 return Ok(true);
             }
             lw.epilogue = ep;

@@ -388,7 +388,7 @@ struct Gen<'l> {
     /// call (loaded once at entry; else reloaded for every such load).
     perm: Option<usize>,
     /// A general register for the addresses of stride-4 accesses (`base + 8 i`, see
-    /// [`Gen::stream_step`]), when the body has any.
+    /// [`Gen::quad_base`]), when the body has any.
     quad: Option<AsmRegister64>,
 }
 
@@ -1016,24 +1016,22 @@ impl Gen<'_> {
         zmmword_ptr(STREAMS[s as usize] + rax * 8 + (disp + self.rdisp[s as usize]))
     }
 
-    /// The same for an access of every `step`-th element (1, 2 or 4). Element `4 i` is
-    /// past what one address can scale, so the quad register first takes the base plus
-    /// `8 i` (see [`Gen::quad`]).
-    fn stream_step(&mut self, s: u16, disp: i32, step: u32) -> R<AsmMemoryOperand> {
-        Ok(match step {
-            1 => self.stream_at(s, disp),
-            2 => self.stream_at2(s, disp),
-            4 => {
-                let q = self
-                    .quad
-                    .ok_or("x86 loop: no register for a stride-4 access")?;
-                self.a
-                    .lea(q, ptr(STREAMS[s as usize] + rax * 8))
-                    .map_err(e)?;
-                zmmword_ptr(q + rax * 8 + (disp + self.rdisp[s as usize]))
-            }
-            _ => return Err("x86 loop: unsupported access step".into()),
-        })
+    /// For accesses of every fourth element of stream `s` (element `4 i`, past what one
+    /// address can scale): the quad register, set to the base plus `8 i`; the caller's
+    /// addresses are then [`Gen::quad_at`].
+    fn quad_base(&mut self, s: u16) -> R<AsmRegister64> {
+        let q = self
+            .quad
+            .ok_or("x86 loop: no register for a stride-4 access")?;
+        self.a
+            .lea(q, ptr(STREAMS[s as usize] + rax * 8))
+            .map_err(e)?;
+        Ok(q)
+    }
+
+    /// Element `4 i + disp / 4` of stream `s`, after [`Gen::quad_base`] put its base in `q`.
+    fn quad_at(&self, q: AsmRegister64, s: u16, disp: i32) -> AsmMemoryOperand {
+        zmmword_ptr(q + rax * 8 + (disp + self.rdisp[s as usize]))
     }
 
     /// `d = max(x, y)` (or min) with NaN propagated and -0 < +0: x86's max returns its
@@ -1240,23 +1238,40 @@ impl Gen<'_> {
                 // takes about 22 cycles on Zen 4). The second vector of each pair is read
                 // 3 elements early so that nothing past the last lane's element is read
                 // (the index is then the same for both pairs); in the masked tail every
-                // vector is read under a mask of the elements up to the last valid lane's.
+                // vector is read under a mask of the elements up to the last valid lane's,
+                // and a tail of at most 8 lanes reads only the first pair.
                 let (t0, t1, t2) = (ZMM[tmp[0]], ZMM[tmp[1]], ZMM[tmp[2]]);
                 let idx: Vec<u32> = (0..16)
                     .map(|j| (if j < 4 { 4 * j } else { 4 * j + 3 }) % 32)
                     .collect();
                 let io = self.pool_slice(&idx);
                 self.a.vmovups(d, zmmword_ptr(r11 + io)).map_err(e)?;
-                let last = 4 * ((self.lp.n % LANES) as u32).max(1) - 4;
+                let q = self.quad_base(s)?;
+                let valid = if masked {
+                    (self.lp.n % LANES) as u32
+                } else {
+                    16
+                };
+                let last = 4 * valid - 4;
+                let bits = |from: u32| -> u32 {
+                    (0..16)
+                        .filter(|e| from + e <= last)
+                        .fold(0, |m, e| m | 1 << e)
+                };
+                if valid <= 8 {
+                    for (t, from) in [(t0, 0), (t1, 13)] {
+                        let ob = self.pool_off(bits(from));
+                        self.a.kmovw(k6, word_ptr(r11 + ob)).map_err(e)?;
+                        let m = self.quad_at(q, s, disp + 4 * from as i32);
+                        self.a.vmovups(t.k6().z(), m).map_err(e)?;
+                    }
+                    self.a.vpermi2ps(d, t0, t1).map_err(e)?;
+                    return Ok(());
+                }
                 for (t, first) in [(t0, 0u32), (t1, 32)] {
-                    let m0 = self.stream_step(s, disp + 4 * first as i32, 4)?;
-                    let m1 = self.stream_step(s, disp + 4 * (first as i32 + 13), 4)?;
+                    let m0 = self.quad_at(q, s, disp + 4 * first as i32);
+                    let m1 = self.quad_at(q, s, disp + 4 * (first as i32 + 13));
                     if masked {
-                        let bits = |from: u32| -> u32 {
-                            (0..16)
-                                .filter(|e| from + e <= last)
-                                .fold(0, |m, e| m | 1 << e)
-                        };
                         let oa = self.pool_off(bits(first));
                         self.a.kmovw(k6, word_ptr(r11 + oa)).map_err(e)?;
                         self.a.vmovups(t.k6().z(), m0).map_err(e)?;
@@ -1486,6 +1501,11 @@ impl Gen<'_> {
                 let t = ZMM[tmp[1]];
                 let step = u32::from(step);
                 let per = 16 / step;
+                let q = if step == 4 {
+                    Some(self.quad_base(s)?)
+                } else {
+                    None
+                };
                 let valid = if masked {
                     (self.lp.n % LANES) as u32
                 } else {
@@ -1500,7 +1520,11 @@ impl Gen<'_> {
                     let io = self.pool_slice(&idx);
                     let mask = (0..lanes).fold(0u32, |m, l| m | 1 << (step * l));
                     let mo = self.pool_off(mask);
-                    let m = self.stream_step(s, disp + 64 * part as i32, step)?;
+                    let pd = disp + 64 * part as i32;
+                    let m = match q {
+                        Some(q) => self.quad_at(q, s, pd),
+                        None => self.stream_at2(s, pd),
+                    };
                     self.a.vmovups(t, zmmword_ptr(r11 + io)).map_err(e)?;
                     self.a.vpermps(t, t, x).map_err(e)?;
                     self.a.kmovw(k6, word_ptr(r11 + mo)).map_err(e)?;

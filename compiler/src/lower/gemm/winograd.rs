@@ -1,8 +1,9 @@
-//! 3x3 stride-1 convolutions by Winograd's minimal filtering F(2x2, 3x3) (Lavin and
-//! Gray, "Fast Algorithms for Convolutional Neural Networks", 2016).
+//! 3x3 stride-1 convolutions by Winograd's minimal filtering F(2x2, 3x3) and F(4x4, 3x3)
+//! (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks", 2016).
 //!
-//! The output is cut into 2x2 tiles; tile `(th, tw)` reads the 4x4 input patch at
-//! `(2 th - ph, 2 tw - pw)`. With `d` the patch, `g` a 3x3 filter and
+//! The output is cut into `r x r` tiles (`r` 2 or 4); tile `(th, tw)` reads the `a x a`
+//! input patch at `(r th - ph, r tw - pw)`, `a = r + 2`. With `d` the patch, `g` a 3x3
+//! filter and, for F(2x2, 3x3),
 //!
 //! ```text
 //! B^T = [1  0 -1  0]    G = [1    0    0  ]    A^T = [1 1  1  0]
@@ -11,41 +12,54 @@
 //!       [0  1  0 -1]        [0    0    1  ]
 //! ```
 //!
+//! or, for F(4x4, 3x3),
+//!
+//! ```text
+//! B^T = [4  0 -5  0  1  0]    G = [ 1/4     0     0 ]    A^T = [1 1  1 1  1 0]
+//!       [0 -4 -4  1  1  0]        [-1/6  -1/6  -1/6 ]          [0 1 -1 2 -2 0]
+//!       [0  4 -4 -1  1  0]        [-1/6   1/6  -1/6 ]          [0 1  1 4  4 0]
+//!       [0 -2 -1  2  1  0]        [1/24  1/12   1/6 ]          [0 1 -1 8 -8 1]
+//!       [0  2 -1 -2  1  0]        [1/24 -1/12   1/6 ]
+//!       [0  4  0 -5  0  1]        [   0     0     1 ]
+//! ```
+//!
 //! the tile is `Y = A^T [sum over ci of (G g G^T) . (B^T d B)] A`. The sum over input
-//! channels of each of the 16 elementwise products is a matrix product, so a conv is 16
-//! GEMMs `M_k[co, t] = U_k[co, ci] V_k[ci, t]` over the tiles `t`, with `U = G g G^T`
-//! computed at compile time: 16 multiply-adds per tile and channel pair instead of 36
-//! (2.25x fewer), plus an input transform (`V = B^T d B`, additions only) and an output
-//! transform (`A^T M A`, additions only) that read and write about as much as the
-//! im2col copy they replace reads and writes a third of.
+//! channels of each of the `a^2` elementwise products is a matrix product, so a conv is
+//! `a^2` GEMMs `M_k[co, t] = U_k[co, ci] V_k[ci, t]` over the tiles `t`, with
+//! `U = G g G^T` computed at compile time: F(2x2) does 16 multiply-adds per tile and
+//! channel pair for 4 outputs instead of 36 (2.25x fewer), F(4x4) 36 for 16 outputs
+//! instead of 144 (4x fewer), plus an input transform (`V = B^T d B`) and an output
+//! transform (`A^T M A`) of additions and multiplications by small constants. F(4x4)'s
+//! larger constants cost accuracy (a relative error of a few 1e-6 against 1e-7), still
+//! far inside the 1e-4 the models are held to.
 //!
 //! Per image: the input is copied into zero-padded planes (so that no patch needs a
-//! bounds test), then the tiles run in blocks of whole tile rows whose 16 transformed
-//! inputs and 16 GEMM outputs stay in L2: input transform, 16 GEMMs, output transform.
+//! bounds test), then the tiles run in blocks of whole tile rows whose `a^2` transformed
+//! inputs and GEMM outputs stay in L2: input transform, `a^2` GEMMs, output transform.
 //! The blocks share out into two parts of consecutive blocks, each part with its own
 //! scratch slot, so that with threads each core takes whole blocks (one job per conv;
 //! the GEMMs run whole inside the tasks) instead of sharing every small GEMM and
 //! transform loop; the second part ends with the tail block. The input transform reads
-//! every other column (stride-2 loads) and writes 16 unit-stride rows; the output
-//! transform reads 16 unit-stride rows and writes every other column of two output
-//! rows, applying the bias and the fused epilogue on the way.
+//! every `r`-th column (on AVX-512: permutes of whole vectors) and writes `a^2`
+//! unit-stride rows; the output transform reads `a^2` unit-stride rows and writes every
+//! `r`-th column of `r` output rows, applying the bias and the fused epilogue on the way.
 
 use super::{blocks_cost, Parts, Plane, PANEL};
-use crate::kir::build::{add, int, lin, loops, sub};
+use crate::kir::build::{add, int, lin, loops, mul, sub};
 use crate::kir::{BufKind, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId};
 use crate::ops::lowering::{Epilogue, LowerCtx, TensorRef};
 
-/// Most bytes of one block's transformed input and GEMM output (16 matrices each, one
+/// Most bytes of one block's transformed input and GEMM output (`a^2` matrices each, one
 /// slot). Measured on a 1 MiB-L2 core (A/B, one and two threads): 768 KiB blocks were
 /// 9-20% slower than 1 MiB on 64- and 256-channel layers (more blocks of fewer tiles,
 /// more panel padding: a 256-channel 14x14 layer ran 21-tile blocks), 1.5 MiB within
 /// noise of 1 MiB.
 const BLOCK_BYTES: usize = 1024 * 1024;
 
-/// Most bytes of the transformed weights (16 `[m][c]` matrices, 16/9 of the filter's).
-/// Each block reads them all again: past L2 they stream from L3, which still pays with
-/// [`MIN_TILES`] tiles or more (ResNet-18's 256-channel 14x14 convs, 4 MiB: 2.24 -> 1.45
-/// ms alone).
+/// Most bytes of the transformed weights (`a^2` `[m][c]` matrices, `a^2 / 9` times the
+/// filter's). Each block reads them all again: past L2 they stream from L3, which still
+/// pays with [`MIN_TILES`] tiles or more (ResNet-18's 256-channel 14x14 convs, 4 MiB
+/// in F(2x2): 2.24 -> 1.45 ms alone).
 const MAX_WEIGHT_BYTES: usize = 8 << 20;
 
 /// Least output tiles per image, each tile a use of every transformed weight: a 512-channel
@@ -53,18 +67,101 @@ const MAX_WEIGHT_BYTES: usize = 8 << 20;
 /// im2col alone, and in a whole model its weights would not stay in L3.
 const MIN_TILES: usize = 32;
 
-/// Least multiply-adds of one of the 16 GEMMs (`m * c * tiles`): below, the calls and
-/// transforms cost more than the multiply-adds saved (a 16 -> 32 channel conv on 14x14,
-/// 25 K: 0.021 -> 0.030 ms; 48 -> 192 on 13x13, 451 K: unchanged; 64 -> 256, 803 K: -13%).
+/// Least multiply-adds of one of the `a^2` GEMMs (`m * c * tiles`): below, the calls and
+/// transforms cost more than the multiply-adds saved (F(2x2): a 16 -> 32 channel conv on
+/// 14x14, 25 K: 0.021 -> 0.030 ms; 48 -> 192 on 13x13, 451 K: unchanged; 64 -> 256,
+/// 803 K: -13%).
 const MIN_GEMM_MACS: usize = 1 << 19;
 
-/// Whether a conv runs through [`conv`]: 3x3, stride 1, no dilation, non-negative
-/// pads, enough tiles and work ([`MIN_TILES`], [`MIN_GEMM_MACS`]), and transformed
-/// weights within [`MAX_WEIGHT_BYTES`].
-/// `ONNXC_NO_WINOGRAD` turns it off (for comparisons).
-pub(super) fn fits(p2: &Plane, c: usize, m: usize) -> bool {
-    let tiles = p2.oh.div_ceil(2) * p2.ow.div_ceil(2);
-    p2.kh == 3
+/// Which Winograd algorithm a conv runs: output tiles of `r x r`, `r` 2 or 4.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Wino {
+    r: usize,
+}
+
+impl Wino {
+    /// Input patch side: `r + 2`.
+    fn a(self) -> usize {
+        self.r + 2
+    }
+
+    /// The output tiles of an `oh x ow` plane.
+    fn tiles(self, oh: usize, ow: usize) -> usize {
+        oh.div_ceil(self.r) * ow.div_ceil(self.r)
+    }
+
+    /// `G`, `a x 3`.
+    fn g(self) -> &'static [[f64; 3]] {
+        const G2: [[f64; 3]; 4] = [
+            [1.0, 0.0, 0.0],
+            [0.5, 0.5, 0.5],
+            [0.5, -0.5, 0.5],
+            [0.0, 0.0, 1.0],
+        ];
+        const G4: [[f64; 3]; 6] = [
+            [0.25, 0.0, 0.0],
+            [-1.0 / 6.0, -1.0 / 6.0, -1.0 / 6.0],
+            [-1.0 / 6.0, 1.0 / 6.0, -1.0 / 6.0],
+            [1.0 / 24.0, 1.0 / 12.0, 1.0 / 6.0],
+            [1.0 / 24.0, -1.0 / 12.0, 1.0 / 6.0],
+            [0.0, 0.0, 1.0],
+        ];
+        if self.r == 2 {
+            &G2
+        } else {
+            &G4
+        }
+    }
+
+    /// `B^T d` for a column `d` of `a` values, factored so that products share sums.
+    fn bt(self, d: &[Expr]) -> Vec<Expr> {
+        let d = |i: usize| d[i].clone();
+        let k = |x: f64| Expr::f(x, Ty::F32);
+        if self.r == 2 {
+            return vec![
+                sub(d(0), d(2)),
+                add(d(1), d(2)),
+                sub(d(2), d(1)),
+                sub(d(1), d(3)),
+            ];
+        }
+        let (s12, d12) = (add(d(1), d(2)), sub(d(1), d(2)));
+        let (d42, d31) = (sub(d(4), d(2)), sub(d(3), d(1)));
+        vec![
+            add(sub(d(4), mul(d(2), k(5.0))), mul(d(0), k(4.0))),
+            sub(add(d(3), d(4)), mul(s12, k(4.0))),
+            add(sub(d(4), d(3)), mul(d12, k(4.0))),
+            add(d42.clone(), mul(d31.clone(), k(2.0))),
+            sub(d42, mul(d31, k(2.0))),
+            add(sub(d(5), mul(d(3), k(5.0))), mul(d(1), k(4.0))),
+        ]
+    }
+
+    /// `A^T m` for a column `m` of `a` values: `r` values.
+    fn at(self, m: &[Expr]) -> Vec<Expr> {
+        let m = |i: usize| m[i].clone();
+        let k = |x: f64| Expr::f(x, Ty::F32);
+        if self.r == 2 {
+            return vec![add(add(m(0), m(1)), m(2)), sub(sub(m(1), m(2)), m(3))];
+        }
+        let (s12, d12) = (add(m(1), m(2)), sub(m(1), m(2)));
+        let (s34, d34) = (add(m(3), m(4)), sub(m(3), m(4)));
+        vec![
+            add(add(m(0), s12.clone()), s34.clone()),
+            add(d12.clone(), mul(d34.clone(), k(2.0))),
+            add(s12, mul(s34, k(4.0))),
+            add(add(d12, mul(d34, k(8.0))), m(5)),
+        ]
+    }
+}
+
+/// Whether a conv runs through [`conv`], and by which algorithm: 3x3, stride 1, no
+/// dilation, non-negative pads, enough tiles and work ([`MIN_TILES`], [`MIN_GEMM_MACS`]),
+/// and transformed weights within [`MAX_WEIGHT_BYTES`]; F(4x4) where it qualifies, else
+/// F(2x2). `ONNXC_NO_WINOGRAD` turns both off, `ONNXC_NO_WINOGRAD4` F(4x4) (for
+/// comparisons).
+pub(super) fn fits(p2: &Plane, c: usize, m: usize) -> Option<Wino> {
+    let shape = p2.kh == 3
         && p2.kw == 3
         && p2.sh == 1
         && p2.sw == 1
@@ -74,35 +171,40 @@ pub(super) fn fits(p2: &Plane, c: usize, m: usize) -> bool {
         && p2.pw >= 0
         && c >= 4
         && m >= 8
-        && tiles >= MIN_TILES
-        && m * c * tiles >= MIN_GEMM_MACS
-        && 16 * m * c * 4 <= MAX_WEIGHT_BYTES
-        && std::env::var_os("ONNXC_NO_WINOGRAD").is_none()
+        && std::env::var_os("ONNXC_NO_WINOGRAD").is_none();
+    if !shape {
+        return None;
+    }
+    let qualifies = |w: Wino| {
+        let tiles = w.tiles(p2.oh, p2.ow);
+        tiles >= MIN_TILES
+            && m * c * tiles >= MIN_GEMM_MACS
+            && w.a() * w.a() * m * c * 4 <= MAX_WEIGHT_BYTES
+    };
+    let f4 = Wino { r: 4 };
+    if qualifies(f4) && std::env::var_os("ONNXC_NO_WINOGRAD4").is_none() {
+        return Some(f4);
+    }
+    Some(Wino { r: 2 }).filter(|&w| qualifies(w))
 }
 
-/// `U_k = G g G^T` for every (co, ci), as 16 constant `[m][c]` buffers (`k = 4 i + j`),
-/// computed in f64 and rounded once; `None` when the weights are not constant.
-fn weights(lw: &mut LowerCtx, w: &TensorRef, m: usize, c: usize) -> Option<Vec<usize>> {
+/// `U_k = G g G^T` for every (co, ci), as `a^2` constant `[m][c]` buffers
+/// (`k = a i + j`), computed in f64 and rounded once; `None` when the weights are not
+/// constant.
+fn weights(lw: &mut LowerCtx, w: &TensorRef, wino: Wino, m: usize, c: usize) -> Option<Vec<usize>> {
     let vals = super::const_values(w, m * c * 9)?;
-    const G: [[f64; 3]; 4] = [
-        [1.0, 0.0, 0.0],
-        [0.5, 0.5, 0.5],
-        [0.5, -0.5, 0.5],
-        [0.0, 0.0, 1.0],
-    ];
-    let mut data: Vec<Vec<u8>> = (0..16).map(|_| Vec::with_capacity(4 * m * c)).collect();
+    let (g, a) = (wino.g(), wino.a());
+    let mut data: Vec<Vec<u8>> = (0..a * a).map(|_| Vec::with_capacity(4 * m * c)).collect();
     for f in vals.chunks_exact(9) {
-        // gt = G g (4x3), then u = gt G^T (4x4).
-        let mut gt = [[0.0; 3]; 4];
-        for (i, row) in gt.iter_mut().enumerate() {
-            for (j, x) in row.iter_mut().enumerate() {
-                *x = (0..3).map(|r| G[i][r] * f[r * 3 + j]).sum();
-            }
-        }
-        for i in 0..4 {
-            for j in 0..4 {
-                let u: f64 = (0..3).map(|r| gt[i][r] * G[j][r]).sum();
-                data[i * 4 + j].extend_from_slice(&(u as f32).to_le_bytes());
+        // gt = G f (a x 3), then u = gt G^T (a x a).
+        let gt: Vec<[f64; 3]> = g
+            .iter()
+            .map(|gi| std::array::from_fn(|j| (0..3).map(|r| gi[r] * f[r * 3 + j]).sum()))
+            .collect();
+        for (i, gti) in gt.iter().enumerate() {
+            for (j, gj) in g.iter().enumerate() {
+                let u: f64 = (0..3).map(|r| gti[r] * gj[r]).sum();
+                data[i * a + j].extend_from_slice(&(u as f32).to_le_bytes());
             }
         }
     }
@@ -122,12 +224,12 @@ fn weights(lw: &mut LowerCtx, w: &TensorRef, m: usize, c: usize) -> Option<Vec<u
 }
 
 /// Tile rows per block: the count whose blocks waste the fewest GEMM columns on panel
-/// padding (a block also costs about a panel more: its 16 calls and loops), on one thread
-/// and on two (see [`blocks_cost`]), within [`BLOCK_BYTES`] of scratch (at least one
-/// row), with at least two blocks where there are two tile rows: `th` tile rows, the
-/// first `whole` of them with two output rows.
-fn block_rows(th: usize, whole: usize, tw: usize, c: usize, m: usize) -> usize {
-    let per_tile = 16 * (c + m) * 4;
+/// padding (a block also costs about a panel more: its `a^2` calls and loops), on one
+/// thread and on two (see [`blocks_cost`]), within [`BLOCK_BYTES`] of scratch (at least
+/// one row), with at least two blocks where there are two tile rows: `th` tile rows, the
+/// first `whole` of them with `r` output rows, `mats` (`a^2`) matrices a tile.
+fn block_rows(th: usize, whole: usize, tw: usize, (c, m): (usize, usize), mats: usize) -> usize {
+    let per_tile = mats * (c + m) * 4;
     let most = (BLOCK_BYTES / per_tile / tw).clamp(1, th.div_ceil(2));
     let pad = |t: usize| t.div_ceil(PANEL) * PANEL;
     let cost = |rb: usize| {
@@ -139,13 +241,9 @@ fn block_rows(th: usize, whole: usize, tw: usize, c: usize, m: usize) -> usize {
         .unwrap_or(1)
 }
 
-/// `(a + b) + c` etc.: the transforms' sums of three.
-fn add3(a: Expr, b: Expr, c: Expr) -> Expr {
-    add(add(a, b), c)
-}
-
 /// The shapes every block of one conv shares.
 struct Geo<'a> {
+    wino: Wino,
     xp: usize,
     vb: usize,
     mb: usize,
@@ -159,19 +257,31 @@ struct Geo<'a> {
     /// Padded plane size and row length.
     pl: usize,
     wp: usize,
+    /// F(4x4): the length of each of a padded row's four column phases (see
+    /// [`pad_phases`]); 0 for F(2x2)'s plain rows.
+    seg: usize,
     oh: usize,
     ow: usize,
     /// Tiles per row.
     tw: usize,
-    /// Row stride of the block matrices (a slot of `vb` is `16 c ld` elements, of `mb`
-    /// `16 m ld`).
+    /// Row stride of the block matrices (a slot of `vb` is `a^2` matrices of `c` rows,
+    /// each [`Geo::vk`] elements from the next; of `mb`, `m` rows, [`Geo::mk`]).
     ld: usize,
 }
+
+/// Elements between consecutive transform matrices past their rows: one cache line.
+/// Without it the `a^2` vectors a transform reads or writes for one tile lie a multiple
+/// of 4 KiB apart (whole 64-row matrices of 64 elements) in one set of an 8-way L1:
+/// F(4x4)'s 36 evicted each other. A 64-channel 56x56 conv (F(4x4)): 1.03 -> 0.80 ms,
+/// its transforms and padding copy 0.46 -> 0.22 ms; a 256-channel 14x14 (F(2x2)):
+/// 1.34 -> 1.29 ms.
+const SKEW: usize = 16;
 
 /// Lowers the conv (see the module doc); `false` when the weights are not constant.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn conv(
     lw: &mut LowerCtx,
+    wino: Wino,
     p2: &Plane,
     x: &TensorRef,
     w: &TensorRef,
@@ -180,18 +290,22 @@ pub(super) fn conv(
     ep: Option<&Epilogue>,
     (nimg, c, m): (usize, usize, usize),
 ) -> bool {
-    let Some(us) = weights(lw, w, m, c) else {
+    let Some(us) = weights(lw, w, wino, m, c) else {
         return false;
     };
+    let (r, mats) = (wino.r, wino.a() * wino.a());
     let (oh, ow) = (p2.oh, p2.ow);
-    let (th_n, tw_n) = (oh.div_ceil(2), ow.div_ceil(2));
-    let (hp, wp) = (2 * th_n + 2, 2 * tw_n + 2);
+    let (th_n, tw_n) = (oh.div_ceil(r), ow.div_ceil(r));
+    // F(4x4) reads its patches from padded rows split into column phases, F(2x2) from
+    // plain padded rows.
+    let seg = if r == 4 { tw_n + 1 } else { 0 };
+    let (hp, wp) = (r * th_n + 2, if r == 4 { 4 * seg } else { r * tw_n + 2 });
     let pl = hp * wp;
-    let rb = block_rows(th_n, oh / 2, tw_n, c, m);
+    let rb = block_rows(th_n, oh / r, tw_n, (c, m), mats);
     let ld = (rb * tw_n).div_ceil(16) * 16;
-    // Whole blocks of tile rows that all have two output rows; the rest, an odd height's
-    // last tile row included, is the tail block (at most `rb` tile rows).
-    let full = (oh / 2) / rb;
+    // Whole blocks of tile rows that all have `r` output rows; the rest, a last tile row
+    // of fewer output rows included, is the tail block (at most `rb` tile rows).
+    let full = (oh / r) / rb;
     let tail = th_n - full * rb;
     let plan = Parts::new(full, tail > 0, 2);
     let f32_buf = |lw: &mut LowerCtx, name: String, elems: usize| {
@@ -199,15 +313,28 @@ pub(super) fn conv(
             .add_buffer(name, BufKind::Arena { offset: 0 }, Ty::F32, elems as u64)
     };
     let xp = f32_buf(lw, format!("{}/wino_padded", lw.name), c * pl);
-    // Per slot, the 16 transformed-input matrices side by side, and the 16 GEMM
-    // outputs: each transform is then one stream (a register) with 16 displacements,
-    // not 16 streams.
-    let vb = f32_buf(lw, format!("{}/wino_v", lw.name), plan.parts * 16 * c * ld);
-    let mb = f32_buf(lw, format!("{}/wino_m", lw.name), plan.parts * 16 * m * ld);
+    // Per slot, the transformed-input matrices side by side, and the GEMM outputs: each
+    // transform is then one stream (a register) with `a^2` displacements, not `a^2`
+    // streams.
+    let vb = f32_buf(
+        lw,
+        format!("{}/wino_v", lw.name),
+        plan.parts * mats * (c * ld + SKEW),
+    );
+    let mb = f32_buf(
+        lw,
+        format!("{}/wino_m", lw.name),
+        plan.parts * mats * (m * ld + SKEW),
+    );
     let mut k = lw.kernel("");
     let nv = k.var(Ty::I64);
-    let mut body = super::pad_planes(&mut k, (x.buf, nv, c), p2, (xp, c * pl), (pl, wp));
+    let mut body = if r == 4 {
+        pad_phases(&mut k, (x.buf, nv, c), p2, (xp, c * pl), (pl, wp, seg))
+    } else {
+        super::pad_planes(&mut k, (x.buf, nv, c), p2, (xp, c * pl), (pl, wp))
+    };
     let geo = Geo {
+        wino,
         xp,
         vb,
         mb,
@@ -220,12 +347,13 @@ pub(super) fn conv(
         m,
         pl,
         wp,
+        seg,
         oh,
         ow,
         tw: tw_n,
         ld,
     };
-    let last = usize::from(oh % 2 == 1);
+    let last = usize::from(oh % r != 0);
     body.extend(plan.emit(&mut k, rb, |k, th0, is_tail, slot| {
         if is_tail {
             geo.block(k, th0, tail - last, last, slot)
@@ -242,22 +370,90 @@ pub(super) fn conv(
     true
 }
 
+/// [`super::pad_planes`] for F(4x4): image `img` of `x` (`c` planes) copied into
+/// zero-padded planes (`len` elements from `xp`, `pl` apart) whose rows of `wp` elements
+/// are four column phases of `seg` each: padded column `4 u + p` at `p seg + u`. The
+/// input transform's loads are then unit-stride (tile `q` reads `q`, `q + 1` of a
+/// phase) instead of every fourth element; this copy reads every fourth element once.
+fn pad_phases(
+    k: &mut Kernel,
+    (x, img, c): (usize, VarId, usize),
+    p2: &Plane,
+    (xp, len): (usize, usize),
+    (pl, wp, seg): (usize, usize, usize),
+) -> Vec<Stmt> {
+    let il = p2.h * p2.w;
+    let (ph, pw) = (p2.ph as usize, p2.pw as usize);
+    let zv = k.var(Ty::I64);
+    let mut body = loops(
+        &[(zv, len)],
+        vec![Stmt::Store {
+            buf: xp,
+            index: Expr::Var(zv),
+            value: Expr::f(0.0, Ty::F32),
+        }],
+    );
+    for p in 0..4 {
+        // Input columns x = 4 u + p - pw for u in u0..u1.
+        let u0 = pw.saturating_sub(p).div_ceil(4);
+        let u1 = (p2.w + pw).saturating_sub(p).div_ceil(4);
+        if u1 <= u0 {
+            continue;
+        }
+        let (cv, yv, uv) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+        let dst = lin(vec![
+            (Expr::Var(cv), pl),
+            (Expr::Var(yv), wp),
+            (Expr::Var(uv), 1),
+            (int(1), ph * wp + p * seg + u0),
+        ]);
+        let src = lin(vec![
+            (Expr::Var(img), c * il),
+            (Expr::Var(cv), il),
+            (Expr::Var(yv), p2.w),
+            (Expr::Var(uv), 4),
+            (int(1), 4 * u0 + p - pw),
+        ]);
+        body.extend(loops(
+            &[(cv, c), (yv, p2.h), (uv, u1 - u0)],
+            vec![Stmt::Store {
+                buf: xp,
+                index: dst,
+                value: Expr::load(x, src),
+            }],
+        ));
+    }
+    body
+}
+
 impl Geo<'_> {
-    /// One block in slot `slot`: tile rows `th0 ..` (`rows` with two output rows, then
-    /// `last` (0 or 1) with one), their input transform, 16 GEMMs and output transform.
+    /// Elements from one transformed-input matrix to the next.
+    fn vk(&self) -> usize {
+        self.c * self.ld + SKEW
+    }
+
+    /// Elements from one GEMM output matrix to the next.
+    fn mk(&self) -> usize {
+        self.m * self.ld + SKEW
+    }
+
+    /// One block in slot `slot`: tile rows `th0 ..` (`rows` with `r` output rows, then
+    /// `last` (0 or 1) with `oh % r`), their input transform, `a^2` GEMMs and output
+    /// transform.
     fn block(&self, k: &mut Kernel, th0: Expr, rows: usize, last: usize, slot: Expr) -> Vec<Stmt> {
+        let (r, a) = (self.wino.r, self.wino.a());
         let n = (rows + last) * self.tw;
         // Slot 0's base is 0, not mul(0, size), in IR dumps.
-        let vbase = lin(vec![(slot.clone(), 16 * self.c * self.ld)]);
-        let mbase = lin(vec![(slot, 16 * self.m * self.ld)]);
+        let vbase = lin(vec![(slot.clone(), a * a * self.vk())]);
+        let mbase = lin(vec![(slot, a * a * self.mk())]);
         let mut st = vec![self.input_transform(k, th0.clone(), rows + last, vbase.clone())];
         for (kk, &u) in self.us.iter().enumerate() {
-            // The bias enters through matrix 5 (i = j = 1): row and column 1 of A^T are
-            // all ones, so each output of a tile receives it exactly once; the output
+            // The bias enters through matrix (1, 1): row and column 1 of A^T are all
+            // ones, so each output of a tile receives it exactly once; the output
             // transform then has no per-channel value, and its rows of channels run as
             // one AVX-512 call.
             let init = match self.bias {
-                Some(b) if kk == 5 => Some(MatView::strided(b.buf, Expr::Int(0), 1, 0)),
+                Some(b) if kk == a + 1 => Some(MatView::strided(b.buf, Expr::Int(0), 1, 0)),
                 _ => None,
             };
             st.push(Stmt::Gemm(Box::new(GemmCall {
@@ -267,13 +463,13 @@ impl Geo<'_> {
                 a: MatView::strided(u, Expr::Int(0), self.c as i64, 1),
                 b: MatView::strided(
                     self.vb,
-                    lin(vec![(vbase.clone(), 1), (int(1), kk * self.c * self.ld)]),
+                    lin(vec![(vbase.clone(), 1), (int(1), kk * self.vk())]),
                     self.ld as i64,
                     1,
                 ),
                 c: MatView::strided(
                     self.mb,
-                    lin(vec![(mbase.clone(), 1), (int(1), kk * self.m * self.ld)]),
+                    lin(vec![(mbase.clone(), 1), (int(1), kk * self.mk())]),
                     self.ld as i64,
                     1,
                 ),
@@ -282,88 +478,96 @@ impl Geo<'_> {
                 act: GemmAct::None,
             })));
         }
-        // The last tile of a row of odd width has no second column.
-        let whole = self.ow / 2;
-        for (r0, nr, out_rows) in [(0, rows, 2), (rows, last, 1)] {
+        // The last tile of a row whose width is not a multiple of `r` has fewer columns.
+        let whole = self.ow / r;
+        for (r0, nr, out_rows) in [(0, rows, r), (rows, last, self.oh % r)] {
             if nr == 0 {
                 continue;
             }
             let th = add(th0.clone(), int(r0));
-            if whole > 0 {
-                st.push(self.output_transform(
-                    k,
-                    th.clone(),
-                    r0,
-                    nr,
-                    0..whole,
-                    out_rows,
-                    2,
-                    &mbase,
-                ));
-            }
-            if whole < self.tw {
-                st.push(self.output_transform(k, th, r0, nr, whole..self.tw, out_rows, 1, &mbase));
+            let spans = [(0..whole, r), (whole..self.tw, self.ow % r)];
+            for (tws, cols) in spans {
+                if !tws.is_empty() {
+                    st.push(self.output_transform(
+                        k,
+                        th.clone(),
+                        r0,
+                        nr,
+                        tws,
+                        out_rows,
+                        cols,
+                        &mbase,
+                    ));
+                }
             }
         }
         st
     }
 
-    /// `V_k[ci, r tw + q] = (B^T d B)_k` (matrix `k` of the slot at `vbase`, `[16][c][ld]`)
-    /// for tile rows `th0 + r`, `r < rows`, `d` the 4x4 patch of padded plane `ci` at row
-    /// `2 (th0 + r)`, column `2 q`.
-    // The transforms index their 4x4 arrays as the formulas do.
+    /// `V_k[ci, rv tw + q] = (B^T d B)_k` (matrix `k` of the slot at `vbase`,
+    /// `[a^2][c][ld]`) for tile rows `th0 + rv`, `rv < rows`, `d` the `a x a` patch of
+    /// padded plane `ci` at row `r (th0 + rv)`, column `r q`.
+    // The transforms index their arrays as the formulas do.
     #[allow(clippy::needless_range_loop)]
     fn input_transform(&self, k: &mut Kernel, th0: Expr, rows: usize, vbase: Expr) -> Stmt {
         let (rv, ci, q) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
         let (c, ld, tw) = (self.c, self.ld, self.tw);
+        let (r, a) = (self.wino.r, self.wino.a());
+        // Column j of tile q: element r q + j of a plain row, or element q + j / 4 of
+        // phase j % 4 (unit stride in q).
+        let qs = if self.seg > 0 { 1 } else { r };
         let d = |i: usize, j: usize| {
+            let col = if self.seg > 0 {
+                (j % 4) * self.seg + j / 4
+            } else {
+                j
+            };
             Expr::load(
                 self.xp,
                 lin(vec![
-                    (th0.clone(), 2 * self.wp),
-                    (Expr::Var(rv), 2 * self.wp),
+                    (th0.clone(), r * self.wp),
+                    (Expr::Var(rv), r * self.wp),
                     (Expr::Var(ci), self.pl),
-                    (Expr::Var(q), 2),
-                    (int(1), i * self.wp + j),
+                    (Expr::Var(q), qs),
+                    (int(1), i * self.wp + col),
                 ]),
             )
         };
+        let vat = |i: usize, j: usize| {
+            lin(vec![
+                (vbase.clone(), 1),
+                (Expr::Var(rv), tw),
+                (Expr::Var(ci), ld),
+                (Expr::Var(q), 1),
+                (int(1), (i * a + j) * self.vk()),
+            ])
+        };
         let mut body = Vec::new();
-        // Rows first: t[i][j] = (B^T d)[i][j], each a local.
-        let mut t = [[0usize; 4]; 4];
-        for j in 0..4 {
-            let rows = [
-                sub(d(0, j), d(2, j)),
-                add(d(1, j), d(2, j)),
-                sub(d(2, j), d(1, j)),
-                sub(d(1, j), d(3, j)),
-            ];
-            for (i, value) in rows.into_iter().enumerate() {
-                let var = k.var(Ty::F32);
-                t[i][j] = var;
-                body.push(Stmt::Set { var, value });
+        // Columns first: t[i][j] = (B^T d)[i][j], each a local, then V row by row. F(4x4)'s
+        // 36 would not fit in 32 registers: its rows of t are made in two halves, each
+        // half from the columns' loads it needs (d rows 0..5 and 1..6).
+        let halves = if a > 4 { 2 } else { 1 };
+        for h in 0..halves {
+            let is = h * a / halves..(h + 1) * a / halves;
+            let mut t = vec![vec![Expr::Int(0); a]; a];
+            for j in 0..a {
+                let col: Vec<Expr> = (0..a).map(|i| d(i, j)).collect();
+                for (i, value) in self.wino.bt(&col).into_iter().enumerate() {
+                    if is.contains(&i) {
+                        let var = k.var(Ty::F32);
+                        t[i][j] = Expr::Var(var);
+                        body.push(Stmt::Set { var, value });
+                    }
+                }
             }
-        }
-        let tv = |i: usize, j: usize| Expr::Var(t[i][j]);
-        for i in 0..4 {
-            let cols = [
-                sub(tv(i, 0), tv(i, 2)),
-                add(tv(i, 1), tv(i, 2)),
-                sub(tv(i, 2), tv(i, 1)),
-                sub(tv(i, 1), tv(i, 3)),
-            ];
-            for (j, value) in cols.into_iter().enumerate() {
-                body.push(Stmt::Store {
-                    buf: self.vb,
-                    index: lin(vec![
-                        (vbase.clone(), 1),
-                        (Expr::Var(rv), tw),
-                        (Expr::Var(ci), ld),
-                        (Expr::Var(q), 1),
-                        (int(1), (i * 4 + j) * c * ld),
-                    ]),
-                    value,
-                });
+            for i in is {
+                for (j, value) in self.wino.bt(&t[i]).into_iter().enumerate() {
+                    body.push(Stmt::Store {
+                        buf: self.vb,
+                        index: vat(i, j),
+                        value,
+                    });
+                }
             }
         }
         loops(&[(rv, rows), (ci, c), (q, tw)], body)
@@ -371,10 +575,9 @@ impl Geo<'_> {
             .expect("one nest")
     }
 
-    /// `out[img, co, 2 th + r, 2 tw + cc] = epilogue((A^T M A)[r][cc])` (the bias is in
-    /// `M`) for
-    /// tile rows `th = th0 + rr` (`rr < nr`, block row `r0 + rr`), tile columns `tws`,
-    /// output rows `r < out_rows` and columns `cc < cols`; `M` the slot at `mbase`.
+    /// `out[img, co, r th + y, r tw + x] = epilogue((A^T M A)[y][x])` (the bias is in
+    /// `M`) for tile rows `th = th0 + rr` (`rr < nr`, block row `r0 + rr`), tile columns
+    /// `tws`, output rows `y < out_rows` and columns `x < cols`; `M` the slot at `mbase`.
     #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
     fn output_transform(
         &self,
@@ -389,6 +592,7 @@ impl Geo<'_> {
     ) -> Stmt {
         let (rr, co, q) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
         let (m, ld) = (self.m, self.ld);
+        let (r, a) = (self.wino.r, self.wino.a());
         let mv = |i: usize, j: usize| {
             Expr::load(
                 self.mb,
@@ -397,53 +601,52 @@ impl Geo<'_> {
                     (Expr::Var(rr), self.tw),
                     (Expr::Var(co), ld),
                     (Expr::Var(q), 1),
-                    (int(1), (i * 4 + j) * m * ld + r0 * self.tw + tws.start),
+                    (int(1), (i * a + j) * self.mk() + r0 * self.tw + tws.start),
                 ]),
             )
         };
         let mut body = Vec::new();
-        // Rows first: s[r][j] = (A^T M)[r][j], each a local.
-        let mut sv = [[0usize; 4]; 2];
-        for j in 0..4 {
-            let sums = [
-                add3(mv(0, j), mv(1, j), mv(2, j)),
-                sub(sub(mv(1, j), mv(2, j)), mv(3, j)),
-            ];
-            for (r, value) in sums.into_iter().enumerate().take(out_rows) {
-                let var = k.var(Ty::F32);
-                sv[r][j] = var;
-                body.push(Stmt::Set { var, value });
-            }
-        }
-        let svv = |r: usize, j: usize| Expr::Var(sv[r][j]);
         let ol = self.oh * self.ow;
-        for r in 0..out_rows {
-            let ys = [
-                add3(svv(r, 0), svv(r, 1), svv(r, 2)),
-                sub(sub(svv(r, 1), svv(r, 2)), svv(r, 3)),
-            ];
-            for (cc, y) in ys.into_iter().enumerate().take(cols) {
-                let oy = lin(vec![(th0.clone(), 2), (Expr::Var(rr), 2), (int(1), r)]);
-                let ox = lin(vec![(Expr::Var(q), 2), (int(1), 2 * tws.start + cc)]);
-                let y = match self.ep {
-                    Some(ep) => ep.apply_at(
-                        y,
-                        Ty::F32,
-                        &[Expr::Var(self.nv), Expr::Var(co), oy.clone(), ox.clone()],
-                        &self.out.shape,
-                    ),
-                    None => y,
-                };
-                body.push(Stmt::Store {
-                    buf: self.out.buf,
-                    index: lin(vec![
-                        (Expr::Var(self.nv), m * ol),
-                        (Expr::Var(co), ol),
-                        (oy, self.ow),
-                        (ox, 1),
-                    ]),
-                    value: y,
-                });
+        // Columns first: s[y][j] = (A^T M)[y][j], each a local, then the output row by
+        // row; F(4x4)'s in two halves of output rows (as the input transform's).
+        let halves = if a > 4 { 2 } else { 1 };
+        for h in 0..halves {
+            let ys = (h * r / halves).min(out_rows)..((h + 1) * r / halves).min(out_rows);
+            let mut sv = vec![vec![Expr::Int(0); a]; r];
+            for j in 0..a {
+                let col: Vec<Expr> = (0..a).map(|i| mv(i, j)).collect();
+                for (y, value) in self.wino.at(&col).into_iter().enumerate() {
+                    if ys.contains(&y) {
+                        let var = k.var(Ty::F32);
+                        sv[y][j] = Expr::Var(var);
+                        body.push(Stmt::Set { var, value });
+                    }
+                }
+            }
+            for y in ys {
+                for (x, v) in self.wino.at(&sv[y]).into_iter().enumerate().take(cols) {
+                    let oy = lin(vec![(th0.clone(), r), (Expr::Var(rr), r), (int(1), y)]);
+                    let ox = lin(vec![(Expr::Var(q), r), (int(1), r * tws.start + x)]);
+                    let v = match self.ep {
+                        Some(ep) => ep.apply_at(
+                            v,
+                            Ty::F32,
+                            &[Expr::Var(self.nv), Expr::Var(co), oy.clone(), ox.clone()],
+                            &self.out.shape,
+                        ),
+                        None => v,
+                    };
+                    body.push(Stmt::Store {
+                        buf: self.out.buf,
+                        index: lin(vec![
+                            (Expr::Var(self.nv), m * ol),
+                            (Expr::Var(co), ol),
+                            (oy, self.ow),
+                            (ox, 1),
+                        ]),
+                        value: v,
+                    });
+                }
             }
         }
         loops(&[(rr, nr), (co, m), (q, tws.len())], body)
@@ -459,14 +662,14 @@ mod tests {
     #[test]
     fn block_rows_fill_panels_within_budget() {
         // ResNet's 64-channel 56x56 layer: 28 tiles a row, 8 KiB a tile.
-        let rb = block_rows(28, 28, 28, 64, 64);
+        let rb = block_rows(28, 28, 28, (64, 64), 16);
         assert!(rb * 28 * 16 * 128 * 4 <= BLOCK_BYTES);
         assert_eq!(rb, 4);
         // Rows too wide for the budget still make blocks of one row.
-        assert_eq!(block_rows(10, 10, 500, 256, 256), 1);
+        assert_eq!(block_rows(10, 10, 500, (256, 256), 16), 1);
         // A small image in two blocks, one a thread.
-        assert_eq!(block_rows(4, 4, 4, 8, 8), 2);
+        assert_eq!(block_rows(4, 4, 4, (8, 8), 16), 2);
         // SqueezeNet's 13x13 (7 tile rows, the last with one output row): 4 and 3.
-        assert_eq!(block_rows(7, 6, 7, 64, 256), 4);
+        assert_eq!(block_rows(7, 6, 7, (64, 256), 16), 4);
     }
 }
