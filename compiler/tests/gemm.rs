@@ -375,10 +375,10 @@ fn cases() -> Vec<Case> {
         ),
         (
             "conv3x3_small_plane",
-            vec![2, 12, 14, 14],
+            vec![2, 12, 8, 14],
             vec![24, 12, 3, 3],
             vec![ints_attr("pads", &[1, 1, 1, 1])],
-            vec![2, 24, 14, 14],
+            vec![2, 24, 8, 14],
         ),
         (
             "conv3x2_small_plane_dil",
@@ -676,16 +676,16 @@ fn split_cases() -> Vec<Case> {
         &["Relu"],
     ));
     // Zero-padded planes (conv_padded) cut into runs of panels, each a parallel task
-    // (7 panels: runs of one).
+    // (4 panels: runs of one), on a plane of too few tiles for Winograd.
     v.push(one_node(
         "split_conv3x3_small_plane",
         "Conv",
         &[
-            ("x", &[1, 16, 14, 14], false),
+            ("x", &[1, 16, 8, 14], false),
             ("w", &[32, 16, 3, 3], true),
             ("bias", &[32], true),
         ],
-        &[1, 32, 14, 14],
+        &[1, 32, 8, 14],
         vec![ints_attr("pads", &[1, 1, 1, 1])],
         &["Relu"],
     ));
@@ -716,8 +716,8 @@ fn split_cases() -> Vec<Case> {
         &["Relu"],
     ));
     // im2col in two blocks of output rows (7 and 6), one parallel part each, on a plane
-    // too wide for padded planes and a conv too small for Winograd (SqueezeNet's 13x13
-    // 3x3 convs ran as 11 rows and 2).
+    // too wide for padded planes (SqueezeNet's 13x13 3x3 convs ran as 11 rows and 2;
+    // now they run through Winograd: dilated here to stay in im2col).
     v.push(one_node(
         "split_conv3x3_im2col_parts",
         "Conv",
@@ -727,7 +727,10 @@ fn split_cases() -> Vec<Case> {
             ("bias", &[32], true),
         ],
         &[1, 32, 13, 13],
-        vec![ints_attr("pads", &[1, 1, 1, 1])],
+        vec![
+            ints_attr("pads", &[2, 2, 2, 2]),
+            ints_attr("dilations", &[2, 2]),
+        ],
         &["Relu"],
     ));
     // Depthwise convs in parts of consecutive channel blocks, the last part shorter

@@ -64,14 +64,14 @@ const MAX_WEIGHT_BYTES: usize = 8 << 20;
 
 /// Least output tiles per image, each tile a use of every transformed weight: a 512-channel
 /// 7x7 conv (16 tiles, 16 MiB of transformed weights) runs no faster than through
-/// im2col alone, and in a whole model its weights would not stay in L3.
+/// im2col alone, and in a whole model its weights would not stay in L3; in F(4x4), a
+/// 256-channel 14x14 conv (16 tiles) took 1.58 ms against F(2x2)'s 1.31 (49 tiles), a
+/// 64 -> 256 13x13 0.47 against 0.37. Above it both win however few the channels (A/B
+/// against im2col, one thread): F(4x4) 8 -> 8 on 32x32 0.021 -> 0.012 ms, 16 -> 32 on
+/// 28x28 0.090 -> 0.046, 16 -> 64 on 55x55 0.373 (F(2x2)) -> 0.303; F(2x2) 16 -> 32 on
+/// 14x14 0.020 -> 0.017, 48 -> 192 on 13x13 0.268 -> 0.214. (Before the matrices were
+/// [`SKEW`]ed apart, F(2x2) lost below about 512 K multiply-adds per GEMM.)
 const MIN_TILES: usize = 32;
-
-/// Least multiply-adds of one of the `a^2` GEMMs (`m * c * tiles`): below, the calls and
-/// transforms cost more than the multiply-adds saved (F(2x2): a 16 -> 32 channel conv on
-/// 14x14, 25 K: 0.021 -> 0.030 ms; 48 -> 192 on 13x13, 451 K: unchanged; 64 -> 256,
-/// 803 K: -13%).
-const MIN_GEMM_MACS: usize = 1 << 19;
 
 /// Which Winograd algorithm a conv runs: output tiles of `r x r`, `r` 2 or 4.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -156,9 +156,8 @@ impl Wino {
 }
 
 /// Whether a conv runs through [`conv`], and by which algorithm: 3x3, stride 1, no
-/// dilation, non-negative pads, enough tiles and work ([`MIN_TILES`], [`MIN_GEMM_MACS`]),
-/// and transformed weights within [`MAX_WEIGHT_BYTES`]; F(4x4) where it qualifies, else
-/// F(2x2). `ONNXC_NO_WINOGRAD` turns both off, `ONNXC_NO_WINOGRAD4` F(4x4) (for
+/// dilation, non-negative pads, enough tiles ([`MIN_TILES`]) and transformed weights
+/// within [`MAX_WEIGHT_BYTES`]; F(4x4) where it qualifies, else F(2x2). `ONNXC_NO_WINOGRAD` turns both off, `ONNXC_NO_WINOGRAD4` F(4x4) (for
 /// comparisons).
 pub(super) fn fits(p2: &Plane, c: usize, m: usize) -> Option<Wino> {
     let shape = p2.kh == 3
@@ -177,9 +176,7 @@ pub(super) fn fits(p2: &Plane, c: usize, m: usize) -> Option<Wino> {
     }
     let qualifies = |w: Wino| {
         let tiles = w.tiles(p2.oh, p2.ow);
-        tiles >= MIN_TILES
-            && m * c * tiles >= MIN_GEMM_MACS
-            && w.a() * w.a() * m * c * 4 <= MAX_WEIGHT_BYTES
+        tiles >= MIN_TILES && w.a() * w.a() * m * c * 4 <= MAX_WEIGHT_BYTES
     };
     let f4 = Wino { r: 4 };
     if qualifies(f4) && std::env::var_os("ONNXC_NO_WINOGRAD4").is_none() {
