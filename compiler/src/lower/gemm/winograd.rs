@@ -137,6 +137,16 @@ impl Wino {
         ]
     }
 
+    /// In how many parts the transforms make their rows: F(4x4)'s 36 values do not fit
+    /// in 32 registers at once.
+    fn halves(self) -> usize {
+        if self.r == 4 {
+            2
+        } else {
+            1
+        }
+    }
+
     /// `A^T m` for a column `m` of `a` values: `r` values.
     fn at(self, m: &[Expr]) -> Vec<Expr> {
         let m = |i: usize| m[i].clone();
@@ -367,6 +377,32 @@ pub(super) fn conv(
     true
 }
 
+/// The column pass of a transform: for every column `j < a` of the values `at(i, j)`,
+/// rows `rows` of `f(column)` (`B^T d` or `A^T M`), each set as a local in `body`; the
+/// locals by row and column (rows outside `rows` hold 0).
+#[allow(clippy::needless_range_loop)]
+fn columns(
+    k: &mut Kernel,
+    body: &mut Vec<Stmt>,
+    a: usize,
+    rows: std::ops::Range<usize>,
+    at: impl Fn(usize, usize) -> Expr,
+    f: impl Fn(&[Expr]) -> Vec<Expr>,
+) -> Vec<Vec<Expr>> {
+    let mut t = vec![vec![Expr::Int(0); a]; rows.end];
+    for j in 0..a {
+        let col: Vec<Expr> = (0..a).map(|i| at(i, j)).collect();
+        for (i, value) in f(&col).into_iter().enumerate() {
+            if rows.contains(&i) {
+                let var = k.var(Ty::F32);
+                t[i][j] = Expr::Var(var);
+                body.push(Stmt::Set { var, value });
+            }
+        }
+    }
+    t
+}
+
 /// [`super::pad_planes`] for F(4x4): image `img` of `x` (`c` planes) copied into
 /// zero-padded planes (`len` elements from `xp`, `pl` apart) whose rows of `wp` elements
 /// are four column phases of `seg` each: padded column `4 u + p` at `p seg + u`. The
@@ -543,20 +579,10 @@ impl Geo<'_> {
         // Columns first: t[i][j] = (B^T d)[i][j], each a local, then V row by row. F(4x4)'s
         // 36 would not fit in 32 registers: its rows of t are made in two halves, each
         // half from the columns' loads it needs (d rows 0..5 and 1..6).
-        let halves = if a > 4 { 2 } else { 1 };
+        let halves = self.wino.halves();
         for h in 0..halves {
             let is = h * a / halves..(h + 1) * a / halves;
-            let mut t = vec![vec![Expr::Int(0); a]; a];
-            for j in 0..a {
-                let col: Vec<Expr> = (0..a).map(|i| d(i, j)).collect();
-                for (i, value) in self.wino.bt(&col).into_iter().enumerate() {
-                    if is.contains(&i) {
-                        let var = k.var(Ty::F32);
-                        t[i][j] = Expr::Var(var);
-                        body.push(Stmt::Set { var, value });
-                    }
-                }
-            }
+            let t = columns(k, &mut body, a, is.clone(), d, |col| self.wino.bt(col));
             for i in is {
                 for (j, value) in self.wino.bt(&t[i]).into_iter().enumerate() {
                     body.push(Stmt::Store {
@@ -606,20 +632,10 @@ impl Geo<'_> {
         let ol = self.oh * self.ow;
         // Columns first: s[y][j] = (A^T M)[y][j], each a local, then the output row by
         // row; F(4x4)'s in two halves of output rows (as the input transform's).
-        let halves = if a > 4 { 2 } else { 1 };
+        let halves = self.wino.halves();
         for h in 0..halves {
             let ys = (h * r / halves).min(out_rows)..((h + 1) * r / halves).min(out_rows);
-            let mut sv = vec![vec![Expr::Int(0); a]; r];
-            for j in 0..a {
-                let col: Vec<Expr> = (0..a).map(|i| mv(i, j)).collect();
-                for (y, value) in self.wino.at(&col).into_iter().enumerate() {
-                    if ys.contains(&y) {
-                        let var = k.var(Ty::F32);
-                        sv[y][j] = Expr::Var(var);
-                        body.push(Stmt::Set { var, value });
-                    }
-                }
-            }
+            let sv = columns(k, &mut body, a, ys.clone(), mv, |col| self.wino.at(col));
             for y in ys {
                 for (x, v) in self.wino.at(&sv[y]).into_iter().enumerate().take(cols) {
                     let oy = lin(vec![(th0.clone(), r), (Expr::Var(rr), r), (int(1), y)]);
