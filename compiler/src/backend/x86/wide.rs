@@ -566,9 +566,9 @@ pub fn generate(lp: &Loop) -> R<Vec<u8>> {
 
 /// Vector registers left free for the body when uniforms are made resident.
 const MIN_FREE: usize = 12;
-/// [`Inst::Load2`]'s permutation: lanes 0..16 are elements 0, 2, .., 30 of the two
-/// vectors at the lane-0 address.
-const EVEN: [u32; 16] = [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30];
+/// [`Inst::Load2`]'s permutation: lanes 0..16 are elements 0, 2, .., 30 from the lane-0
+/// address, out of the vector there and the one at element 15 (elements 15..31).
+const EVEN: [u32; 16] = [0, 2, 4, 6, 8, 10, 12, 14, 17, 19, 21, 23, 25, 27, 29, 31];
 
 impl Gen<'_> {
     fn body(&mut self) -> R<()> {
@@ -1189,11 +1189,13 @@ impl Gen<'_> {
                 }
             }
             Inst::Load2 { s, disp, .. } => {
-                // Lanes 0..16 of the result are elements 0, 2, .., 30 of the two vectors
-                // at the lane-0 address.
+                // Lanes 0..16 of the result are elements 0, 2, .., 30 from the lane-0
+                // address: the vector there and the one at element 15 (not 16, so that
+                // element 31, which no lane needs, is not read: past a buffer's end it
+                // could be on an unmapped page).
                 let io = self.pool_slice(&EVEN);
                 let (lo, hi) = (ZMM[tmp[0]], ZMM[tmp[1]]);
-                let (m0, m1) = (self.stream_at2(s, disp), self.stream_at2(s, disp + 64));
+                let (m0, m1) = (self.stream_at2(s, disp), self.stream_at2(s, disp + 60));
                 if masked {
                     // Only the even elements of the valid lanes are read.
                     let rem = (self.lp.n % LANES) as u32;
@@ -1203,7 +1205,7 @@ impl Gen<'_> {
                             .filter(|e| from + e <= last)
                             .fold(0, |m, e| m | 1 << e)
                     };
-                    let (ma, mb) = (bits(0), bits(16));
+                    let (ma, mb) = (bits(0), bits(15));
                     let oa = self.pool_off(ma);
                     self.a.kmovw(k6, word_ptr(r11 + oa)).map_err(e)?;
                     self.a.vmovups(lo.k6().z(), m0).map_err(e)?;
