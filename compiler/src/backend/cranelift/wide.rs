@@ -20,13 +20,18 @@ use cranelift_module::{FuncId, Linkage, Module};
 use cranelift_object::ObjectModule;
 use std::collections::HashMap;
 
-/// With `ONNXC_WIDE_LOG` set, says on stderr which function keeps a loop in 128-bit code
-/// that the AVX-512 generator was given, and why (out of registers, say): a diagnostic
-/// for kernel writers, since such a loop runs about 4x slower.
-fn narrow_log(func: &str, why: &str) {
-    if std::env::var_os("ONNXC_WIDE_LOG").is_some() {
-        eprintln!("onnxc: {func}: a loop stays 128-bit: {why}");
-    }
+/// The AVX-512 code of `lp`, or `None` when the generator cannot take it (too many
+/// registers live, say) and the loop stays 128-bit code. With `ONNXC_WIDE_LOG` set, says
+/// on stderr which function keeps such a loop and why: a diagnostic for kernel writers,
+/// since such a loop runs about 4x slower.
+fn generate_logged(func: &str, lp: &x::Loop) -> Option<Vec<u8>> {
+    x::generate(lp)
+        .map_err(|why| {
+            if std::env::var_os("ONNXC_WIDE_LOG").is_some() {
+                eprintln!("onnxc: {func}: a loop stays 128-bit: {why}");
+            }
+        })
+        .ok()
 }
 
 /// Loops shorter than this keep the 128-bit code (the call costs about what two 128-bit
@@ -370,12 +375,8 @@ impl Gen<'_, '_> {
             return Ok(false);
         };
         // A body the generator cannot take (too many registers live, say) stays narrow.
-        let code = match x::generate(&tr.b.lp) {
-            Ok(code) => code,
-            Err(why) => {
-                narrow_log(&self.fname, &why);
-                return Ok(false);
-            }
+        let Some(code) = generate_logged(&self.fname, &tr.b.lp) else {
+            return Ok(false);
         };
         let func = self.wide.func(self.module, code, &self.fname)?;
         self.wide_call(func, &tr.b.lp, &tr.streams, &tr.unis, plan)?;
@@ -447,12 +448,8 @@ impl Gen<'_, '_> {
         }
         tr.b.lp.rows = rows;
         tr.b.lp.row_step = steps;
-        let code = match x::generate(&tr.b.lp) {
-            Ok(code) => code,
-            Err(why) => {
-                narrow_log(&self.fname, &why);
-                return Ok(false);
-            }
+        let Some(code) = generate_logged(&self.fname, &tr.b.lp) else {
+            return Ok(false);
         };
         let func = self.wide.func(self.module, code, &self.fname)?;
         self.wide_call(func, &tr.b.lp, &tr.streams, &tr.unis, &plan)?;

@@ -392,6 +392,12 @@ struct Gen<'l> {
     quad: Option<AsmRegister64>,
 }
 
+/// General registers after the streams' that a loop's code holds: with rows, the row
+/// counter; in tile mode, the block's address. [`Gen::quad`] comes after them.
+fn extra_gprs(lp: &Loop, tile: bool) -> usize {
+    usize::from(lp.rows > 1) + usize::from(tile)
+}
+
 /// Whether the body has a stride-4 access outside tile mode (it then needs
 /// [`Gen::quad`]).
 fn needs_quad(lp: &Loop, tile: bool) -> bool {
@@ -504,11 +510,9 @@ pub fn generate(lp: &Loop) -> R<Vec<u8>> {
     } else {
         tile_stream(lp)
     };
-    let gprs = lp.streams as usize
-        + usize::from(lp.rows > 1)
-        + usize::from(tile.is_some())
-        + usize::from(needs_quad(lp, tile.is_some()));
-    if gprs > STREAMS.len() {
+    let quad = needs_quad(lp, tile.is_some());
+    let gprs = lp.streams as usize + extra_gprs(lp, tile.is_some());
+    if gprs + usize::from(quad) > STREAMS.len() {
         return Err("x86 loop: too many streams".into());
     }
     // The uniforms and constants the body reads, in order of first use: as many as the
@@ -544,10 +548,7 @@ pub fn generate(lp: &Loop) -> R<Vec<u8>> {
             tile,
             rdisp: vec![0; lp.streams as usize],
             tile_row: 0,
-            quad: needs_quad(lp, tile.is_some()).then(|| {
-                STREAMS
-                    [lp.streams as usize + usize::from(lp.rows > 1) + usize::from(tile.is_some())]
-            }),
+            quad: quad.then(|| STREAMS[gprs]),
             resident: mem[..n]
                 .iter()
                 .enumerate()
@@ -564,6 +565,14 @@ pub fn generate(lp: &Loop) -> R<Vec<u8>> {
     Err(err)
 }
 
+/// The mask of a vector's elements (relative to element `from` of a row) at or before
+/// element `last`: what a masked tail's strided load may read.
+fn elems_up_to(from: u32, last: u32) -> u32 {
+    (0..16)
+        .filter(|e| from + e <= last)
+        .fold(0, |m, e| m | 1 << e)
+}
+
 /// Vector registers left free for the body when uniforms are made resident.
 const MIN_FREE: usize = 12;
 /// [`Inst::Load2`]'s permutation: lanes 0..16 are elements 0, 2, .., 30 from the lane-0
@@ -574,11 +583,8 @@ impl Gen<'_> {
     fn body(&mut self) -> R<()> {
         let lp = self.lp;
         let rows = lp.rows > 1;
-        // With rows: the row counter; in tile mode also the block's address; then the
-        // stride-4 address register.
         let gprs = lp.streams as usize
-            + usize::from(rows)
-            + usize::from(self.tile.is_some())
+            + extra_gprs(lp, self.tile.is_some())
             + usize::from(self.quad.is_some());
         let saved: Vec<AsmRegister64> = STREAMS[..gprs]
             .iter()
@@ -1200,12 +1206,7 @@ impl Gen<'_> {
                     // Only the even elements of the valid lanes are read.
                     let rem = (self.lp.n % LANES) as u32;
                     let last = 2 * rem - 2;
-                    let bits = |from: u32| -> u32 {
-                        (0..16)
-                            .filter(|e| from + e <= last)
-                            .fold(0, |m, e| m | 1 << e)
-                    };
-                    let (ma, mb) = (bits(0), bits(15));
+                    let (ma, mb) = (elems_up_to(0, last), elems_up_to(15, last));
                     let oa = self.pool_off(ma);
                     self.a.kmovw(k6, word_ptr(r11 + oa)).map_err(e)?;
                     self.a.vmovups(lo.k6().z(), m0).map_err(e)?;
@@ -1255,11 +1256,7 @@ impl Gen<'_> {
                     16
                 };
                 let last = 4 * valid - 4;
-                let bits = |from: u32| -> u32 {
-                    (0..16)
-                        .filter(|e| from + e <= last)
-                        .fold(0, |m, e| m | 1 << e)
-                };
+                let bits = |from: u32| elems_up_to(from, last);
                 if valid <= 8 {
                     for (t, from) in [(t0, 0), (t1, 13)] {
                         let ob = self.pool_off(bits(from));

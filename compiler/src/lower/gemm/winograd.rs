@@ -306,7 +306,7 @@ pub(super) fn conv(
     // F(4x4) reads its patches from padded rows split into column phases, F(2x2) from
     // plain padded rows.
     let seg = if r == 4 { tw_n + 1 } else { 0 };
-    let (hp, wp) = (r * th_n + 2, if r == 4 { 4 * seg } else { r * tw_n + 2 });
+    let (hp, wp) = (r * th_n + 2, if seg > 0 { 4 * seg } else { r * tw_n + 2 });
     let pl = hp * wp;
     let rb = block_rows(th_n, oh / r, tw_n, (c, m), mats);
     let ld = (rb * tw_n).div_ceil(16) * 16;
@@ -335,7 +335,7 @@ pub(super) fn conv(
     );
     let mut k = lw.kernel("");
     let nv = k.var(Ty::I64);
-    let mut body = if r == 4 {
+    let mut body = if seg > 0 {
         pad_phases(&mut k, (x.buf, nv, c), p2, (xp, c * pl), (pl, wp, seg))
     } else {
         super::pad_planes(&mut k, (x.buf, nv, c), p2, (xp, c * pl), (pl, wp))
