@@ -65,4 +65,13 @@ if ratios:
     print(f"\ngeometric mean ratio (onnxc / ONNX Runtime, below 1 = onnxc faster): {g:.2f}; "
           f"threads {rows[0]['threads']}, onnxruntime {rows[0]['ort_version']}, "
           f"core peak {rows[0]['peak_gflops']:.0f} GFLOP/s")
+    # The machine, since the ratios depend on it (the CI machines are of more than one
+    # kind): the CPU's model name and family/model numbers from /proc/cpuinfo.
+    try:
+        info = dict(l.split(":", 1) for l in open("/proc/cpuinfo").read().split("\n\n")[0].splitlines() if ":" in l)
+        info = {k.strip(): v.strip() for k, v in info.items()}
+        print(f"cpu: {info.get('model name', '?')} (family {info.get('cpu family', '?')}, "
+              f"model {info.get('model', '?')}), {os.cpu_count()} cores")
+    except OSError:
+        pass
 PY
