@@ -958,6 +958,33 @@ fn gemm_split_threads_x86_64_avx2() {
     check_split("x86_64-avx2");
 }
 
+/// A 1x1 conv with its output channels in the lanes (384 -> 64 on 14x14, 196 pixels:
+/// 16 row panels of 12 and a short one of 4): the copy of X into row panels is a loop
+/// the threads share, beside the split GEMM. (The short panel's copy once reused the
+/// full panels' loop variables, and a loop whose variables another loop reuses stays
+/// on one thread: the copy ran serially.)
+#[test]
+fn pointwise_lanes_panels_threads_x86_64_avx512() {
+    let case = one_node(
+        "split_conv1x1_lanes",
+        "Conv",
+        &[
+            ("x", &[1, 384, 14, 14], false),
+            ("w", &[64, 384, 1, 1], true),
+            ("bias", &[64], true),
+        ],
+        &[1, 64, 14, 14],
+        vec![],
+        &["Relu"],
+    );
+    check_tasks(
+        "x86_64-avx512",
+        vec![case],
+        &[1, 2, 3],
+        b"Conv_y0_fused_task0",
+    );
+}
+
 /// A convolution whose blocks of output rows run in slots, one parallel task each, with
 /// a GEMM inside every task (Cranelift's f32x4 tiles on aarch64), one through padded
 /// planes in runs of panels, on 1-3 threads under qemu, and Winograd F(2x2) and F(4x4)

@@ -660,13 +660,13 @@ fn panels_of_pixels(
     let v = |x: VarId| Expr::Var(x);
     let int = |x: usize| Expr::Int(x as i64);
     let panel = c * A_PANEL;
-    let dst = |p: Expr, r: Expr| {
+    let dst = |p: Expr, r: Expr, cv: VarId| {
         Expr::add(
             Expr::mul(p, int(panel)),
             Expr::add(Expr::mul(v(cv), int(A_PANEL)), r),
         )
     };
-    let src = |p: Expr, r: Expr| {
+    let src = |p: Expr, r: Expr, cv: VarId| {
         Expr::add(
             Expr::add(Expr::mul(v(nv), int(c * ol)), Expr::mul(v(cv), int(ol))),
             Expr::add(Expr::mul(p, int(A_PANEL)), r),
@@ -686,13 +686,15 @@ fn panels_of_pixels(
             }],
         });
     }
-    // (One pixel: no loop of one iteration, which would keep the channel loop scalar.)
-    let copy = |p: Expr, n: usize| {
+    // (One pixel: no loop of one iteration, which would keep the channel loop scalar.
+    // The last panel's copy has variables of its own: a loop whose variables another
+    // loop reuses stays on one thread.)
+    let copy = |p: Expr, n: usize, (cv, rv): (VarId, VarId)| {
         let r = if n == 1 { int(0) } else { v(rv) };
         let mut st = Stmt::Store {
             buf: cb,
-            index: dst(p.clone(), r.clone()),
-            value: Expr::load(x, src(p, r)),
+            index: dst(p.clone(), r.clone(), cv),
+            value: Expr::load(x, src(p, r, cv)),
         };
         if n > 1 {
             st = Stmt::For {
@@ -711,11 +713,12 @@ fn panels_of_pixels(
         body.push(Stmt::For {
             var: pv,
             extent: full as u64,
-            body: vec![copy(v(pv), A_PANEL)],
+            body: vec![copy(v(pv), A_PANEL, (cv, rv))],
         });
     }
     if rem > 0 {
-        body.push(copy(int(full), rem));
+        let last = (k.var(Ty::I64), k.var(Ty::I64));
+        body.push(copy(int(full), rem, last));
     }
     body
 }
