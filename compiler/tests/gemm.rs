@@ -796,6 +796,20 @@ fn split_cases() -> Vec<Case> {
         ],
         &[],
     ));
+    // A padded max pool done separably per plane (ResNet's 3x3 stride-2 pool): parts of
+    // consecutive planes, each with its own scratch rows, the last part short.
+    v.push(one_node(
+        "split_maxpool_sep",
+        "MaxPool",
+        &[("x", &[1, 67, 30, 30], false)],
+        &[1, 67, 15, 15],
+        vec![
+            ints_attr("kernel_shape", &[3, 3]),
+            ints_attr("strides", &[2, 2]),
+            ints_attr("pads", &[1, 1, 1, 1]),
+        ],
+        &[],
+    ));
     // A stem conv on few channels: its phase-plane copies and its output rows are
     // loops the threads share.
     v.push(one_node(
@@ -943,6 +957,7 @@ fn check_split(target: &str) {
             || c.name.starts_with("split_stem")
             || c.name == "split_gap_planes"
             || c.name == "split_maxpool_planes"
+            || c.name == "split_maxpool_sep"
     });
     check(target, gemms, &[1, 2, 3]);
     check_tasks(target, padded, &[1, 2, 3], b"_task0");
