@@ -68,8 +68,12 @@ if ratios:
     # The machine, since the ratios depend on it (the CI machines are of more than one
     # kind): the CPU's model name and family/model numbers from /proc/cpuinfo.
     try:
-        info = dict(l.split(":", 1) for l in open("/proc/cpuinfo").read().split("\n\n")[0].splitlines() if ":" in l)
-        info = {k.strip(): v.strip() for k, v in info.items()}
+        info = {}
+        for line in open("/proc/cpuinfo"):
+            if not line.strip():
+                break  # the first processor's block is enough
+            key, _, val = line.partition(":")
+            info[key.strip()] = val.strip()
         print(f"cpu: {info.get('model name', '?')} (family {info.get('cpu family', '?')}, "
               f"model {info.get('model', '?')}), {os.cpu_count()} cores")
     except OSError:

@@ -874,6 +874,31 @@ mod lower {
     /// Scratch bytes they may fill with more slots than [`MP_SLOTS`].
     const MP_SLOT_BYTES: usize = 128 << 10;
 
+    /// `planes` in parts of consecutive planes, each with a scratch slot of `slot_len`
+    /// elements: (planes per part, parts).
+    fn plane_parts(planes: usize, slot_len: usize) -> (usize, usize) {
+        let most = MP_SLOTS.max(MP_SLOT_BYTES / (4 * slot_len.max(1)));
+        let per = crate::kir::build::per_part(planes, most);
+        (per, planes.div_ceil(per))
+    }
+
+    /// `body` (for plane `slot * per + gi`) over every part `slot` and its planes `gi`,
+    /// the last part's missing planes skipped.
+    fn over_parts(
+        body: Vec<Stmt>,
+        (slot, gi): (VarId, VarId),
+        (per, slots): (usize, usize),
+        planes: usize,
+    ) -> Vec<Stmt> {
+        let pv = add(mul(v(slot), int(per as i64)), v(gi));
+        let body = if planes.is_multiple_of(per) {
+            body
+        } else {
+            vec![iff(Expr::cmp(CmpOp::Lt, pv, int(planes as i64)), body)]
+        };
+        loops(&[(slot, slots), (gi, per)], body)
+    }
+
     /// A 2-D f32 MaxPool whose windows all lie inside the input (as `pool_direct`) with
     /// a column stride s > 1, done separably over whole planes: first the window rows
     /// are folded into a plane of output rows at input width (`oh x w`, scratch; unit
@@ -898,9 +923,7 @@ mod lower {
         // The input columns the windows read.
         let vw = (ow_n - 1) * sw + (kw_n - 1) * dw + 1;
         let plane = oh_n * vw;
-        let most = MP_SLOTS.max(MP_SLOT_BYTES / (4 * plane as usize));
-        let per = crate::kir::build::per_part(planes, most);
-        let slots = planes.div_ceil(per);
+        let (per, slots) = plane_parts(planes, plane as usize);
         let scratch = lw.program.add_buffer(
             format!("{}/rows", lw.name),
             crate::kir::BufKind::Arena { offset: 0 },
@@ -949,11 +972,7 @@ mod lower {
         );
         st.push(store(out.buf, oidx, value));
         body.extend(loops(&[(ohv, oh_n as usize), (j, ow_n as usize)], st));
-        // The last part's missing planes skipped.
-        if !planes.is_multiple_of(per) {
-            body = vec![iff(Expr::cmp(CmpOp::Lt, pv, int(planes as i64)), body)];
-        }
-        k.body = loops(&[(slot, slots), (gi, per)], body);
+        k.body = over_parts(body, (slot, gi), (per, slots), planes);
         lw.push(k);
         Ok(true)
     }
@@ -1036,9 +1055,7 @@ mod lower {
         // Parts of consecutive planes, each with its own scratch rows (one pair of rows
         // for the whole kernel kept its planes on one thread).
         let hl = (ow_n - 1) * sw + 1;
-        let most = MP_SLOTS.max(MP_SLOT_BYTES / (4 * (iw + hl) as usize));
-        let per = crate::kir::build::per_part(planes, most);
-        let slots = planes.div_ceil(per);
+        let (per, slots) = plane_parts(planes, (iw + hl) as usize);
         let vm = scratch(lw, "rowmax", slots as i64 * iw);
         let hm = scratch(lw, "colmax", slots as i64 * hl);
         let mut k = lw.kernel("");
@@ -1139,11 +1156,7 @@ mod lower {
         for oh in hi..oh_n {
             body.extend(row(int(oh), &rows_ok(oh)));
         }
-        // The last part's missing planes skipped.
-        if !planes.is_multiple_of(per) {
-            body = vec![iff(Expr::cmp(CmpOp::Lt, pv, int(planes as i64)), body)];
-        }
-        k.body = loops(&[(slot, slots), (gi, per)], body);
+        k.body = over_parts(body, (slot, gi), (per, slots), planes);
         lw.push(k);
         Ok(true)
     }
