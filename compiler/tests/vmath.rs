@@ -5,15 +5,16 @@
 //! (under qemu), element by element against the reference evaluator (f64 math rounded to
 //! f32) over a sweep from -120 to 120 plus special values: within 4 ulp-ish relative
 //! error (8e-7) on normal results, exact on infinities, NaN where the reference is NaN,
-//! and within 1e-37 absolutely where the result is subnormal. SiLU too, fused and as a
-//! GEMM epilogue, to the same bounds (within 1e-35 where it is below 1e-30).
+//! and within 1e-37 absolutely where the result is subnormal. SiLU too, fused, as a GEMM
+//! epilogue and as a depthwise conv's, to the same bounds (within 1e-35 where it is
+//! below 1e-30).
 
 mod common;
 
 use common::{model, node, value_info};
 use onnxc::conformance::CompiledEnv;
 use onnxc::ir::{DType, Tensor, Value};
-use onnxc::onnx::proto::{tensor_proto::DataType, GraphProto};
+use onnxc::onnx::proto::{tensor_proto::DataType, GraphProto, NodeProto};
 use onnxc::{eval, onnx};
 
 /// The sweep: a dense grid over [-120, 120], a fine one over [-2, 2], tiny and special
@@ -46,10 +47,11 @@ fn inputs() -> Vec<f32> {
 }
 
 const OPS: [&str; 4] = ["Exp", "Erf", "Tanh", "Sigmoid"];
-/// Also SiLU, `x * Sigmoid(x)`: fused into one elementwise loop, and as the epilogue of
-/// a 1x1 convolution (weight 1, bias 0: a GEMM computing x exactly) where the back end
-/// has a GEMM microkernel.
-const SILUS: [&str; 2] = ["Silu", "ConvSilu"];
+/// Also SiLU, `x * Sigmoid(x)`: fused into one elementwise loop, as the epilogue of a 1x1
+/// convolution (weight 1, bias 0: a GEMM computing x exactly) where the back end has a
+/// GEMM microkernel, and as the epilogue of a depthwise one (one channel per element,
+/// weight 1, bias 0: a loop computing x exactly, the AVX-512 loops' own SiLU).
+const SILUS: [&str; 3] = ["Silu", "ConvSilu", "DwSilu"];
 
 fn check_target(target: &str) {
     let scratch = tempfile::tempdir().unwrap();
@@ -65,6 +67,9 @@ fn check_target(target: &str) {
     }
     let xs = inputs();
     let n = xs.len() as i64;
+    // The depthwise conv's channels: rows of n / groups elements (19 x 359), so that the
+    // row loop is long enough for the AVX-512 loops.
+    let groups = (2..n).find(|d| n % d == 0).unwrap_or(n);
     let mut nodes: Vec<_> = OPS
         .iter()
         .map(|op| node(op, &["x"], &[&format!("y_{op}")]))
@@ -77,6 +82,14 @@ fn check_target(target: &str) {
         node("Sigmoid", &["c"], &["cs"]),
         node("Mul", &["c", "cs"], &["c_silu"]),
         node("Reshape", &["c_silu", "shape1"], &["y_ConvSilu"]),
+        node("Reshape", &["x", "shape_dw"], &["xd"]),
+        NodeProto {
+            attribute: vec![common::int_attr("group", groups)],
+            ..node("Conv", &["xd", "w_dw", "b_dw"], &["d"])
+        },
+        node("Sigmoid", &["d"], &["ds"]),
+        node("Mul", &["d", "ds"], &["d_silu"]),
+        node("Reshape", &["d_silu", "shape1"], &["y_DwSilu"]),
     ]);
     let g = GraphProto {
         name: Some("vmath".into()),
@@ -92,6 +105,9 @@ fn check_target(target: &str) {
             common::i64_tensor("shape1", &[n]),
             common::f32_tensor("w1", &[1, 1, 1], &[1.0]),
             common::f32_tensor("b0", &[1], &[0.0]),
+            common::i64_tensor("shape_dw", &[1, groups, 1, n / groups]),
+            common::f32_tensor("w_dw", &[groups, 1, 1, 1], &vec![1.0; groups as usize]),
+            common::f32_tensor("b_dw", &[groups], &vec![0.0; groups as usize]),
         ],
         ..Default::default()
     };
