@@ -354,10 +354,10 @@ impl Tr {
     /// clamp of `x` from above (so that `e^-x` stays a normal float; a NaN `x` comes out
     /// of the clamp as the bound, and the quotient is NaN all the same), `-x` folded
     /// into the reduction's multiplications, and `x / d` by the division instruction.
-    /// The general form (`x * (1 / d)` with `-x` clamped on both sides) took 16-21
-    /// cycles a vector on the Intel VM against 13 for this one, its `1 / d` came out
-    /// subnormal (a microcode assist) below `x = -87`, and in a depthwise loop its
-    /// longer chain left fewer vectors in flight.
+    /// The general form (`x * (1 / d)` with `-x` clamped on both sides, 19 instructions)
+    /// took 15-21 cycles a vector on the Intel VM against 12.5-13.6 for this one (the
+    /// division alone 10.5), and its `1 / d` came out subnormal (a microcode assist)
+    /// below `x = -87`.
     fn silu_fast(&mut self, x: V) -> V {
         use crate::backend::cranelift::vmath::{EXP_MIN, EXP_P, LN2_HI, LN2_LO};
         let hi = self.b.c(-EXP_MIN);
