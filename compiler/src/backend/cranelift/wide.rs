@@ -105,6 +105,9 @@ struct Tr {
     var: VarId,
     locals: Vec<VarId>,
     vals: HashMap<VarId, V>,
+    /// Locals holding `sigmoid(x)` for a local `x` that are read only as `x *` them (an
+    /// elementwise SiLU): not computed; their products take [`Tr::silu_fast`].
+    gates: HashMap<VarId, VarId>,
     /// (buffer, loop-invariant part of the index) per stream.
     streams: Vec<(BufId, Expr)>,
     unis: Vec<Expr>,
@@ -161,6 +164,79 @@ fn silu_of<'e>(a: &'e Expr, b: &'e Expr) -> Option<&'e Expr> {
     } else {
         None
     }
+}
+
+/// `x` when `a * b` is `x * s` (either order) for a gate `s` of [`silu_gates`].
+fn gate_product(gates: &HashMap<VarId, VarId>, a: &Expr, b: &Expr) -> Option<VarId> {
+    match (a, b) {
+        (Expr::Var(p), Expr::Var(q)) => match (gates.get(p), gates.get(q)) {
+            (_, Some(x)) if x == p => Some(*p),
+            (Some(x), _) if x == q => Some(*q),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The locals of a loop body that hold `sigmoid(x)` (`1 / (1 + exp(-x))`) of another
+/// local `x`, each set once, and are read only in products `x * s` (either order): an
+/// elementwise SiLU, as fusing Sigmoid and Mul makes it. Each maps to its `x`.
+fn silu_gates(body: &[Stmt]) -> HashMap<VarId, VarId> {
+    let sets = |v: VarId| {
+        body.iter()
+            .filter(|st| matches!(st, Stmt::Set { var, .. } if *var == v))
+            .count()
+    };
+    fn products(e: &Expr, x: VarId, s: VarId) -> usize {
+        match e {
+            Expr::Bin(BinOp::Mul, a, b)
+                if matches!((&**a, &**b), (Expr::Var(p), Expr::Var(q))
+                    if (*p, *q) == (x, s) || (*p, *q) == (s, x)) =>
+            {
+                1
+            }
+            Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => products(a, x, s) + products(b, x, s),
+            Expr::Un(_, a) | Expr::Cast(_, a) | Expr::Load(_, a) => products(a, x, s),
+            Expr::Select(c, a, b) => products(c, x, s) + products(a, x, s) + products(b, x, s),
+            Expr::Call(_, args) => args.iter().map(|a| products(a, x, s)).sum(),
+            _ => 0,
+        }
+    }
+    let mut gates = HashMap::new();
+    for st in body {
+        let Stmt::Set { var: s, value } = st else {
+            continue;
+        };
+        let Expr::Bin(BinOp::Div, one, d) = value else {
+            continue;
+        };
+        if !matches!(**one, Expr::Float(c, Ty::F32) if c == 1.0) {
+            continue;
+        }
+        let Some(Expr::Un(UnOp::Neg, xe)) = exp_of_one_plus(d) else {
+            continue;
+        };
+        let Expr::Var(x) = **xe else {
+            continue;
+        };
+        let in_products: usize = body
+            .iter()
+            .map(|st| match st {
+                Stmt::Set { value, .. } => products(value, x, *s),
+                Stmt::Store { index, value, .. } => products(index, x, *s) + products(value, x, *s),
+                _ => 0,
+            })
+            .sum();
+        if x != *s
+            && sets(x) == 1
+            && sets(*s) == 1
+            && in_products > 0
+            && in_products == count_reads(body, *s)
+        {
+            gates.insert(*s, x);
+        }
+    }
+    gates
 }
 
 /// Whether `c ? a : b` is `a > b || b != b ? a : b` (`Some(true)`: the larger, NaN
@@ -577,6 +653,11 @@ impl Gen<'_, '_> {
             var,
             locals: plan.locals.clone(),
             vals: HashMap::new(),
+            gates: if self.wide.exact {
+                HashMap::new()
+            } else {
+                silu_gates(body)
+            },
             streams: Vec::new(),
             unis: Vec::new(),
         };
@@ -602,6 +683,7 @@ impl Gen<'_, '_> {
                     };
                     t.b.push(Inst::Reduce { r: r as u16, v });
                 }
+                Stmt::Set { var: local, .. } if t.gates.contains_key(local) => {}
                 Stmt::Set { var: local, value } => {
                     let v = self.wexpr(&mut t, value)?;
                     t.vals.insert(*local, v);
@@ -755,6 +837,15 @@ impl Gen<'_, '_> {
                     (_, false) => x::FmaKind::Sub,
                 };
                 t.b.push(Inst::Fma(kind, vx, vy, vo))
+            }
+            Expr::Bin(BinOp::Mul, a, b)
+                if ty == Ty::F32 && gate_product(&t.gates, a, b).is_some() =>
+            {
+                let vx = self.wexpr(t, &Expr::Var(gate_product(&t.gates, a, b)?))?;
+                if t.is_mask(vx) {
+                    return None;
+                }
+                t.silu_fast(vx)
             }
             Expr::Bin(BinOp::Mul, a, b) if ty == Ty::F32 && !t.exact && silu_of(a, b).is_some() => {
                 let vx = self.wexpr(t, silu_of(a, b)?)?;
