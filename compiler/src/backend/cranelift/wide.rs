@@ -148,15 +148,23 @@ fn exp_of_one_plus(d: &Expr) -> Option<&Expr> {
     }
 }
 
+/// `x` when `e` is sigmoid as the lowerings write it, `1 / (1 + exp(-x))` (f32).
+fn sigmoid_of(e: &Expr) -> Option<&Expr> {
+    match e {
+        Expr::Bin(BinOp::Div, one, d) if matches!(**one, Expr::Float(c, Ty::F32) if c == 1.0) => {
+            match exp_of_one_plus(d) {
+                Some(Expr::Un(UnOp::Neg, x)) => Some(x),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
 /// `x` when `a * b` is SiLU as the epilogues write it, `x * (1 / (1 + exp(-x)))` (either
 /// factor first, f32).
 fn silu_of<'e>(a: &'e Expr, b: &'e Expr) -> Option<&'e Expr> {
-    let gate_of = |x: &Expr, g: &Expr| match g {
-        Expr::Bin(BinOp::Div, one, d) if matches!(**one, Expr::Float(c, Ty::F32) if c == 1.0) => {
-            matches!(exp_of_one_plus(d), Some(Expr::Un(UnOp::Neg, y)) if **y == *x)
-        }
-        _ => false,
-    };
+    let gate_of = |x: &Expr, g: &Expr| sigmoid_of(g) == Some(x);
     if gate_of(a, b) {
         Some(a)
     } else if gate_of(b, a) {
@@ -207,16 +215,7 @@ fn silu_gates(body: &[Stmt]) -> HashMap<VarId, VarId> {
         let Stmt::Set { var: s, value } = st else {
             continue;
         };
-        let Expr::Bin(BinOp::Div, one, d) = value else {
-            continue;
-        };
-        if !matches!(**one, Expr::Float(c, Ty::F32) if c == 1.0) {
-            continue;
-        }
-        let Some(Expr::Un(UnOp::Neg, xe)) = exp_of_one_plus(d) else {
-            continue;
-        };
-        let Expr::Var(x) = **xe else {
+        let Some(&Expr::Var(x)) = sigmoid_of(value) else {
             continue;
         };
         let in_products: usize = body
