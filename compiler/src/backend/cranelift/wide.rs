@@ -838,16 +838,16 @@ impl Gen<'_, '_> {
                 t.b.push(Inst::Fma(kind, vx, vy, vo))
             }
             Expr::Bin(BinOp::Mul, a, b)
-                if ty == Ty::F32 && gate_product(&t.gates, a, b).is_some() =>
+                if ty == Ty::F32
+                    && (gate_product(&t.gates, a, b).is_some()
+                        || !t.exact && silu_of(a, b).is_some()) =>
             {
-                let vx = self.wexpr(t, &Expr::Var(gate_product(&t.gates, a, b)?))?;
-                if t.is_mask(vx) {
-                    return None;
-                }
-                t.silu_fast(vx)
-            }
-            Expr::Bin(BinOp::Mul, a, b) if ty == Ty::F32 && !t.exact && silu_of(a, b).is_some() => {
-                let vx = self.wexpr(t, silu_of(a, b)?)?;
+                // SiLU: an elementwise one's `x * s` (a gate local), or the epilogues'
+                // inline `x * (1 / (1 + exp(-x)))`.
+                let vx = match gate_product(&t.gates, a, b) {
+                    Some(x) => self.wexpr(t, &Expr::Var(x))?,
+                    None => self.wexpr(t, silu_of(a, b)?)?,
+                };
                 if t.is_mask(vx) {
                     return None;
                 }
