@@ -973,13 +973,30 @@ fn gemm_split_threads_x86_64_avx2() {
     check_split("x86_64-avx2");
 }
 
-/// A 1x1 conv with its output channels in the lanes (384 -> 64 on 14x14, 196 pixels:
-/// 16 row panels of 12 and a short one of 4): the copy of X into row panels is a loop
-/// the threads share, beside the split GEMM. (The short panel's copy once reused the
-/// full panels' loop variables, and a loop whose variables another loop reuses stays
-/// on one thread: the copy ran serially.)
+/// Convs with their output channels in the lanes: a 1x1 (384 -> 64 on 14x14, 196
+/// pixels) in parts that threads take whole (each part's row panels packed, multiplied
+/// and copied out by one task: 8, 8 and 1 panels, the last of 4 pixels), and a 3x3
+/// stride-2 conv of 128 -> 256 onto 14x14, whole (its im2col and copy loops beside the
+/// split GEMM). (The short panel's copy once reused the full panels' loop variables,
+/// and a loop whose variables another loop reuses stays on one thread: the copy ran
+/// serially.)
 #[test]
 fn pointwise_lanes_panels_threads_x86_64_avx512() {
+    let strided = one_node(
+        "split_conv3x3_s2_lanes",
+        "Conv",
+        &[
+            ("x", &[1, 128, 28, 28], false),
+            ("w", &[256, 128, 3, 3], true),
+            ("bias", &[256], true),
+        ],
+        &[1, 256, 14, 14],
+        vec![
+            ints_attr("pads", &[1, 1, 1, 1]),
+            ints_attr("strides", &[2, 2]),
+        ],
+        &["Relu"],
+    );
     let case = one_node(
         "split_conv1x1_lanes",
         "Conv",
@@ -994,7 +1011,7 @@ fn pointwise_lanes_panels_threads_x86_64_avx512() {
     );
     check_tasks(
         "x86_64-avx512",
-        vec![case],
+        vec![case, strided],
         &[1, 2, 3],
         b"Conv_y0_fused_task0",
     );
