@@ -8,10 +8,11 @@
  *     ...
  *     onnxc_pool_destroy(pool);
  *
- * Header-only (every function is static inline), C99 plus pthreads and C11 atomics; link with
- * -pthread. This file is the application's side of the contract: it allocates and creates
- * threads, which the compiled model itself never does. One pool serves one run at a time
- * (parallel_for is not reentrant per pool); use a pool per concurrently running thread.
+ * Header-only (every function is static inline), C11 (atomics, _Alignas, aligned_alloc)
+ * plus pthreads; link with -pthread. This file is the application's side of the contract:
+ * it allocates and creates threads, which the compiled model itself never does. One pool
+ * serves one run at a time (parallel_for is not reentrant per pool); use a pool per
+ * concurrently running thread.
  */
 #ifndef ONNXC_POOL_H
 #define ONNXC_POOL_H
@@ -20,11 +21,19 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include "onnxc_runtime.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* A thread's cursor, alone in its cache line: each claim of a task writes it, and two
+ * cursors in one line made every claim move the line between the cores. */
+struct onnxc_pool__cursor {
+  _Alignas(64) atomic_uint next;
+  char pad_[64 - sizeof(atomic_uint)];
+};
 
 typedef struct onnxc_pool {
   pthread_mutex_t mu;
@@ -39,13 +48,16 @@ typedef struct onnxc_pool {
   atomic_ulong gen;     /* job number (changed under mu); a worker runs each job once */
   atomic_int active;    /* workers inside the current job (changed under mu) */
   int stop;
-  atomic_uint done;     /* indices finished */
+  /* Indices finished, alone in its cache line (each thread adds its count once per job,
+   * and the workers poll `gen` beside the fields above). */
+  _Alignas(64) atomic_uint done;
+  char pad_[64 - sizeof(atomic_uint)];
   /* Per thread (0: the caller, 1..: workers): the next index of its share of the job,
    * shares being contiguous runs of n / threads. A thread runs its own share, then takes
    * what is left of the others'. The same thread runs the same indices on every call of
    * one shape, so the data a task reads (a split GEMM's weight columns) stays in that
    * core's cache from run to run. */
-  atomic_uint *cursor;
+  struct onnxc_pool__cursor *cursor;
   struct onnxc_pool__arg *args;  /* each worker's (pool, thread number) */
 } onnxc_pool_t;
 
@@ -73,19 +85,24 @@ static inline uint32_t onnxc_pool__end_(uint32_t n, int threads, int t) {
 /* Runs thread `tid`'s share of the current job, then what is left of the others'. */
 static inline void onnxc_pool__drain_(onnxc_pool_t *p, int tid, onnxc_task_fn task, void *ctx, uint32_t n) {
   int threads = p->n_workers + 1;
+  unsigned ran = 0;
   for (int k = 0; k < threads; k++) {
     int t = (tid + k) % threads;
     uint32_t end = onnxc_pool__end_(n, threads, t);
     for (;;) {
-      unsigned i = atomic_fetch_add(&p->cursor[t], 1u);
+      unsigned i = atomic_fetch_add(&p->cursor[t].next, 1u);
       if (i >= end) break;
       task(ctx, i);
-      if (atomic_fetch_add(&p->done, 1u) + 1u == n) {
-        pthread_mutex_lock(&p->mu);
-        pthread_cond_broadcast(&p->idle);
-        pthread_mutex_unlock(&p->mu);
-      }
+      ran++;
     }
+  }
+  /* The tasks this thread ran, counted in once after its last (a shared count bumped
+   * per task moved its cache line between the cores each time): `done` reaches n only
+   * when every task has returned. */
+  if (ran && atomic_fetch_add(&p->done, ran) + ran == n) {
+    pthread_mutex_lock(&p->mu);
+    pthread_cond_broadcast(&p->idle);
+    pthread_mutex_unlock(&p->mu);
   }
 }
 
@@ -139,7 +156,7 @@ static inline void onnxc_pool_parallel_for(void *pool, onnxc_task_fn task, void 
   p->ctx = ctx;
   p->n = n;
   for (int t = 0; t <= p->n_workers; t++)
-    atomic_store(&p->cursor[t], t == 0 ? 0u : onnxc_pool__end_(n, p->n_workers + 1, t - 1));
+    atomic_store(&p->cursor[t].next, t == 0 ? 0u : onnxc_pool__end_(n, p->n_workers + 1, t - 1));
   atomic_store(&p->done, 0u);
   atomic_fetch_add(&p->gen, 1ul);
   pthread_cond_broadcast(&p->wake);
@@ -154,12 +171,14 @@ static inline void onnxc_pool_parallel_for(void *pool, onnxc_task_fn task, void 
 /* A pool of `threads` threads in all: the caller of parallel_for and threads - 1 workers.
  * Returns NULL when out of memory or threads cannot be created. */
 static inline onnxc_pool_t *onnxc_pool_create(int threads) {
-  onnxc_pool_t *p = (onnxc_pool_t *)calloc(1, sizeof *p);
+  onnxc_pool_t *p = (onnxc_pool_t *)aligned_alloc(64, sizeof *p);
   if (!p) return NULL;
+  memset(p, 0, sizeof *p);
   int want = threads > 1 ? threads - 1 : 0;
   p->workers = want ? (pthread_t *)calloc((size_t)want, sizeof(pthread_t)) : NULL;
   p->args = want ? (onnxc_pool__arg_t *)calloc((size_t)want, sizeof(onnxc_pool__arg_t)) : NULL;
-  p->cursor = (atomic_uint *)calloc((size_t)want + 1, sizeof(atomic_uint));
+  p->cursor = (struct onnxc_pool__cursor *)aligned_alloc(
+      64, ((size_t)want + 1) * sizeof(struct onnxc_pool__cursor));
   if ((want && (!p->workers || !p->args)) || !p->cursor) {
     free(p->workers);
     free(p->args);
@@ -170,7 +189,7 @@ static inline onnxc_pool_t *onnxc_pool_create(int threads) {
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->wake, NULL);
   pthread_cond_init(&p->idle, NULL);
-  for (int t = 0; t <= want; t++) atomic_init(&p->cursor[t], 0u);
+  for (int t = 0; t <= want; t++) atomic_init(&p->cursor[t].next, 0u);
   atomic_init(&p->done, 0u);
   atomic_init(&p->gen, 0ul);
   atomic_init(&p->active, 0);

@@ -294,11 +294,49 @@ int main(void) {
         std::string::String::from_utf8_lossy(&built.stderr)
     );
     let run = Command::new(&exe).output().unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(
         std::string::String::from_utf8_lossy(&run.stdout).trim(),
         "ok"
     );
+    // The same under ThreadSanitizer, where the compiler has it: the pool's plain
+    // fields (the job, written between jobs) and its atomics must not race.
+    let tsan = dir.join("pool_tsan");
+    let built = Command::new(&cc)
+        .args([
+            "-std=c11",
+            "-O1",
+            "-g",
+            "-fsanitize=thread",
+            "-pthread",
+            "-I",
+        ])
+        .arg(&include)
+        .arg(&src)
+        .arg("-o")
+        .arg(&tsan)
+        .output()
+        .unwrap();
+    let probe = built
+        .status
+        .success()
+        .then(|| Command::new(&tsan).output().unwrap());
+    let _ = std::fs::remove_dir_all(&dir);
+    match probe {
+        Some(r) => {
+            let err = std::string::String::from_utf8_lossy(&r.stderr);
+            assert!(!err.contains("WARNING: ThreadSanitizer"), "{err}");
+            if err.contains("FATAL: ThreadSanitizer") {
+                // (Its runtime cannot map its shadow memory on some kernels.)
+                std::eprintln!("skipping the ThreadSanitizer run: {err}");
+            } else {
+                assert!(r.status.success(), "{err}");
+                assert_eq!(std::string::String::from_utf8_lossy(&r.stdout).trim(), "ok");
+            }
+        }
+        None => std::eprintln!(
+            "skipping the ThreadSanitizer run: {cc} does not build with -fsanitize=thread"
+        ),
+    }
 }
 
 #[test]
