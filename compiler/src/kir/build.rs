@@ -20,20 +20,21 @@ pub fn divisor_at_most(n: usize, cap: usize) -> usize {
 /// smallest. Cutting into equal groups of a divisor of `n` slots left 9 blocks as 3 jobs
 /// of 3 parts (one thread doing two of each, the other one), 42 blocks as jobs of 7.
 pub fn per_part(n: usize, most: usize) -> usize {
-    let two = |per: usize| {
-        let mut t = [0usize; 2];
-        let mut left = n;
-        while left > 0 {
-            let s = per.min(left);
-            let i = usize::from(t[1] < t[0]);
-            t[i] += s;
-            left -= s;
-        }
-        t[0].max(t[1])
-    };
+    let two = |per: usize| two_threads_end((0..n).step_by(per).map(|s| per.min(n - s)));
     (n.div_ceil(most.max(1)).max(1)..=n.max(1))
         .min_by_key(|&per| (two(per), per))
         .unwrap_or(1)
+}
+
+/// When two threads end that take parts of these costs in order, each next part going to
+/// the thread that is free first (as `onnxc_pool.h`'s threads do once their own shares
+/// are done, roughly).
+pub fn two_threads_end(costs: impl IntoIterator<Item = usize>) -> usize {
+    let mut t = [0usize; 2];
+    for c in costs {
+        t[usize::from(t[1] < t[0])] += c;
+    }
+    t[0].max(t[1])
 }
 
 /// The sum of `terms` as a balanced tree of additions (`((t0 + t1) + (t2 + t3))`): a

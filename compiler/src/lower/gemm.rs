@@ -12,7 +12,7 @@ mod winograd;
 
 use crate::backend::cranelift::gemm::SPLIT_MIN_ROWS_PACKED;
 use crate::ir::{broadcast_shapes, DType, OpResult};
-use crate::kir::build::{divisor_at_most, int, lin, loops, per_part, store};
+use crate::kir::build::{divisor_at_most, int, lin, loops, per_part, store, two_threads_end};
 use crate::kir::{BufKind, CmpOp, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId};
 use crate::ops::lowering::{
     broadcast_strides, index, nest, strides, Act, EpStep, Epilogue, LowerCtx, TensorRef,
@@ -666,22 +666,20 @@ fn conv_transposed(
                 .map(|b| MatView::strided(b.buf, Expr::Int(0), 0, 1)),
             act: GemmAct::None,
         })));
-        st.push(copy_pixels(
+        st.push(copy_out(
             k,
             out,
             ep.as_ref(),
             (nv, m, ol),
-            (pix0, npix),
-            |mv, pix| Expr::load(ct, Expr::add(Expr::mul(pix, int(m)), mv)),
+            (pix0.clone(), 1, npix),
+            |mv, _, q| {
+                let pix = lin(vec![(pix0.clone(), 1), (q, 1)]);
+                Expr::load(ct, Expr::add(Expr::mul(pix, int(m)), mv))
+            },
         ));
         st
     };
-    // (One block: no loops of one iteration in the kernel IR.)
-    let body = if plan.parts == 1 && full == 1 && tail == 0 {
-        block(&mut k, int(0), false, int(0))
-    } else {
-        plan.emit(&mut k, rb, block)
-    };
+    let body = plan.emit(&mut k, rb, block);
     k.body = vec![Stmt::For {
         var: nv,
         extent: nimg as u64,
@@ -703,15 +701,9 @@ fn ct_block_pixels(ol: usize, want: usize) -> usize {
             let (full, tail) = (ol / rb, ol % rb);
             let p = Parts::new(full, tail > 0, want);
             let last = (full - p.per * (p.parts - 1)) * panels(rb) + panels(tail);
-            let mut costs = vec![p.per * panels(rb); p.parts - 1];
-            costs.push(last);
-            let mut t = [0usize; 2];
-            for c in &costs {
-                let i = usize::from(t[1] < t[0]);
-                t[i] += c;
-            }
+            let costs = std::iter::repeat_n(p.per * panels(rb), p.parts - 1).chain([last]);
             let parts = std::cmp::Reverse(p.parts);
-            (t[0].max(t[1]), parts, std::cmp::Reverse(rb))
+            (two_threads_end(costs), parts, std::cmp::Reverse(rb))
         })
         .unwrap_or(ol)
 }
@@ -804,51 +796,16 @@ fn panels_of_pixels(
     body
 }
 
-/// `out[img, co, pix0 + q] = epilogue(src(co, pix0 + q))` for the `m` channels and the
-/// pixels `q < n` of the `ol`-pixel planes of image `nv`.
-fn copy_pixels(
-    k: &mut Kernel,
-    out: &TensorRef,
-    ep: Option<&Epilogue>,
-    (nv, m, ol): (VarId, usize, usize),
-    (pix0, n): (Expr, usize),
-    src: impl Fn(Expr, Expr) -> Expr,
-) -> Stmt {
-    let (mv, qv) = (k.var(Ty::I64), k.var(Ty::I64));
-    let v = |x: VarId| Expr::Var(x);
-    // One pixel: no pixel loop (a loop of one iteration innermost kept the channel loop
-    // scalar).
-    let pix = if n == 1 {
-        pix0
-    } else {
-        lin(vec![(pix0, 1), (v(qv), 1)])
-    };
-    let oidx = lin(vec![(v(nv), m * ol), (v(mv), ol), (pix.clone(), 1)]);
-    let val = src(v(mv), pix);
-    let val = match ep {
-        Some(ep) => ep.apply_flat(val, Ty::F32, oidx.clone(), &out.shape),
-        None => val,
-    };
-    let mut body = vec![store(out.buf, oidx, val)];
-    if n > 1 {
-        body = loops(&[(qv, n)], body);
-    }
-    Stmt::For {
-        var: mv,
-        extent: m as u64,
-        body,
-    }
-}
-
-/// `out[img, co, r, q] = epilogue(src(co, r, q))` over the `m` channels and the
-/// `oh x ow` plane of image `nv`: how a conv computed into scratch in another layout
-/// stores its output (`oh == 1`: a flat plane, without the row loop).
+/// `out[img, co, pix0 + r * ow + q] = epilogue(src(co, r, q))` over the `m` channels and
+/// the `oh x ow` pixels from `pix0` of image `nv`'s planes of `plane` pixels: how a conv
+/// computed into scratch in another layout stores its output (`oh == 1`: a flat run,
+/// without the row loop).
 fn copy_out(
     k: &mut Kernel,
     out: &TensorRef,
     ep: Option<&Epilogue>,
-    (nv, m): (VarId, usize),
-    (oh, ow): (usize, usize),
+    (nv, m, plane): (VarId, usize, usize),
+    (pix0, oh, ow): (Expr, usize, usize),
     src: impl Fn(Expr, Expr, Expr) -> Expr,
 ) -> Stmt {
     let ol = oh * ow;
@@ -863,9 +820,16 @@ fn copy_out(
         (true, false) => (int(0), v(qv)),
         (false, _) => (v(rv), v(qv)),
     };
-    let pix = Expr::add(Expr::mul(row.clone(), int(ow)), col.clone());
+    let pix = shift(
+        Expr::add(Expr::mul(row.clone(), int(ow)), col.clone()),
+        pix0,
+        1,
+    );
     let oidx = Expr::add(
-        Expr::add(Expr::mul(v(nv), int(m * ol)), Expr::mul(v(mv), int(ol))),
+        Expr::add(
+            Expr::mul(v(nv), int(m * plane)),
+            Expr::mul(v(mv), int(plane)),
+        ),
         pix,
     );
     let val = src(v(mv), row, col);
@@ -1034,8 +998,8 @@ fn conv_padded(
         &mut k,
         out,
         ep.as_ref(),
-        (nv, m),
-        (oh, ow),
+        (nv, m, oh * ow),
+        (int(0), oh, ow),
         |mv, rv, qv| {
             let pix = Expr::add(Expr::mul(rv, int(wp)), qv);
             Expr::load(rows, Expr::add(Expr::mul(mv, int(ld)), pix))
@@ -1173,18 +1137,26 @@ impl Parts {
         mut block: impl FnMut(&mut Kernel, Expr, bool, Expr) -> Vec<Stmt>,
     ) -> Vec<Stmt> {
         let pv = k.var(Ty::I64);
+        // (No loops of one iteration: one part is slot 0, one block its first row.)
+        let (part_of, slot) = if self.parts == 1 {
+            (int(0), int(0))
+        } else {
+            (Expr::Var(pv), Expr::Var(pv))
+        };
         let mut part = |k: &mut Kernel, blocks: usize, with_tail: bool| {
-            let base = (Expr::Var(pv), self.per * rb);
+            let base = (part_of.clone(), self.per * rb);
             let mut st = Vec::new();
-            if blocks > 0 {
+            if blocks == 1 {
+                st.extend(block(k, lin(vec![base.clone()]), false, slot.clone()));
+            } else if blocks > 1 {
                 let g = k.var(Ty::I64);
                 let row0 = lin(vec![base.clone(), (Expr::Var(g), rb)]);
-                let inner = block(k, row0, false, Expr::Var(pv));
+                let inner = block(k, row0, false, slot.clone());
                 st.extend(loops(&[(g, blocks)], inner));
             }
             if with_tail {
                 let row0 = lin(vec![base, (int(1), blocks * rb)]);
-                st.extend(block(k, row0, true, Expr::Var(pv)));
+                st.extend(block(k, row0, true, slot.clone()));
             }
             st
         };
@@ -1200,6 +1172,9 @@ impl Parts {
         } else {
             part(k, last, self.tail)
         };
+        if self.parts == 1 {
+            return inner;
+        }
         loops(&[(pv, self.parts)], inner)
     }
 }
