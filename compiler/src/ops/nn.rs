@@ -1838,18 +1838,34 @@ mod lower {
     const FEW_MIN_PIXELS: usize = 1 << 9;
     /// Most phase planes (`sh * sw`) for [`conv_few_channels`].
     const FEW_MAX_PHASES: i64 = 4;
+    /// Most parts [`conv_few_channels`] cuts its output rows into (the tasks threads
+    /// share), and fewest rows in a part.
+    const FEW_ROW_PARTS: i64 = 8;
+    const FEW_PART_ROWS: i64 = 16;
+
+    /// Parts and rows per part (the last may have fewer) for [`conv_few_channels`]'s
+    /// `oh` output rows: an even count where there are two (two threads then take the
+    /// same share), as many as have [`FEW_PART_ROWS`] rows each.
+    fn few_row_parts(oh: i64) -> (i64, i64) {
+        let per = |p: i64| (oh + p - 1) / p;
+        (1..=FEW_ROW_PARTS)
+            .rev()
+            .filter(|&p| p == 1 || p % 2 == 0)
+            .find(|&p| per(p) >= FEW_PART_ROWS && per(p) * (p - 1) < oh)
+            .map_or((1, oh), |p| (p, per(p)))
+    }
 
     /// A group-1 2-D f32 conv on very few input channels over a large plane (an image
     /// model's stem: 3 -> 32 channels, 3x3, stride 2, on 224x224), computed directly
     /// with pixels in lanes instead of through im2col and a GEMM of depth 27. Each input
     /// channel is copied once into zero-padded phase planes as in [`dw_flat`] (only the
-    /// borders zeroed). Then per output row and block of up to 8 output channels, one
-    /// unit-stride loop over the row loads each of the `c * kh * kw` taps once for the
-    /// block's accumulators (weights broadcast from memory) and stores through the whole
-    /// epilogue; the input rows an output row reads stay in L1 across the blocks. Output
-    /// rows are the loop threads share. EfficientNet-B0's stem 0.50 -> 0.42 ms on one
-    /// thread (MobileNetV2's, with a clamp, 0.32 -> 0.30). Returns false (nothing
-    /// lowered) when it does not fit.
+    /// borders zeroed). Then per part of the output rows (the loop threads share), block
+    /// of up to 8 output channels and row, one unit-stride loop over the row loads each
+    /// of the `c * kh * kw` taps once for the block's accumulators (weights broadcast
+    /// from memory) and stores through the whole epilogue; a part's input rows stay in
+    /// L2 across the blocks. EfficientNet-B0's stem 0.50 -> 0.42 ms on one thread
+    /// (MobileNetV2's, with a clamp, 0.32 -> 0.30). Returns false (nothing lowered)
+    /// when it does not fit.
     fn conv_few_channels(
         lw: &mut LowerCtx,
         x: &TensorRef,
@@ -1950,15 +1966,23 @@ mod lower {
                 )],
             ));
         }
-        // Per output row and block of `cb` output channels, one loop over the row: per
-        // tap one load, shared by the block's `cb` accumulators (their weights broadcast
-        // from memory), then the epilogue and `cb` stores.
+        // Per part of the output rows (the loop threads share), block of `cb` output
+        // channels and row, one loop over the row: per tap one load, shared by the
+        // block's `cb` accumulators (their weights broadcast from memory), then the
+        // epilogue and `cb` stores. A block's rows in a part are one call of the wide
+        // loop, its weights (uniforms) set up once per call, not per row as when rows
+        // were the outer loop: that setup was 13% of a 3 -> 64 stem's time (111x111 out,
+        // 0.39 -> 0.32 ms on one thread).
         let cb = [8, 4, 2, 1].into_iter().find(|&b| m % b == 0).unwrap_or(1);
-        let obody = {
-            let kr = &mut k_;
+        let (parts, per) = few_row_parts(oh_n);
+        let last = oh_n - per * (parts - 1);
+        let ol = oh_n * ow_n;
+        let pv = k_.var(Ty::I64);
+        let rows_loop = |kr: &mut crate::kir::Kernel, nrows: i64| -> Stmt {
             let acc: Vec<VarId> = (0..cb).map(|_| kr.var(Ty::F32)).collect();
             let xt = kr.var(Ty::F32);
             let co0 = mul(v(mv), int(cb as i64));
+            let row = add(mul(v(pv), int(per)), v(rv));
             let mut inner: Vec<Stmt> = acc
                 .iter()
                 .enumerate()
@@ -1973,7 +1997,7 @@ mod lower {
                     )
                 })
                 .collect();
-            let iv_at = add(mul(v(rv), int(wp)), v(qv));
+            let iv_at = add(mul(row.clone(), int(wp)), v(qv));
             for ci in 0..c as i64 {
                 for kh in 0..kh_n {
                     for kw in 0..kw_n {
@@ -1991,25 +2015,37 @@ mod lower {
                     }
                 }
             }
-            let ol = oh_n * ow_n;
             for (j, &a) in acc.iter().enumerate() {
-                let oi = add(add(v(ob), int(j as i64 * ol)), v(qv));
+                let oi = add(
+                    add(v(ob), int(j as i64 * ol)),
+                    add(mul(row.clone(), int(ow_n)), v(qv)),
+                );
                 inner.extend(epilogue.store(kr, v(a), &out, oi));
             }
-            vec![
-                set(
-                    ob,
-                    add(
-                        mul(add(mul(v(nv), int(m as i64)), co0), int(ol)),
-                        mul(v(rv), int(ow_n)),
-                    ),
-                ),
-                for_(qv, ow_n as usize, inner),
-            ]
+            for_(rv, nrows as usize, vec![for_(qv, ow_n as usize, inner)])
         };
+        let full = rows_loop(&mut k_, per);
+        let mut blk = vec![set(
+            ob,
+            mul(
+                add(mul(v(nv), int(m as i64)), mul(v(mv), int(cb as i64))),
+                int(ol),
+            ),
+        )];
+        if last == per {
+            blk.push(full);
+        } else {
+            // The last part is shorter.
+            let short = rows_loop(&mut k_, last);
+            blk.push(Stmt::If {
+                cond: Expr::cmp(CmpOp::Lt, v(pv), int(parts - 1)),
+                then: vec![full],
+                els: vec![short],
+            });
+        }
         let mut body = loops(&[(civ, c)], cbody);
         body.extend(copies);
-        body.extend(loops(&[(rv, oh_n as usize), (mv, m / cb)], obody));
+        body.push(for_(pv, parts as usize, vec![for_(mv, m / cb, blk)]));
         k_.body = loops(&[(nv, n)], body);
         lw.push(k_);
         Ok(true)
