@@ -2982,4 +2982,32 @@ mod lower {
         r.lower("QLinearConv", Lowering::Custom(qlinear_conv));
         r.lower("ConvTranspose", Lowering::Custom(conv_transpose));
     }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn few_row_parts_cover_the_rows_evenly() {
+            // Stems: SqueezeNet's 111 rows, MobileNetV2's 112, the tests' 65 and 28.
+            assert_eq!(few_row_parts(111), (6, 19));
+            assert_eq!(few_row_parts(112), (6, 19));
+            assert_eq!(few_row_parts(65), (4, 17));
+            assert_eq!(few_row_parts(28), (1, 28));
+            for oh in 1..600 {
+                let (parts, per) = few_row_parts(oh);
+                let last = oh - per * (parts - 1);
+                assert!(parts == 1 || parts % 2 == 0, "{oh}: {parts} parts");
+                assert!(parts <= FEW_ROW_PARTS, "{oh}");
+                assert!(
+                    last >= 1 && last <= per,
+                    "{oh}: {parts} x {per}, last {last}"
+                );
+                assert!(
+                    parts == 1 || per >= FEW_PART_ROWS,
+                    "{oh}: {per} rows a part"
+                );
+            }
+        }
+    }
 }
