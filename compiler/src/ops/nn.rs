@@ -1839,8 +1839,9 @@ mod lower {
     /// Most phase planes (`sh * sw`) for [`conv_few_channels`].
     const FEW_MAX_PHASES: i64 = 4;
     /// Most parts [`conv_few_channels`] cuts its output rows into (the tasks threads
-    /// share), and fewest rows in a part.
+    /// share).
     const FEW_ROW_PARTS: i64 = 8;
+    /// Fewest rows in a part of [`conv_few_channels`] (when there are two or more).
     const FEW_PART_ROWS: i64 = 16;
 
     /// Parts and rows per part (the last may have fewer) for [`conv_few_channels`]'s

@@ -274,13 +274,19 @@ struct Geo<'a> {
     /// Row stride of the block matrices (a slot of `vb` is `a^2` matrices of `c` rows,
     /// each [`Geo::vk`] elements from the next; of `mb`, `m` rows, [`Geo::mk`]).
     ld: usize,
-    /// Where the output width is not a multiple of `r`: the narrow last tile's columns
-    /// (`ow % r`), and per slot ([`Geo::nb_slot`] elements) the outputs of columns
-    /// `x >= ow % r` of every tile, which the output transform writes there first (see
-    /// [`Geo::output_transform`]).
-    narrow: Option<(usize, usize)>,
-    /// Most tile rows of a block.
-    rb: usize,
+    /// Where the output width is not a multiple of `r` (see [`Geo::output_transform`]).
+    narrow: Option<Narrow>,
+}
+
+/// The narrow last tile of a row: its columns (`ow % r`), and the buffer where the
+/// output transform writes columns `x >= ow % r` of every tile first, `slot` elements
+/// per slot (per tile row of a block, channel, output row and such column, one value
+/// per tile).
+#[derive(Clone, Copy)]
+struct Narrow {
+    cols: usize,
+    buf: usize,
+    slot: usize,
 }
 
 /// Elements between consecutive transform matrices past their rows: one cache line.
@@ -341,12 +347,11 @@ pub(super) fn conv(
         plan.parts * mats * (m * ld + SKEW),
     );
     let narrow = (ow % r != 0).then(|| {
-        let nb = f32_buf(
-            lw,
-            format!("{}/wino_narrow", lw.name),
-            plan.parts * Geo::nb_slot(wino, ow, rb, m),
-        );
-        (ow % r, nb)
+        let cols = ow % r;
+        let slot = rb * m * r * (r - cols) * tw_n;
+        let name = format!("{}/wino_narrow", lw.name);
+        let buf = f32_buf(lw, name, plan.parts * slot);
+        Narrow { cols, buf, slot }
     });
     let mut k = lw.kernel("");
     let nv = k.var(Ty::I64);
@@ -375,7 +380,6 @@ pub(super) fn conv(
         tw: tw_n,
         ld,
         narrow,
-        rb,
     };
     let last = usize::from(oh % r != 0);
     body.extend(plan.emit(&mut k, rb, |k, th0, is_tail, slot| {
@@ -487,13 +491,6 @@ impl Geo<'_> {
         self.m * self.ld + SKEW
     }
 
-    /// Elements of a slot of the narrow columns' buffer: per tile row of a block,
-    /// channel, output row and column `x >= ow % r`, one value per tile.
-    fn nb_slot(wino: Wino, ow: usize, rb: usize, m: usize) -> usize {
-        let r = wino.r;
-        rb * m * r * (r - ow % r) * ow.div_ceil(r)
-    }
-
     /// One block in slot `slot`: tile rows `th0 ..` (`rows` with `r` output rows, then
     /// `last` (0 or 1) with `oh % r`), their input transform, `a^2` GEMMs and output
     /// transform.
@@ -503,10 +500,7 @@ impl Geo<'_> {
         // Slot 0's base is 0, not mul(0, size), in IR dumps.
         let vbase = lin(vec![(slot.clone(), a * a * self.vk())]);
         let mbase = lin(vec![(slot.clone(), a * a * self.mk())]);
-        let nbase = lin(vec![(
-            slot,
-            Geo::nb_slot(self.wino, self.ow, self.rb, self.m),
-        )]);
+        let nbase = lin(vec![(slot, self.narrow.map_or(0, |n| n.slot))]);
         let mut st = vec![self.input_transform(k, th0.clone(), rows + last, vbase.clone())];
         for (kk, &u) in self.us.iter().enumerate() {
             // The bias enters through matrix (1, 1): row and column 1 of A^T are all
@@ -635,7 +629,7 @@ impl Geo<'_> {
         let (rr, co, q) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
         let (m, ld, tw) = (self.m, self.ld, self.tw);
         let (r, a) = (self.wino.r, self.wino.a());
-        let cols = self.narrow.map_or(r, |(c, _)| c);
+        let cols = self.narrow.map_or(r, |n| n.cols);
         let mv = |i: usize, j: usize| {
             Expr::load(
                 self.mb,
@@ -692,8 +686,8 @@ impl Geo<'_> {
             for y in ys {
                 for (x, v) in self.wino.at(&sv[y]).into_iter().enumerate() {
                     body.push(match self.narrow {
-                        Some((_, nb)) if x >= cols => Stmt::Store {
-                            buf: nb,
+                        Some(n) if x >= cols => Stmt::Store {
+                            buf: n.buf,
                             index: nidx(y, x),
                             value: v,
                         },
@@ -703,11 +697,11 @@ impl Geo<'_> {
             }
         }
         let mut st = loops(&[(rr, nr), (co, m), (q, tw)], body);
-        if let (Some((_, nb)), true) = (self.narrow, tw > 1) {
+        if let Some(n) = self.narrow.filter(|_| tw > 1) {
             let mut moves = Vec::new();
             for y in 0..out_rows {
                 for x in cols..r {
-                    moves.push(store_out(y, x, Expr::load(nb, nidx(y, x))));
+                    moves.push(store_out(y, x, Expr::load(n.buf, nidx(y, x))));
                 }
             }
             st.extend(loops(&[(rr, nr), (co, m), (q, tw - 1)], moves));
