@@ -768,9 +768,9 @@ fn split_cases() -> Vec<Case> {
         vec![],
         &[],
     ));
-    // Winograd with three whole blocks and a tail block ending in a one-row tile row
-    // (SqueezeNet's 55x55 layers): two parts of two blocks, the second part's ending in
-    // the tail.
+    // Winograd F(4x4) on 14 tile rows, the last of 3 output rows (SqueezeNet's 55x55
+    // layers): two halves of 7 tile rows, each a block of 4 and one of 3, the second's
+    // ending in the short tile row.
     v.push(one_node(
         "split_wino3x3_tail",
         "Conv",
@@ -780,6 +780,20 @@ fn split_cases() -> Vec<Case> {
             ("bias", &[64], true),
         ],
         &[1, 64, 55, 55],
+        vec![ints_attr("pads", &[1, 1, 1, 1])],
+        &["Relu"],
+    ));
+    // Winograd F(4x4) on rows too wide for two in one block (113 tiles a row): each
+    // half of 4 tile rows a loop of one-row blocks.
+    v.push(one_node(
+        "split_wino4_row_blocks",
+        "Conv",
+        &[
+            ("x", &[1, 40, 16, 452], false),
+            ("w", &[40, 40, 3, 3], true),
+            ("bias", &[40], true),
+        ],
+        &[1, 40, 16, 452],
         vec![ints_attr("pads", &[1, 1, 1, 1])],
         &["Relu"],
     ));
@@ -1028,7 +1042,7 @@ fn gemm_conv_blocks_threads_aarch64_neon_qemu() {
         .into_iter()
         .filter(|c| c.name.starts_with("split_conv3x") || c.name.starts_with("split_wino"))
         .collect();
-    assert_eq!(conv.len(), 6);
+    assert_eq!(conv.len(), 7);
     check_tasks("aarch64-neon", conv, &[1, 2, 3], b"_task0");
 }
 

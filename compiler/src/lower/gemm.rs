@@ -12,7 +12,7 @@ mod winograd;
 
 use crate::backend::cranelift::gemm::SPLIT_MIN_ROWS_PACKED;
 use crate::ir::{broadcast_shapes, DType, OpResult};
-use crate::kir::build::{divisor_at_most, int, lin, loops, per_part, store, two_threads_end};
+use crate::kir::build::{add, divisor_at_most, int, lin, loops, per_part, store, two_threads_end};
 use crate::kir::{BufKind, CmpOp, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId};
 use crate::ops::lowering::{
     broadcast_strides, index, nest, strides, Act, EpStep, Epilogue, LowerCtx, TensorRef,
@@ -1016,7 +1016,9 @@ fn conv_padded(
 /// The input planes of image `img` of `x` (`c` planes of `p2.h x p2.w`) copied into `xp`
 /// (`len` elements, zeroed first) as planes of `pl` elements with rows of `wp`, each at
 /// row `p2.ph` and column `p2.pw` of its plane (the padding), for the convs that read
-/// padded planes instead of testing bounds.
+/// padded planes instead of testing bounds. One loop over the planes, each zeroed and
+/// then copied while it is in L1 (one parallel job where it is large enough), and the
+/// elements past the last plane zeroed after it.
 fn pad_planes(
     k: &mut Kernel,
     (x, img, c): (usize, VarId, usize),
@@ -1025,11 +1027,6 @@ fn pad_planes(
     (pl, wp): (usize, usize),
 ) -> Vec<Stmt> {
     let il = p2.h * p2.w;
-    let zv = k.var(Ty::I64);
-    let mut body = loops(
-        &[(zv, len)],
-        vec![store(xp, Expr::Var(zv), Expr::f(0.0, Ty::F32))],
-    );
     let (cv, yv, xv) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
     let dst = lin(vec![
         (Expr::Var(cv), pl),
@@ -1043,11 +1040,26 @@ fn pad_planes(
         (Expr::Var(yv), p2.w),
         (Expr::Var(xv), 1),
     ]);
-    body.extend(loops(
-        &[(cv, c), (yv, p2.h), (xv, p2.w)],
+    let mut plane = zero_range(k, xp, lin(vec![(Expr::Var(cv), pl)]), pl);
+    plane.extend(loops(
+        &[(yv, p2.h), (xv, p2.w)],
         vec![store(xp, dst, Expr::load(x, src))],
     ));
+    let mut body = loops(&[(cv, c)], plane);
+    if len > c * pl {
+        body.extend(zero_range(k, xp, Expr::Int((c * pl) as i64), len - c * pl));
+    }
     body
+}
+
+/// `buf[at + i] = 0` for `i < n`.
+fn zero_range(k: &mut Kernel, buf: usize, at: Expr, n: usize) -> Vec<Stmt> {
+    let zv = k.var(Ty::I64);
+    let index = match at {
+        Expr::Int(0) => Expr::Var(zv),
+        at => add(at, Expr::Var(zv)),
+    };
+    loops(&[(zv, n)], vec![store(buf, index, Expr::f(0.0, Ty::F32))])
 }
 
 /// `e + col0 * cs`, folding zeros.

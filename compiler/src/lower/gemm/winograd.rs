@@ -33,20 +33,21 @@
 //! larger constants cost accuracy (a relative error of a few 1e-6 against 1e-7), still
 //! far inside the 1e-4 the models are held to.
 //!
-//! Per image: the input is copied into zero-padded planes (so that no patch needs a
-//! bounds test), then the tiles run in blocks of whole tile rows whose `a^2` transformed
-//! inputs and GEMM outputs stay in L2: input transform, `a^2` GEMMs, output transform.
-//! The blocks share out into two parts of consecutive blocks, each part with its own
-//! scratch slot, so that with threads each core takes whole blocks (one job per conv;
-//! the GEMMs run whole inside the tasks) instead of sharing every small GEMM and
-//! transform loop; the second part ends with the tail block. The input transform reads
+//! Per image: the input is copied into zero-padded planes, one plane at a time (so that
+//! no patch needs a bounds test; a parallel job of its own where it is large enough),
+//! then the tiles run in blocks of whole tile rows whose `a^2` transformed inputs and
+//! GEMM outputs stay in L2: input transform, `a^2` GEMMs, output transform. The tile
+//! rows share out into two halves ([`Split`]), each in blocks and with its own scratch
+//! slot, so that with threads each core takes one half (one job per conv; the GEMMs run
+//! whole inside the tasks) instead of sharing every small GEMM and transform loop; the
+//! second half ends with the short tile row, if any. The input transform reads
 //! every `r`-th column (on AVX-512: permutes of whole vectors) and writes `a^2`
 //! unit-stride rows; the output transform reads `a^2` unit-stride rows and writes every
 //! `r`-th column of `r` output rows, applying the bias and the fused epilogue on the way.
 
-use super::{blocks_cost, Parts, Plane, PANEL};
+use super::{Plane, PANEL};
 use crate::kir::build::{add, int, lin, loops, mul, sub};
-use crate::kir::{BufKind, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId};
+use crate::kir::{BufKind, CmpOp, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId};
 use crate::ops::lowering::{Epilogue, LowerCtx, TensorRef};
 
 /// Most bytes of one block's transformed input and GEMM output (`a^2` matrices each, one
@@ -230,22 +231,130 @@ fn weights(lw: &mut LowerCtx, w: &TensorRef, wino: Wino, m: usize, c: usize) -> 
     )
 }
 
-/// Tile rows per block: the count whose blocks waste the fewest GEMM columns on panel
-/// padding (a block also costs about a panel more: its `a^2` calls and loops), on one
-/// thread and on two (see [`blocks_cost`]), within [`BLOCK_BYTES`] of scratch (at least
-/// one row), with at least two blocks where there are two tile rows: `th` tile rows, the
-/// first `whole` of them with `r` output rows, `mats` (`a^2`) matrices a tile.
-fn block_rows(th: usize, whole: usize, tw: usize, (c, m): (usize, usize), mats: usize) -> usize {
-    let per_tile = mats * (c + m) * 4;
-    let most = (BLOCK_BYTES / per_tile / tw).clamp(1, th.div_ceil(2));
-    let pad = |t: usize| t.div_ceil(PANEL) * PANEL;
-    let cost = |rb: usize| {
-        let (one, two) = blocks_cost(th, whole, rb, |rows| pad(rows * tw) + PANEL);
-        one + two
-    };
-    (1..=most)
-        .min_by_key(|&rb| (cost(rb), std::cmp::Reverse(rb)))
-        .unwrap_or(1)
+/// How a conv's tile rows share out: two parts (one where there is one tile row), tile
+/// rows `0..s` and `s..th` with `s` half of them rounded up, so that on two threads each
+/// core takes one part; the short last tile row (where `oh % r != 0`) ends the second.
+/// Each part runs in blocks of nearly equal height, as few as fill the fewest GEMM
+/// panels within [`BLOCK_BYTES`].
+///
+/// Whole blocks used to share out instead, the first part taking the most: SqueezeNet's
+/// 55x55 (14 tile rows, blocks of 4) ran as 8 tile rows against 6, the second core idle
+/// a third of the conv (199 -> 179 us on two threads, one thread within noise). Splitting
+/// an odd count in the middle of a tile row (13x13 in F(2x2) as output rows 7 and 6) did
+/// not help: the transforms cost by tile row, not by output row (docs/decisions.md).
+struct Split {
+    r: usize,
+    s: usize,
+    /// Per part: tile rows, blocks.
+    parts: Vec<(usize, usize)>,
+    /// The output rows of the short last tile row (0: none).
+    short: usize,
+}
+
+impl Split {
+    fn new(wino: Wino, (oh, tw): (usize, usize), (c, m): (usize, usize)) -> Split {
+        let r = wino.r;
+        let th = oh.div_ceil(r);
+        let per_tile = wino.a() * wino.a() * (c + m) * 4;
+        let most = (BLOCK_BYTES / per_tile / tw).max(1);
+        let pad = |t: usize| t.div_ceil(PANEL) * PANEL;
+        // Fewest GEMM columns (panel padding, a panel more a block), then fewest blocks.
+        let blocks = |n: usize| {
+            (n.div_ceil(most)..=n)
+                .min_by_key(|&b| {
+                    let (q, rem) = (n / b, n % b);
+                    rem * pad((q + 1) * tw) + (b - rem) * pad(q * tw) + b * PANEL
+                })
+                .unwrap_or(1)
+        };
+        let s = th.div_ceil(2);
+        let mut parts = vec![(s, blocks(s))];
+        if th > s {
+            parts.push((th - s, blocks(th - s)));
+        }
+        Split {
+            r,
+            s,
+            parts,
+            short: oh % r,
+        }
+    }
+
+    /// The most tile rows of a block.
+    fn most_rows(&self) -> usize {
+        self.parts
+            .iter()
+            .map(|&(n, b)| n.div_ceil(b))
+            .max()
+            .unwrap_or(1)
+    }
+
+    /// `for p in 0..parts { part p's blocks }`, `block(k, first output row, rows, short,
+    /// slot)` making each block (`rows` tile rows of `r` output rows, then one of `short`
+    /// rows where `short > 0`). Rows address through `p` (part `p` starts at tile row
+    /// `p s`) so that the parallel-loop analysis sees every access as `p` times one
+    /// stride plus less.
+    fn emit(
+        &self,
+        k: &mut Kernel,
+        mut block: impl FnMut(&mut Kernel, Expr, usize, usize, Expr) -> Vec<Stmt>,
+    ) -> Vec<Stmt> {
+        let r = self.r;
+        let pv = k.var(Ty::I64);
+        let (part_of, slot) = if self.parts.len() == 1 {
+            (int(0), int(0))
+        } else {
+            (Expr::Var(pv), Expr::Var(pv))
+        };
+        let np = self.parts.len();
+        let mut bodies = Vec::new();
+        for (p, &(n, b)) in self.parts.iter().enumerate() {
+            let short = if p == np - 1 { self.short } else { 0 };
+            let (q, rem) = (n / b, n % b);
+            let mut st = Vec::new();
+            // `count` blocks of `h` whole tile rows from tile row `at` of the part.
+            let mut run =
+                |k: &mut Kernel, st: &mut Vec<Stmt>, at: usize, count: usize, h: usize| {
+                    if count == 0 {
+                        return;
+                    }
+                    let g = k.var(Ty::I64);
+                    let gi = if count == 1 { int(0) } else { Expr::Var(g) };
+                    let row0 = lin(vec![
+                        (part_of.clone(), self.s * r),
+                        (gi, h * r),
+                        (int(1), at * r),
+                    ]);
+                    let inner = block(k, row0, h, 0, slot.clone());
+                    if count == 1 {
+                        st.extend(inner);
+                    } else {
+                        st.extend(loops(&[(g, count)], inner));
+                    }
+                };
+            run(k, &mut st, 0, rem, q + 1);
+            let plain = b - rem - usize::from(short > 0);
+            run(k, &mut st, rem * (q + 1), plain, q);
+            if short > 0 {
+                let row0 = lin(vec![(part_of.clone(), self.s * r), (int(1), (n - q) * r)]);
+                st.extend(block(k, row0, q - 1, short, slot.clone()));
+            }
+            bodies.push(st);
+        }
+        if np == 1 {
+            return bodies.pop().unwrap_or_default();
+        }
+        let rest = bodies.pop().unwrap_or_default();
+        let first = bodies.pop().unwrap_or_default();
+        loops(
+            &[(pv, np)],
+            vec![Stmt::If {
+                cond: Expr::cmp(CmpOp::Lt, Expr::Var(pv), int(1)),
+                then: first,
+                els: rest,
+            }],
+        )
+    }
 }
 
 /// The shapes every block of one conv shares.
@@ -316,18 +425,15 @@ pub(super) fn conv(
     let (r, mats) = (wino.r, wino.a() * wino.a());
     let (oh, ow) = (p2.oh, p2.ow);
     let (th_n, tw_n) = (oh.div_ceil(r), ow.div_ceil(r));
+    let split = Split::new(wino, (oh, tw_n), (c, m));
     // F(4x4) reads its patches from padded rows split into column phases, F(2x2) from
     // plain padded rows.
     let seg = if r == 4 { tw_n + 1 } else { 0 };
     let (hp, wp) = (r * th_n + 2, if seg > 0 { 4 * seg } else { r * tw_n + 2 });
     let pl = hp * wp;
-    let rb = block_rows(th_n, oh / r, tw_n, (c, m), mats);
+    let rb = split.most_rows();
     let ld = (rb * tw_n).div_ceil(16) * 16;
-    // Whole blocks of tile rows that all have `r` output rows; the rest, a last tile row
-    // of fewer output rows included, is the tail block (at most `rb` tile rows).
-    let full = (oh / r) / rb;
-    let tail = th_n - full * rb;
-    let plan = Parts::new(full, tail > 0, 2);
+    let plan_parts = split.parts.len();
     let f32_buf = |lw: &mut LowerCtx, name: String, elems: usize| {
         lw.program
             .add_buffer(name, BufKind::Arena { offset: 0 }, Ty::F32, elems as u64)
@@ -339,18 +445,18 @@ pub(super) fn conv(
     let vb = f32_buf(
         lw,
         format!("{}/wino_v", lw.name),
-        plan.parts * mats * (c * ld + SKEW),
+        plan_parts * mats * (c * ld + SKEW),
     );
     let mb = f32_buf(
         lw,
         format!("{}/wino_m", lw.name),
-        plan.parts * mats * (m * ld + SKEW),
+        plan_parts * mats * (m * ld + SKEW),
     );
     let narrow = (ow % r != 0).then(|| {
         let cols = ow % r;
         let slot = rb * m * r * (r - cols) * tw_n;
         let name = format!("{}/wino_narrow", lw.name);
-        let buf = f32_buf(lw, name, plan.parts * slot);
+        let buf = f32_buf(lw, name, plan_parts * slot);
         Narrow { cols, buf, slot }
     });
     let mut k = lw.kernel("");
@@ -381,13 +487,8 @@ pub(super) fn conv(
         ld,
         narrow,
     };
-    let last = usize::from(oh % r != 0);
-    body.extend(plan.emit(&mut k, rb, |k, th0, is_tail, slot| {
-        if is_tail {
-            geo.block(k, th0, tail - last, last, slot)
-        } else {
-            geo.block(k, th0, rb, 0, slot)
-        }
+    body.extend(split.emit(&mut k, |k, row0, rows, short, slot| {
+        geo.block(k, row0, rows, short, slot)
     }));
     k.body = vec![Stmt::For {
         var: nv,
@@ -438,15 +539,8 @@ fn pad_phases(
 ) -> Vec<Stmt> {
     let il = p2.h * p2.w;
     let (ph, pw) = (p2.ph as usize, p2.pw as usize);
-    let zv = k.var(Ty::I64);
-    let mut body = loops(
-        &[(zv, len)],
-        vec![Stmt::Store {
-            buf: xp,
-            index: Expr::Var(zv),
-            value: Expr::f(0.0, Ty::F32),
-        }],
-    );
+    let cv = k.var(Ty::I64);
+    let mut plane = super::zero_range(k, xp, lin(vec![(Expr::Var(cv), pl)]), pl);
     for p in 0..4 {
         // Input columns x = 4 u + p - pw for u in u0..u1.
         let u0 = pw.saturating_sub(p).div_ceil(4);
@@ -454,7 +548,7 @@ fn pad_phases(
         if u1 <= u0 {
             continue;
         }
-        let (cv, yv, uv) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+        let (yv, uv) = (k.var(Ty::I64), k.var(Ty::I64));
         let dst = lin(vec![
             (Expr::Var(cv), pl),
             (Expr::Var(yv), wp),
@@ -468,8 +562,8 @@ fn pad_phases(
             (Expr::Var(uv), 4),
             (int(1), 4 * u0 + p - pw),
         ]);
-        body.extend(loops(
-            &[(cv, c), (yv, p2.h), (uv, u1 - u0)],
+        plane.extend(loops(
+            &[(yv, p2.h), (uv, u1 - u0)],
             vec![Stmt::Store {
                 buf: xp,
                 index: dst,
@@ -477,7 +571,8 @@ fn pad_phases(
             }],
         ));
     }
-    body
+    debug_assert_eq!(len, c * pl);
+    loops(&[(cv, c)], plane)
 }
 
 impl Geo<'_> {
@@ -491,17 +586,25 @@ impl Geo<'_> {
         self.m * self.ld + SKEW
     }
 
-    /// One block in slot `slot`: tile rows `th0 ..` (`rows` with `r` output rows, then
-    /// `last` (0 or 1) with `oh % r`), their input transform, `a^2` GEMMs and output
-    /// transform.
-    fn block(&self, k: &mut Kernel, th0: Expr, rows: usize, last: usize, slot: Expr) -> Vec<Stmt> {
+    /// One block in slot `slot`: the tile rows from output row `row0` (`rows` with `r`
+    /// output rows, then one with `short` where `short > 0`), their input transform, `a^2`
+    /// GEMMs and output transform.
+    fn block(
+        &self,
+        k: &mut Kernel,
+        row0: Expr,
+        rows: usize,
+        short: usize,
+        slot: Expr,
+    ) -> Vec<Stmt> {
+        let last = usize::from(short > 0);
         let (r, a) = (self.wino.r, self.wino.a());
         let n = (rows + last) * self.tw;
         // Slot 0's base is 0, not mul(0, size), in IR dumps.
         let vbase = lin(vec![(slot.clone(), a * a * self.vk())]);
         let mbase = lin(vec![(slot.clone(), a * a * self.mk())]);
         let nbase = lin(vec![(slot, self.narrow.map_or(0, |n| n.slot))]);
-        let mut st = vec![self.input_transform(k, th0.clone(), rows + last, vbase.clone())];
+        let mut st = vec![self.input_transform(k, row0.clone(), rows + last, vbase.clone())];
         for (kk, &u) in self.us.iter().enumerate() {
             // The bias enters through matrix (1, 1): row and column 1 of A^T are all
             // ones, so each output of a tile receives it exactly once; the output
@@ -533,22 +636,22 @@ impl Geo<'_> {
                 act: GemmAct::None,
             })));
         }
-        for (r0, nr, out_rows) in [(0, rows, r), (rows, last, self.oh % r)] {
+        for (r0, nr, out_rows) in [(0, rows, r), (rows, last, short)] {
             if nr == 0 {
                 continue;
             }
-            let th = add(th0.clone(), int(r0));
-            st.extend(self.output_transform(k, th, r0, nr, out_rows, &mbase, &nbase));
+            let row = add(row0.clone(), int(r0 * r));
+            st.extend(self.output_transform(k, row, r0, nr, out_rows, &mbase, &nbase));
         }
         st
     }
 
     /// `V_k[ci, rv tw + q] = (B^T d B)_k` (matrix `k` of the slot at `vbase`,
-    /// `[a^2][c][ld]`) for tile rows `th0 + rv`, `rv < rows`, `d` the `a x a` patch of
-    /// padded plane `ci` at row `r (th0 + rv)`, column `r q`.
+    /// `[a^2][c][ld]`) for the tile rows from output row `row0`, `rv < rows`, `d` the
+    /// `a x a` patch of padded plane `ci` at row `row0 + r rv`, column `r q`.
     // The transforms index their arrays as the formulas do.
     #[allow(clippy::needless_range_loop)]
-    fn input_transform(&self, k: &mut Kernel, th0: Expr, rows: usize, vbase: Expr) -> Stmt {
+    fn input_transform(&self, k: &mut Kernel, row0: Expr, rows: usize, vbase: Expr) -> Stmt {
         let (rv, ci, q) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
         let (c, ld, tw) = (self.c, self.ld, self.tw);
         let (r, a) = (self.wino.r, self.wino.a());
@@ -564,7 +667,7 @@ impl Geo<'_> {
             Expr::load(
                 self.xp,
                 lin(vec![
-                    (th0.clone(), r * self.wp),
+                    (row0.clone(), self.wp),
                     (Expr::Var(rv), r * self.wp),
                     (Expr::Var(ci), self.pl),
                     (Expr::Var(q), qs),
@@ -604,8 +707,8 @@ impl Geo<'_> {
             .expect("one nest")
     }
 
-    /// `out[img, co, r th + y, r tw + x] = epilogue((A^T M A)[y][x])` (the bias is in
-    /// `M`) for tile rows `th = th0 + rr` (`rr < nr`, block row `r0 + rr`), every tile
+    /// `out[img, co, row0 + r rr + y, r tw + x] = epilogue((A^T M A)[y][x])` (the bias is
+    /// in `M`) for the tile rows from output row `row0` (`rr < nr`, block row `r0 + rr`), every tile
     /// column and output rows `y < out_rows`; `M` the slot at `mbase`. One loop over a
     /// row's tiles (the AVX-512 lanes), inside rows of channels (one call per tile row).
     ///
@@ -619,7 +722,7 @@ impl Geo<'_> {
     fn output_transform(
         &self,
         k: &mut Kernel,
-        th0: Expr,
+        row0: Expr,
         r0: usize,
         nr: usize,
         out_rows: usize,
@@ -654,7 +757,7 @@ impl Geo<'_> {
         };
         let ol = self.oh * self.ow;
         let store_out = |y: usize, x: usize, v: Expr| {
-            let oy = lin(vec![(th0.clone(), r), (Expr::Var(rr), r), (int(1), y)]);
+            let oy = lin(vec![(row0.clone(), 1), (Expr::Var(rr), r), (int(1), y)]);
             let ox = lin(vec![(Expr::Var(q), r), (int(1), x)]);
             let v = match self.ep {
                 Some(ep) => ep.apply_at(
@@ -715,16 +818,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn block_rows_fill_panels_within_budget() {
-        // ResNet's 64-channel 56x56 layer: 28 tiles a row, 8 KiB a tile.
-        let rb = block_rows(28, 28, 28, (64, 64), 16);
-        assert!(rb * 28 * 16 * 128 * 4 <= BLOCK_BYTES);
-        assert_eq!(rb, 4);
-        // Rows too wide for the budget still make blocks of one row.
-        assert_eq!(block_rows(10, 10, 500, (256, 256), 16), 1);
-        // A small image in two blocks, one a thread.
-        assert_eq!(block_rows(4, 4, 4, (8, 8), 16), 2);
-        // SqueezeNet's 13x13 (7 tile rows, the last with one output row): 4 and 3.
-        assert_eq!(block_rows(7, 6, 7, (64, 256), 16), 4);
+    fn split_halves_the_tile_rows_in_blocks_within_budget() {
+        let f2 = Wino { r: 2 };
+        let f4 = Wino { r: 4 };
+        let per_tile = |w: Wino, (c, m): (usize, usize)| w.a() * w.a() * (c + m) * 4;
+        // SqueezeNet's 16 -> 64 on 55x55 in F(4x4): 14 tile rows of 14, the last of 3
+        // output rows: 7 and 7, each in blocks of 4 and 3 (most 6 in the budget).
+        let s = Split::new(f4, (55, 14), (16, 64));
+        assert_eq!(
+            (s.s, s.parts.clone(), s.short),
+            (7, vec![(7, 2), (7, 2)], 3)
+        );
+        assert_eq!(s.most_rows(), 4);
+        // ResNet's 64-channel 56x56: 7 and 7 tile rows, blocks of at most 4 tile rows.
+        let s = Split::new(f4, (56, 14), (64, 64));
+        assert_eq!(
+            (s.s, s.parts.clone(), s.short),
+            (7, vec![(7, 2), (7, 2)], 0)
+        );
+        assert!(s.most_rows() * 14 * per_tile(f4, (64, 64)) <= BLOCK_BYTES);
+        // SqueezeNet's 13x13 in F(2x2): 4 tile rows and 3, the last of one output row.
+        let s = Split::new(f2, (13, 7), (64, 256));
+        assert_eq!(
+            (s.s, s.parts.clone(), s.short),
+            (4, vec![(4, 1), (3, 1)], 1)
+        );
+        // Rows too wide for the budget make blocks of one tile row.
+        let s = Split::new(f2, (20, 500), (256, 256));
+        assert_eq!((s.parts.clone(), s.most_rows()), (vec![(5, 5), (5, 5)], 1));
+        // One tile row: one part.
+        let s = Split::new(f4, (3, 40), (8, 8));
+        assert_eq!((s.s, s.parts.clone(), s.short), (1, vec![(1, 1)], 3));
     }
 }
