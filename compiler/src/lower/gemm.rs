@@ -451,18 +451,24 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
         body.extend(plan.emit(&mut k, rb, |k, oh0, is_tail, slot| {
             let rows = if is_tail { tail } else { rb };
             let base = lin(vec![(slot, blk)]);
-            let mut st = p2.im2col(
-                k,
-                x.buf,
-                cb,
-                nv,
-                c,
-                kd,
-                oh0.clone(),
-                rows,
-                PANEL,
-                base.clone(),
-            );
+            // A 1x1 conv's block is a run of whole pixels: panels of flat pixels.
+            let mut st = if direct {
+                let px = (lin(vec![(oh0.clone(), p2.ow)]), rows * p2.ow);
+                panels_of_pixels(k, x.buf, cb, nv, (c, il), px, base.clone(), PANEL)
+            } else {
+                p2.im2col(
+                    k,
+                    x.buf,
+                    cb,
+                    nv,
+                    c,
+                    kd,
+                    oh0.clone(),
+                    rows,
+                    PANEL,
+                    base.clone(),
+                )
+            };
             let col0 = Expr::mul(oh0, Expr::Int(p2.ow as i64));
             let b = MatView {
                 offset: base,
@@ -646,6 +652,7 @@ fn conv_transposed(
                 (c, ol),
                 (pix0.clone(), npix),
                 base.clone(),
+                A_PANEL,
             )
         } else {
             p2.im2col(k, x.buf, cb, nv, c, kd, row0, rows, A_PANEL, base.clone())
@@ -709,12 +716,14 @@ fn ct_block_pixels(ol: usize, want: usize) -> usize {
 }
 
 /// The pixels `pix0..pix0 + n` of the `ol`-pixel planes of image `nv` (`c` channels of
-/// `x`, a 1x1 stride-1 conv's X) transposed into `cb` from `base` as the A operand's row
-/// panels of [`A_PANEL`] pixels (`cb[base + p * c * A_PANEL + ci * A_PANEL + r] =
-/// x[ci][pix0 + p * A_PANEL + r]`, pixels past `n` zero): per panel one nest over the
-/// channels and a row of the panel, which the AVX-512 back end runs as one call walking
-/// the channels. (Plane::im2col split each channel's pixels at every image row and panel
-/// edge: a 7x7 plane was 15 loops of 1-7 elements per channel.)
+/// `x`, a 1x1 stride-1 conv's X) copied into `cb` from `base` in panels of `w` pixels
+/// (`cb[base + p * c * w + ci * w + r] = x[ci][pix0 + p * w + r]`, pixels past `n`
+/// zero): with `w` = [`A_PANEL`] the A operand's row panels (X transposed), with `w` =
+/// [`PANEL`] the B operand's column panels. Per panel one nest over the channels and a
+/// row of the panel, which the AVX-512 back end runs as one call walking the channels.
+/// (Plane::im2col split each channel's pixels at every image row and panel edge: a 7x7
+/// plane was 15 loops of 1-7 elements per channel, a 14x14 plane's B panels 20.)
+#[allow(clippy::too_many_arguments)]
 fn panels_of_pixels(
     k: &mut Kernel,
     x: crate::kir::BufId,
@@ -723,25 +732,20 @@ fn panels_of_pixels(
     (c, ol): (usize, usize),
     (pix0, n): (Expr, usize),
     base: Expr,
+    w: usize,
 ) -> Vec<Stmt> {
-    let (full, rem) = (n / A_PANEL, n % A_PANEL);
+    let (full, rem) = (n / w, n % w);
     let (pv, cv, rv) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
     let v = |x: VarId| Expr::Var(x);
-    let panel = c * A_PANEL;
-    let dst = |p: Expr, r: Expr, cv: VarId| {
-        lin(vec![
-            (base.clone(), 1),
-            (p, panel),
-            (v(cv), A_PANEL),
-            (r, 1),
-        ])
-    };
+    let panel = c * w;
+    let dst =
+        |p: Expr, r: Expr, cv: VarId| lin(vec![(base.clone(), 1), (p, panel), (v(cv), w), (r, 1)]);
     let src = |p: Expr, r: Expr, cv: VarId| {
         lin(vec![
             (v(nv), c * ol),
             (v(cv), ol),
             (pix0.clone(), 1),
-            (p, A_PANEL),
+            (p, w),
             (r, 1),
         ])
     };
@@ -786,7 +790,7 @@ fn panels_of_pixels(
         body.push(Stmt::For {
             var: pv,
             extent: full as u64,
-            body: vec![copy(v(pv), A_PANEL, (cv, rv))],
+            body: vec![copy(v(pv), w, (cv, rv))],
         });
     }
     if rem > 0 {
