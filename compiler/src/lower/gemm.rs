@@ -1577,7 +1577,8 @@ mod tests {
             let p = Parts::new(full, tail, most);
             (p.parts, p.per)
         };
-        // SqueezeNet's 55x55 Winograd: three whole blocks and a tail, two a part.
+        // Three whole blocks and a tail (SqueezeNet's 55x55 Winograd convs until the
+        // sixteenth session): two a part.
         assert_eq!(p(3, true, 2), (2, 2));
         // Five whole blocks: three and two.
         assert_eq!(p(5, false, 2), (2, 3));

@@ -433,7 +433,7 @@ pub(super) fn conv(
     let pl = hp * wp;
     let rb = split.most_rows();
     let ld = (rb * tw_n).div_ceil(16) * 16;
-    let plan_parts = split.parts.len();
+    let slots = split.parts.len();
     let f32_buf = |lw: &mut LowerCtx, name: String, elems: usize| {
         lw.program
             .add_buffer(name, BufKind::Arena { offset: 0 }, Ty::F32, elems as u64)
@@ -445,24 +445,24 @@ pub(super) fn conv(
     let vb = f32_buf(
         lw,
         format!("{}/wino_v", lw.name),
-        plan_parts * mats * (c * ld + SKEW),
+        slots * mats * (c * ld + SKEW),
     );
     let mb = f32_buf(
         lw,
         format!("{}/wino_m", lw.name),
-        plan_parts * mats * (m * ld + SKEW),
+        slots * mats * (m * ld + SKEW),
     );
     let narrow = (ow % r != 0).then(|| {
         let cols = ow % r;
         let slot = rb * m * r * (r - cols) * tw_n;
         let name = format!("{}/wino_narrow", lw.name);
-        let buf = f32_buf(lw, name, plan_parts * slot);
+        let buf = f32_buf(lw, name, slots * slot);
         Narrow { cols, buf, slot }
     });
     let mut k = lw.kernel("");
     let nv = k.var(Ty::I64);
     let mut body = if seg > 0 {
-        pad_phases(&mut k, (x.buf, nv, c), p2, (xp, c * pl), (pl, wp, seg))
+        pad_phases(&mut k, (x.buf, nv, c), p2, xp, (pl, wp, seg))
     } else {
         super::pad_planes(&mut k, (x.buf, nv, c), p2, (xp, c * pl), (pl, wp))
     };
@@ -526,15 +526,16 @@ fn columns(
 }
 
 /// [`super::pad_planes`] for F(4x4): image `img` of `x` (`c` planes) copied into
-/// zero-padded planes (`len` elements from `xp`, `pl` apart) whose rows of `wp` elements
-/// are four column phases of `seg` each: padded column `4 u + p` at `p seg + u`. The
-/// input transform's loads are then unit-stride (tile `q` reads `q`, `q + 1` of a
-/// phase) instead of every fourth element; this copy reads every fourth element once.
+/// zero-padded planes (`c` of them from `xp`, `pl` elements apart, each zeroed and then
+/// copied into, one loop over the planes) whose rows of `wp` elements are four column
+/// phases of `seg` each: padded column `4 u + p` at `p seg + u`. The input transform's
+/// loads are then unit-stride (tile `q` reads `q`, `q + 1` of a phase) instead of every
+/// fourth element; this copy reads every fourth element once.
 fn pad_phases(
     k: &mut Kernel,
     (x, img, c): (usize, VarId, usize),
     p2: &Plane,
-    (xp, len): (usize, usize),
+    xp: usize,
     (pl, wp, seg): (usize, usize, usize),
 ) -> Vec<Stmt> {
     let il = p2.h * p2.w;
@@ -571,7 +572,6 @@ fn pad_phases(
             }],
         ));
     }
-    debug_assert_eq!(len, c * pl);
     loops(&[(cv, c)], plane)
 }
 
@@ -708,9 +708,10 @@ impl Geo<'_> {
     }
 
     /// `out[img, co, row0 + r rr + y, r tw + x] = epilogue((A^T M A)[y][x])` (the bias is
-    /// in `M`) for the tile rows from output row `row0` (`rr < nr`, block row `r0 + rr`), every tile
-    /// column and output rows `y < out_rows`; `M` the slot at `mbase`. One loop over a
-    /// row's tiles (the AVX-512 lanes), inside rows of channels (one call per tile row).
+    /// in `M`) for the tile rows from output row `row0` (`rr < nr`, block row `r0 + rr`),
+    /// every tile column and output rows `y < out_rows`; `M` the slot at `mbase`. One loop
+    /// over a row's tiles (the AVX-512 lanes), inside rows of channels (one call per tile
+    /// row).
     ///
     /// Where the last tile of a row is narrower (`ow % r` columns), columns `x >= ow %
     /// r` of every tile go to the slot of the narrow columns' buffer at `nbase` instead
