@@ -1195,18 +1195,13 @@ impl Parts {
     }
 }
 
-/// The cost of `n` rows in blocks of `rb` (whole blocks among the first `whole` rows, the
-/// rest one tail block, as [`Parts`] takes them), `block(rows)` one block's: the sum over
-/// the blocks (the time on one thread) and the larger of two parts' sums (on two). The
-/// block heights minimise their total: summing the blocks alone, SqueezeNet's 13-row 3x3
-/// convs came out as 11 rows and 2, two parts 11 : 2, when 7 and 6 cost the same panels.
-fn blocks_cost(
-    n: usize,
-    whole: usize,
-    rb: usize,
-    block: impl Fn(usize) -> usize,
-) -> (usize, usize) {
-    let full = whole / rb;
+/// The cost of `n` rows in blocks of `rb` (whole blocks, the rest one tail block, as
+/// [`Parts`] takes them), `block(rows)` one block's: the sum over the blocks (the time on
+/// one thread) and the larger of two parts' sums (on two). The block heights minimise
+/// their total: summing the blocks alone, SqueezeNet's 13-row 3x3 convs came out as 11
+/// rows and 2, two parts 11 : 2, when 7 and 6 cost the same panels.
+fn blocks_cost(n: usize, rb: usize, block: impl Fn(usize) -> usize) -> (usize, usize) {
+    let full = n / rb;
     let rest = n - full * rb;
     let tail = if rest > 0 { block(rest) } else { 0 };
     let p = Parts::new(full, rest > 0, 2);
@@ -1283,7 +1278,7 @@ impl Plane {
         let pad = |x: usize| x.div_ceil(w) * w;
         let block = |rows: usize| pad(rows * self.ow) + w / 2;
         let cost = |rb: usize| {
-            let (one, two) = blocks_cost(self.oh, self.oh, rb, block);
+            let (one, two) = blocks_cost(self.oh, rb, block);
             if m * self.oh * self.ow * kd < PADDED_SPLIT_MACS {
                 // Too little work to share: the time on one thread.
                 one
