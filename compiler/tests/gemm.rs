@@ -758,6 +758,38 @@ fn split_cases() -> Vec<Case> {
         vec![ints_attr("pads", &[1, 1, 1, 1]), int_attr("group", 9)],
         &["Relu"],
     ));
+    // Depthwise convs in bands of output rows, every channel in each (`Bands`: four
+    // bands, each reading at least 1568 pixels of a plane): stride 1 (the first band's
+    // top padding row and the last's bottom one zeroed per channel), and stride 2 5x5
+    // with uneven pads (phases whose bands start at different rows).
+    v.push(one_node(
+        "split_dw_bands",
+        "Conv",
+        &[
+            ("x", &[1, 3, 56, 128], false),
+            ("w", &[3, 1, 3, 3], true),
+            ("bias", &[3], true),
+        ],
+        &[1, 3, 56, 128],
+        vec![ints_attr("pads", &[1, 1, 1, 1]), int_attr("group", 3)],
+        &["Relu"],
+    ));
+    v.push(one_node(
+        "split_dw_bands_s2",
+        "Conv",
+        &[
+            ("x", &[1, 5, 64, 120], false),
+            ("w", &[5, 1, 5, 5], true),
+            ("bias", &[5], true),
+        ],
+        &[1, 5, 32, 60],
+        vec![
+            ints_attr("pads", &[2, 1, 1, 2]),
+            ints_attr("strides", &[2, 2]),
+            int_attr("group", 5),
+        ],
+        &["Silu"],
+    ));
     // A global average pool, each plane's partial sums in their own scratch row (the
     // planes a parallel loop; 97 chunks after the first: 24 groups and one more).
     v.push(one_node(

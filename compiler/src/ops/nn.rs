@@ -1685,10 +1685,17 @@ mod lower {
         let phases = sh * sw;
         let gplane = phases * plane;
         // Groups in parts of consecutive groups, one slot each, up to the slot count
-        // (more for small planes, within DW_FLAT_SLOT_BYTES).
-        let most = DW_FLAT_SLOTS.max(DW_FLAT_SLOT_BYTES / (4 * gplane.max(1) as usize));
-        let per = crate::kir::build::per_part(group, most);
-        let slots = group.div_ceil(per);
+        // (more for small planes, within DW_FLAT_SLOT_BYTES); or bands of output rows,
+        // every group in each (see `Bands`).
+        let bands = Bands::of(win);
+        let (per, slots) = match &bands {
+            Some(b) => (group, b.parts),
+            None => {
+                let most = DW_FLAT_SLOTS.max(DW_FLAT_SLOT_BYTES / (4 * gplane.max(1) as usize));
+                let per = crate::kir::build::per_part(group, most);
+                (per, group.div_ceil(per))
+            }
+        };
         let scratch = lw.program.add_buffer(
             format!("{}/planes", lw.name),
             crate::kir::BufKind::Arena { offset: 0 },
@@ -1706,8 +1713,11 @@ mod lower {
         let (xb, sb, ob) = (kr.var(Ty::I64), kr.var(Ty::I64), kr.var(Ty::I64));
         let bv = kr.var(Ty::F32);
         let wv: Vec<VarId> = (0..kh_n * kw_n).map(|_| kr.var(Ty::F32)).collect();
-        // The group: slot * per + gi.
-        let gv = add(mul(v(slot), int(per as i64)), v(gi));
+        // The group: slot * per + gi (with bands, gi).
+        let gv = match bands {
+            Some(_) => v(gi),
+            None => add(mul(v(slot), int(per as i64)), v(gi)),
+        };
         let ng = add(mul(v(nv), int(group as i64)), gv.clone());
         // Per group: place the input plane in its slot's phase planes (their borders are
         // zeroed once per slot: the copies write only the same interior positions).
@@ -1725,26 +1735,71 @@ mod lower {
             if pc.nr <= 0 || pc.nq <= 0 {
                 continue;
             }
+            // Phase row `i` of the copy's rows goes to padded row `a + i`; with bands,
+            // the band's rows `d + rv` (i = slot * rows + d + rv) to padded row
+            // `a + d + rv`.
+            let (row0, prow) = match &bands {
+                None => (pc.a, v(rv)),
+                Some(b) => {
+                    let (d, _) = b.rows_of(&pc);
+                    (pc.a + d, add(mul(v(slot), int(b.rows)), add(v(rv), int(d))))
+                }
+            };
             let dst = add(
-                add(v(sb), int(phs.at(pc.phase, pc.a, pc.b))),
+                add(v(sb), int(phs.at(pc.phase, row0, pc.b))),
                 add(mul(v(rv), int(wp)), v(qv)),
             );
             let src = add(
                 add(v(xb), int(pc.r0 * iw + pc.c0)),
-                add(mul(v(rv), int(sh * iw)), mul(v(qv), int(sw))),
+                add(mul(prow, int(sh * iw)), mul(v(qv), int(sw))),
             );
             let st = store(scratch, dst, Expr::load(x.buf, src));
+            let rows = |pc: &PhaseCopy| bands.as_ref().map(|b| b.rows_of(pc));
             match runs.last_mut() {
-                Some((first, body)) if (first.nr, first.nq) == (pc.nr, pc.nq) => body.push(st),
+                Some((first, body))
+                    if (first.nr, first.nq, rows(first)) == (pc.nr, pc.nq, rows(&pc)) =>
+                {
+                    body.push(st)
+                }
                 _ => runs.push((pc, vec![st])),
             }
         }
         for (pc, body) in runs {
-            gbody.push(for_(
-                rv,
-                pc.nr as usize,
-                vec![for_(qv, pc.nq as usize, body)],
-            ));
+            match &bands {
+                None => gbody.push(for_(
+                    rv,
+                    pc.nr as usize,
+                    vec![for_(qv, pc.nq as usize, body)],
+                )),
+                Some(b) => {
+                    // Rows outside the input (the padding of the first and last bands)
+                    // are zeroed instead.
+                    let (d, n) = b.rows_of(&pc);
+                    let i = add(mul(v(slot), int(b.rows)), add(v(rv), int(d)));
+                    let inside = and(
+                        cmp(CmpOp::Ge, i.clone(), int(0)),
+                        cmp(CmpOp::Lt, i, int(pc.nr)),
+                    );
+                    let zeros: Vec<Stmt> = body
+                        .iter()
+                        .map(|st| match st {
+                            Stmt::Store { buf, index, .. } => {
+                                store(*buf, index.clone(), lit(0.0, Ty::F32))
+                            }
+                            st => st.clone(),
+                        })
+                        .collect();
+                    gbody.push(for_(
+                        rv,
+                        n as usize,
+                        vec![Stmt::If {
+                            cond: inside,
+                            then: vec![for_(qv, pc.nq as usize, body)],
+                            els: vec![for_(qv, pc.nq as usize, zeros)],
+                        }],
+                    ));
+                }
+            }
         }
         // Per output channel: weights and bias in variables, then the output rows.
         let oc = add(mul(gv.clone(), int(mg as i64)), v(mv));
@@ -1779,10 +1834,16 @@ mod lower {
         // DW_FLAT_ROWS output rows per iteration, every sum into a local before any
         // store: the rows share input rows, which the back end then loads once (a 3x3
         // window 6 loads per output vector instead of 9). The rows left over alone.
+        // With bands, row r of the band is output row `slot * rows + r` and reads the
+        // padded rows from r (the band's rows sit `slot * rows` higher in the planes).
+        let (nrows, band0) = match &bands {
+            Some(b) => (b.rows, mul(v(slot), int(b.rows))),
+            None => (oh_n, int(0)),
+        };
         let at_row = |r: Expr| sum.subst(rv, &r);
-        let oidx = |r: Expr| add(add(v(ob), mul(r, int(ow_n))), v(qv));
+        let oidx = |r: Expr| add(add(v(ob), mul(add(band0.clone(), r), int(ow_n))), v(qv));
         let rr = DW_FLAT_ROWS;
-        let groups = oh_n / rr;
+        let groups = nrows / rr;
         if groups > 0 {
             let rows_g: Vec<Expr> = (0..rr).map(|i| add(mul(v(rv), int(rr)), int(i))).collect();
             let sums: Vec<VarId> = (0..rr).map(|_| k_.var(Ty::F32)).collect();
@@ -1794,7 +1855,7 @@ mod lower {
             }
             cbody.push(for_(rv, groups as usize, vec![for_(qv, ow_n as usize, st)]));
         }
-        for r in groups * rr..oh_n {
+        for r in groups * rr..nrows {
             let last = int(r);
             let st = epilogue.store(&mut k_, at_row(last.clone()), &out, oidx(last));
             cbody.push(for_(qv, ow_n as usize, st));
@@ -1813,6 +1874,65 @@ mod lower {
         lw.push(k_);
         Ok(true)
     }
+
+    /// [`dw_flat`]'s parts as bands of output rows, every group in each, instead of
+    /// parts of groups: a depthwise layer split by channels left each core half of the
+    /// channels of every pixel, and the 1x1 conv after it, split by pixels, read half of
+    /// its input from the other core's cache. By bands, a core writes all channels of
+    /// the pixels the next layer's task on that core reads (the pool gives each thread
+    /// the same run of tasks in every job). Each band copies its input rows (and the
+    /// rows around them its windows reach) into its slot's phase planes, shifted so that
+    /// band row r reads padded rows from r.
+    struct Bands {
+        parts: usize,
+        /// Output rows per band.
+        rows: i64,
+        sh: i64,
+        ph: i64,
+        kh: i64,
+    }
+
+    impl Bands {
+        /// [`DW_BANDS`] bands when they divide the output rows and each band reads at
+        /// least [`DW_BAND_MIN_PIXELS`] of each input plane (`ONNXC_NO_DW_BANDS=1`:
+        /// never).
+        fn of(win: &super::Window) -> Option<Bands> {
+            let oh = win.out[0] as i64;
+            let rows = oh / DW_BANDS as i64;
+            (oh % DW_BANDS as i64 == 0
+                && rows * win.s[0] as i64 * win.in_sp[1] as i64 >= DW_BAND_MIN_PIXELS
+                && std::env::var_os("ONNXC_NO_DW_BANDS").is_none())
+            .then(|| Bands {
+                parts: DW_BANDS,
+                rows,
+                sh: win.s[0] as i64,
+                ph: win.pb[0],
+                kh: (win.k[0] as i64 - 1) * win.d[0] as i64 + 1,
+            })
+        }
+
+        /// The phase rows of copy `pc` band `p` reads: `p * rows + d ..` for `n` rows
+        /// (the same `d` and `n` for every band; rows outside `0..pc.nr` are padding).
+        fn rows_of(&self, pc: &PhaseCopy) -> (i64, i64) {
+            // Input rows of the band's windows: from (p rows) sh - ph to
+            // ((p + 1) rows - 1) sh - ph + kh - 1; phase rows i have input row r0 + i sh.
+            let lo = -self.ph - pc.r0;
+            let hi = (self.rows - 1) * self.sh - self.ph + self.kh - 1 - pc.r0;
+            let d = lo.div_euclid(self.sh) + i64::from(lo.rem_euclid(self.sh) != 0);
+            (d, hi.div_euclid(self.sh) + 1 - d)
+        }
+    }
+
+    /// Bands of [`Bands`] (with two threads, each takes two: one when a core is slow).
+    const DW_BANDS: usize = 4;
+    /// Fewest input pixels a band of one plane reads (rows times stride times width,
+    /// halo rows not counted) for [`Bands`]: the layers on 112x112 planes (3136). Each
+    /// (group, band) pays for its weights, its copies' row loops, the halo rows and
+    /// shorter row loops: on two threads MobileNetV2's 28x28 layers (bands of 7 rows)
+    /// went 40-49 -> 70-87 us, its and EfficientNet-B0's stride-1 56x56 ones (784)
+    /// 208 -> 236 and 332 -> 372 us summed over tasks, the 112x112 ones 232 -> 168
+    /// (stride 1), 400 -> 352 (stride 2) and 312 -> 264 (with SiLU).
+    const DW_BAND_MIN_PIXELS: i64 = 1568;
 
     /// Output rows per iteration of `dw_flat`'s row loop. Loads were its limit (nine per
     /// output vector for a 3x3 window, six of them across a cache line), not the
