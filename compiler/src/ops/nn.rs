@@ -1656,8 +1656,9 @@ mod lower {
     /// MobileNetV2 5% slower). The groups share out into parts of consecutive groups
     /// (`kir::build::per_part`, at most [`DW_FLAT_SLOTS`] or what fits
     /// [`DW_FLAT_SLOT_BYTES`]), each part in its own scratch slot: the scratch stays in
-    /// cache from one group to the next, and the parts may run in parallel. Returns
-    /// false (nothing lowered) when it does not fit.
+    /// cache from one group to the next, and the parts may run in parallel. On large
+    /// planes the parts are bands of output rows instead, every group in each
+    /// ([`Bands`]). Returns false (nothing lowered) when it does not fit.
     fn dw_flat(
         lw: &mut LowerCtx,
         x: &TensorRef,
@@ -1923,7 +1924,8 @@ mod lower {
         }
     }
 
-    /// Bands of [`Bands`] (with two threads, each takes two: one when a core is slow).
+    /// Bands of [`Bands`]: two per thread on two threads, so that a core that finishes
+    /// first can take one of the other's when that core is slow.
     const DW_BANDS: usize = 4;
     /// Fewest input pixels a band of one plane reads (rows times stride times width,
     /// halo rows not counted) for [`Bands`]: the layers on 112x112 planes (3136). Each
