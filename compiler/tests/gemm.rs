@@ -1065,16 +1065,21 @@ fn pointwise_lanes_panels_threads_x86_64_avx512() {
 
 /// A convolution whose blocks of output rows run in slots, one parallel task each, with
 /// a GEMM inside every task (Cranelift's f32x4 tiles on aarch64), one through padded
-/// planes in runs of panels, on 1-3 threads under qemu, and Winograd F(2x2) and F(4x4)
-/// convs (strided stores, GEMMs and transforms in tasks): every run
-/// against the reference, threaded runs bit for bit against the serial.
+/// planes in runs of panels, on 1-3 threads under qemu, Winograd F(2x2) and F(4x4)
+/// convs (strided stores, GEMMs and transforms in tasks), and depthwise convs in bands
+/// of output rows (f32x4 loops): every run against the reference, threaded runs bit for
+/// bit against the serial.
 #[test]
 fn gemm_conv_blocks_threads_aarch64_neon_qemu() {
     let conv: Vec<Case> = split_cases()
         .into_iter()
-        .filter(|c| c.name.starts_with("split_conv3x") || c.name.starts_with("split_wino"))
+        .filter(|c| {
+            c.name.starts_with("split_conv3x")
+                || c.name.starts_with("split_wino")
+                || c.name.starts_with("split_dw_bands")
+        })
         .collect();
-    assert_eq!(conv.len(), 7);
+    assert_eq!(conv.len(), 9);
     check_tasks("aarch64-neon", conv, &[1, 2, 3], b"_task0");
 }
 
