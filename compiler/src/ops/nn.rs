@@ -1690,7 +1690,7 @@ mod lower {
         // every group in each (see `Bands`).
         let bands = Bands::of(win);
         let (per, slots) = match &bands {
-            Some(b) => (group, b.parts),
+            Some(_) => (group, DW_BANDS),
             None => {
                 let most = DW_FLAT_SLOTS.max(DW_FLAT_SLOT_BYTES / (4 * gplane.max(1) as usize));
                 let per = crate::kir::build::per_part(group, most);
@@ -1732,6 +1732,7 @@ mod lower {
         // row first waited on memory (a 96-channel stride-2 layer alone 0.250 -> 0.202
         // ms).
         let mut runs: Vec<(PhaseCopy, Vec<Stmt>)> = Vec::new();
+        let rows = |pc: &PhaseCopy| bands.as_ref().map(|b| b.rows_of(pc));
         for pc in phs.copies(win) {
             if pc.nr <= 0 || pc.nq <= 0 {
                 continue;
@@ -1755,7 +1756,6 @@ mod lower {
                 add(mul(prow, int(sh * iw)), mul(v(qv), int(sw))),
             );
             let st = store(scratch, dst, Expr::load(x.buf, src));
-            let rows = |pc: &PhaseCopy| bands.as_ref().map(|b| b.rows_of(pc));
             match runs.last_mut() {
                 Some((first, body))
                     if (first.nr, first.nq, rows(first)) == (pc.nr, pc.nq, rows(&pc)) =>
@@ -1885,8 +1885,7 @@ mod lower {
     /// rows around them its windows reach) into its slot's phase planes, shifted so that
     /// band row r reads padded rows from r.
     struct Bands {
-        parts: usize,
-        /// Output rows per band.
+        /// Output rows per band ([`DW_BANDS`] bands).
         rows: i64,
         sh: i64,
         ph: i64,
@@ -1904,7 +1903,6 @@ mod lower {
                 && rows * win.s[0] as i64 * win.in_sp[1] as i64 >= DW_BAND_MIN_PIXELS
                 && std::env::var_os("ONNXC_NO_DW_BANDS").is_none())
             .then(|| Bands {
-                parts: DW_BANDS,
                 rows,
                 sh: win.s[0] as i64,
                 ph: win.pb[0],
