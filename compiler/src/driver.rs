@@ -31,6 +31,11 @@ pub struct Options {
     /// Export `PREFIX_kernels` (each kernel's function and name, in run order) for
     /// `onnxc bench --profile`. Off by default.
     pub kernel_table: bool,
+    /// Programs doing fewer element operations per run than this run every loop on the
+    /// calling thread, threads or not (only GEMMs on prepacked weights still split):
+    /// default [`crate::kir::parallel::MIN_PROGRAM_WORK`]. 0 hands out every loop that
+    /// qualifies, however small the model (the tests of parallel code use it).
+    pub min_program_work: u64,
 }
 
 impl Default for Options {
@@ -43,6 +48,7 @@ impl Default for Options {
             opt_level: 2,
             exact_math: false,
             kernel_table: false,
+            min_program_work: crate::kir::parallel::MIN_PROGRAM_WORK,
         }
     }
 }
@@ -124,6 +130,7 @@ pub fn compile_graph(mut g: Graph, prefix: &str, opts: &Options) -> Result<Compi
         &crate::emit::CodeOptions {
             exact_math: opts.exact_math,
             kernel_table: opts.kernel_table,
+            min_program_work: opts.min_program_work,
         },
     )?;
     artifacts.report["opt_level"] = opts.opt_level.into();

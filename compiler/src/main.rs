@@ -599,6 +599,7 @@ fn compile(args: CompileArgs) -> Result<()> {
         opt_level: args.opt_level,
         exact_math: args.exact_math,
         kernel_table: false,
+        min_program_work: onnxc::kir::parallel::MIN_PROGRAM_WORK,
     };
     if args.emit == Emit::Onnx {
         let mut m = onnx::load(&model)?;

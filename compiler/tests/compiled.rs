@@ -322,9 +322,11 @@ fn fixtures_compiled(target: &str) {
                 )
             })
             .collect();
+        // Every loop that qualifies goes to the threads, small as these models are.
         let opts = Options {
             target: target.into(),
             shapes,
+            min_program_work: 0,
             ..Options::default()
         };
         let c = onnxc::driver::compile_graph(model.graph, "model", &opts)

@@ -927,8 +927,10 @@ fn check_tasks(target: &str, cases: Vec<Case>, threads: &[usize], task: &[u8]) {
             inputs.iter().cloned().map(Value::Tensor).collect(),
         )
         .unwrap();
+        // Small as these cases are, their loops go to the threads.
         let mut opts = onnxc::driver::Options {
             target: target.to_string(),
+            min_program_work: 0,
             ..Default::default()
         };
         for (&id, t) in m.graph.inputs.iter().zip(&inputs) {
@@ -1259,6 +1261,7 @@ fn check_calls(target: &str) {
                 features: &t.features,
                 exact_math: false,
                 kernel_table: false,
+                min_program_work: 0,
             })
             .unwrap();
             // The microkernel is taken where the target has one (AVX-512 or AVX2+FMA)

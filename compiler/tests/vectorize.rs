@@ -575,24 +575,13 @@ fn vectorize_aarch64_neon_qemu() {
 /// shared its locals with the others', which left both copies scalar).
 #[test]
 fn parallel_tasks_run_avx512_loops() {
-    // erf(x / s) * x + x: one fused loop whose body sets locals (x is read twice).
-    let case = graph(
-        "erf_rows".into(),
-        &[("x", vec![1, 197, 768])],
-        vec![("s", vec![], Some(vec![std::f32::consts::SQRT_2]))],
-        vec![
-            node("Div", &["x", "s"], &["a"]),
-            node("Erf", &["a"], &["b"]),
-            node("Mul", &["b", "x"], &["c"]),
-            node("Add", &["c", "x"], &["y"]),
-        ],
-        &[1, 197, 768],
-    );
+    let case = erf_rows();
     let dir = tempfile::tempdir().unwrap();
     let path = common::write_model(dir.path(), "erf_rows.onnx", &case.model);
     let m = onnx::load(&path).unwrap();
     let opts = onnxc::driver::Options {
         target: "x86_64-avx512".to_string(),
+        min_program_work: 0,
         ..Default::default()
     };
     let c = onnxc::driver::compile_graph(m.graph, "model", &opts).unwrap();
@@ -611,6 +600,80 @@ fn parallel_tasks_run_avx512_loops() {
     assert!(
         task_wide.len() >= 2,
         "both copies of the task body (even share, last share) should call AVX-512 loops:\n{syms}"
+    );
+}
+
+/// erf(x / s) * x + x on 1x197x768: one fused loop whose body sets locals (x is read
+/// twice), 0.6 M element operations in all.
+fn erf_rows() -> Case {
+    graph(
+        "erf_rows".into(),
+        &[("x", vec![1, 197, 768])],
+        vec![("s", vec![], Some(vec![std::f32::consts::SQRT_2]))],
+        vec![
+            node("Div", &["x", "s"], &["a"]),
+            node("Erf", &["a"], &["b"]),
+            node("Mul", &["b", "x"], &["c"]),
+            node("Add", &["c", "x"], &["y"]),
+        ],
+        &[1, 197, 768],
+    )
+}
+
+/// A program whose whole run is below `kir::parallel::MIN_PROGRAM_WORK` keeps its loops
+/// on the calling thread, threads or not: no loop task function in its object with the
+/// default options, some with `min_program_work: 0`, and both runs on two threads give
+/// the reference's output.
+#[test]
+fn small_programs_keep_loops_on_the_calling_thread() {
+    let case = erf_rows();
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::write_model(dir.path(), "erf_rows.onnx", &case.model);
+    let m = onnx::load(&path).unwrap();
+    let x = Tensor::from_vec(&case.inputs[0], rand(case.inputs[0].iter().product(), 7));
+    let inputs = vec![Value::Tensor(x)];
+    let want = eval::run(&m.graph, inputs.clone()).unwrap();
+    let want = want[0].as_tensor().unwrap().to_f64().unwrap();
+    let mut tasks = Vec::new();
+    for min_program_work in [onnxc::kir::parallel::MIN_PROGRAM_WORK, 0] {
+        let opts = onnxc::driver::Options {
+            target: "host".to_string(),
+            min_program_work,
+            ..Default::default()
+        };
+        let c = onnxc::driver::compile_graph(m.graph.clone(), "model", &opts).unwrap();
+        assert!(
+            onnxc::kir::parallel::program_work(&c.lowered.program)
+                < onnxc::kir::parallel::MIN_PROGRAM_WORK,
+            "erf_rows is no longer a small program"
+        );
+        let run = dir.path().join(format!("w{min_program_work}"));
+        std::fs::create_dir_all(&run).unwrap();
+        let got = onnxc::runner::run_compiled_threads(&c, &inputs, &run, 2).unwrap();
+        let got = got[0].as_tensor().unwrap().to_f64().unwrap();
+        let err = got
+            .iter()
+            .zip(want.iter())
+            .map(|(g, w)| (g - w).abs())
+            .fold(0.0, f64::max)
+            / want.iter().map(|w| w.abs()).fold(0.0, f64::max);
+        assert!(
+            err <= 1e-4,
+            "min_program_work {min_program_work}: relative error {err:.3e}"
+        );
+        // Loop task functions are named `PREFIX__kN_NAME_taskM`.
+        let names = String::from_utf8_lossy(&c.artifacts.object).into_owned();
+        tasks.push(
+            names
+                .split('\0')
+                .filter(|s| s.contains("__k") && s.contains("_task"))
+                .count(),
+        );
+    }
+    assert_eq!(tasks[0], 0, "the small program's loop went to the threads");
+    assert!(
+        tasks[1] > 0,
+        "with min_program_work 0 the loop stayed serial"
     );
 }
 

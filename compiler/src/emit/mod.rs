@@ -69,6 +69,7 @@ pub fn c_ident(s: &str) -> String {
 pub struct CodeOptions {
     pub exact_math: bool,
     pub kernel_table: bool,
+    pub min_program_work: u64,
 }
 
 /// Compiles a lowered program for a target into object bytes, header and report.
@@ -90,6 +91,7 @@ pub fn emit(
         features,
         exact_math: code.exact_math,
         kernel_table: code.kernel_table,
+        min_program_work: code.min_program_work,
     };
     let object =
         compile_object(&spec).map_err(|e| Error::Model(format!("code generation failed: {e}")))?;

@@ -111,7 +111,8 @@ struct Gen<'a, 'b> {
 }
 
 /// Emits kernel `k` into `func` (whose signature is `(inputs, outputs, arena, threads)`);
-/// `bufs` are [`kernel_bufs`] of `k` and `gemms`, every constant among them in `consts`.
+/// `bufs` are [`kernel_bufs`] of `k` and `gemms`, every constant among them in `consts`;
+/// loops doing fewer than `min_work` element operations stay on the calling thread.
 #[allow(clippy::too_many_arguments)]
 pub fn kernel(
     module: &mut ObjectModule,
@@ -125,6 +126,7 @@ pub fn kernel(
     gemms: Vec<super::gemm::Plan>,
     fname: &str,
     wide: &mut WideFuncs,
+    min_work: u64,
 ) -> Result<(), String> {
     if let Err(e) = crate::kir::verify::verify_program(&Program {
         buffers: p.buffers.clone(),
@@ -180,7 +182,7 @@ pub fn kernel(
         libm,
         gemms: gemms.into_iter(),
         threads,
-        par: crate::kir::parallel::parallel_loops(k, p, crate::kir::parallel::MIN_WORK),
+        par: crate::kir::parallel::parallel_loops(k, p, min_work),
         fname: fname.to_string(),
         ntasks: 0,
         wide,

@@ -45,6 +45,8 @@ pub struct ObjectSpec<'a> {
     /// Also export `PREFIX_kernels`, the kernels in order with their names, so that a
     /// profiler can time each (see `driver::Options::kernel_table`).
     pub kernel_table: bool,
+    /// See `driver::Options::min_program_work`.
+    pub min_program_work: u64,
 }
 
 /// Alignment the arena must have (bytes); checked by the entry points.
@@ -137,6 +139,12 @@ pub fn compile_object(spec: &ObjectSpec) -> R<Vec<u8>> {
     let mut gemms = gemm::GemmCtx::new(spec.prefix, spec.triple, spec.features, 48, 1024);
     let mut wide =
         codegen::WideFuncs::new(spec.prefix, spec.triple, spec.features, spec.exact_math);
+    // Loops worth handing out (kir::parallel): none in a program too small to pay for it.
+    let min_work = if crate::kir::parallel::program_work(p) < spec.min_program_work {
+        u64::MAX
+    } else {
+        crate::kir::parallel::MIN_WORK
+    };
     for (ki, k) in p.kernels.iter().enumerate() {
         let (k, calls) = gemms.prepare(&mut module, k, p)?;
         let k = &k;
@@ -165,6 +173,7 @@ pub fn compile_object(spec: &ObjectSpec) -> R<Vec<u8>> {
             calls,
             &fname,
             &mut wide,
+            min_work,
         )?;
         module
             .define_function(fid, &mut ctx)
