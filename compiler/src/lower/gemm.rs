@@ -571,7 +571,7 @@ const CT_PARTS: usize = 4;
 /// A group-1 f32 KxK conv with pixels and channels swapped, per image:
 /// `Ct[p, co] = sum_k X'[k, p] Wt[k, co] + bias[co]` into scratch, with the im2col `X'`
 /// written as the A operand in row panels of [`A_PANEL`] pixels (the microkernel's packed
-/// layout) and `Wt` packed at compile time; pixels are the GEMM's rows, where a partial
+/// layout; a 1x1 conv in one part reads X itself) and `Wt` packed at compile time; pixels are the GEMM's rows, where a partial
 /// register tile wastes no lanes, channels its columns. Then `out[co, p] =
 /// epilogue(Ct[p, co])`.
 ///
@@ -622,6 +622,14 @@ fn conv_transposed(
     let full = nrows / rb;
     let tail = nrows - full * rb;
     let plan = Parts::new(full, tail > 0, want);
+    // A 1x1 conv in one part reads X in place as A (X^T: a pixel's channels `ol` apart,
+    // a tile's 12 pixels side by side): no copy into panels, which took longer than the
+    // GEMM lost to the strided reads (960 -> 320 on 7x7 alone 0.199 -> 0.188 ms on one
+    // thread, 0.138 -> 0.119 on two). In parts (14x14 planes), each core would then
+    // multiply straight from X's rows, half of them in the other core's cache (the
+    // depthwise conv before splits by channels): 576 -> 96 on 14x14 was 0.148 -> 0.128
+    // ms alone on one thread but 125 -> 151 us in MobileNetV2 on two, so parts pack.
+    let in_place = direct && want == 1;
     // One block's panels (the tail's are no more).
     let slot = kd * (rb * rw).div_ceil(A_PANEL) * A_PANEL;
     let ct = lw.program.add_buffer(
@@ -630,12 +638,14 @@ fn conv_transposed(
         Ty::F32,
         (ol * m) as u64,
     );
-    let cb = lw.program.add_buffer(
-        format!("{}/im2col", lw.name),
-        BufKind::Arena { offset: 0 },
-        Ty::F32,
-        (plan.parts * slot) as u64,
-    );
+    let cb = (!in_place).then(|| {
+        lw.program.add_buffer(
+            format!("{}/im2col", lw.name),
+            BufKind::Arena { offset: 0 },
+            Ty::F32,
+            (plan.parts * slot) as u64,
+        )
+    });
     let mut k = lw.kernel("");
     let nv = k.var(Ty::I64);
     let block = |k: &mut Kernel, row0: Expr, is_tail: bool, sl: Expr| {
@@ -643,28 +653,30 @@ fn conv_transposed(
         let npix = rows * rw;
         let base = lin(vec![(sl, slot)]);
         let pix0 = lin(vec![(row0.clone(), rw)]);
-        let mut st = if direct {
-            panels_of_pixels(
-                k,
-                x.buf,
-                cb,
-                nv,
-                (c, ol),
-                (pix0.clone(), npix),
-                base.clone(),
-                A_PANEL,
-            )
-        } else {
-            p2.im2col(k, x.buf, cb, nv, c, kd, row0, rows, A_PANEL, base.clone())
+        let (mut st, a) = match cb {
+            None => {
+                let at = lin(vec![(Expr::Var(nv), c * ol), (pix0.clone(), 1)]);
+                (vec![], MatView::strided(x.buf, at, 1, ol as i64))
+            }
+            Some(cb) => {
+                let st = if direct {
+                    let (pix, n) = (pix0.clone(), npix);
+                    panels_of_pixels(k, x.buf, cb, nv, (c, ol), (pix, n), base.clone(), A_PANEL)
+                } else {
+                    p2.im2col(k, x.buf, cb, nv, c, kd, row0, rows, A_PANEL, base.clone())
+                };
+                let a = MatView {
+                    offset: base,
+                    ..MatView::packed(cb, A_PANEL, kd, true)
+                };
+                (st, a)
+            }
         };
         st.push(Stmt::Gemm(Box::new(GemmCall {
             m: npix as u64,
             n: m as u64,
             k: kd as u64,
-            a: MatView {
-                offset: base,
-                ..MatView::packed(cb, A_PANEL, kd, true)
-            },
+            a,
             b: MatView::strided(wt, Expr::Int(0), m as i64, 1),
             c: MatView::strided(ct, lin(vec![(pix0.clone(), m)]), m as i64, 1),
             alpha: 1.0,
