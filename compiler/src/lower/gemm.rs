@@ -571,8 +571,9 @@ const CT_PARTS: usize = 4;
 /// A group-1 f32 KxK conv with pixels and channels swapped, per image:
 /// `Ct[p, co] = sum_k X'[k, p] Wt[k, co] + bias[co]` into scratch, with the im2col `X'`
 /// written as the A operand in row panels of [`A_PANEL`] pixels (the microkernel's packed
-/// layout; a 1x1 conv in one part reads X itself) and `Wt` packed at compile time; pixels are the GEMM's rows, where a partial
-/// register tile wastes no lanes, channels its columns. Then `out[co, p] =
+/// layout; a 1x1 conv in one part reads X itself) and `Wt` packed at compile time;
+/// pixels are the GEMM's rows, where a partial register tile wastes no lanes, channels
+/// its columns. Then `out[co, p] =
 /// epilogue(Ct[p, co])`.
 ///
 /// A 1x1 conv's pixels go in up to [`CT_PARTS`] parts of whole panels, each packed,
@@ -625,10 +626,11 @@ fn conv_transposed(
     // A 1x1 conv in one part reads X in place as A (X^T: a pixel's channels `ol` apart,
     // a tile's 12 pixels side by side): no copy into panels, which took longer than the
     // GEMM lost to the strided reads (960 -> 320 on 7x7 alone 0.199 -> 0.188 ms on one
-    // thread, 0.138 -> 0.119 on two). In parts (14x14 planes), each core would then
-    // multiply straight from X's rows, half of them in the other core's cache (the
-    // depthwise conv before splits by channels): 576 -> 96 on 14x14 was 0.148 -> 0.128
-    // ms alone on one thread but 125 -> 151 us in MobileNetV2 on two, so parts pack.
+    // thread, 0.138 -> 0.119 on two; min of paired rounds). In parts (14x14 planes),
+    // each core would then multiply straight from X's rows, half of them in the other
+    // core's cache (the depthwise conv before splits by channels): 576 -> 96 on 14x14
+    // went 0.147 -> 0.124 ms alone on one thread but 125 -> 151 us in MobileNetV2 on
+    // two (task timeline), so parts pack.
     let in_place = direct && want == 1;
     // One block's panels (the tail's are no more).
     let slot = kd * (rb * rw).div_ceil(A_PANEL) * A_PANEL;
