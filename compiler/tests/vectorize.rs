@@ -604,7 +604,7 @@ fn parallel_tasks_run_avx512_loops() {
 }
 
 /// erf(x / s) * x + x on 1x197x768: one fused loop whose body sets locals (x is read
-/// twice), 0.6 M element operations in all.
+/// twice) and calls erf once per element.
 fn erf_rows() -> Case {
     graph(
         "erf_rows".into(),
@@ -621,35 +621,51 @@ fn erf_rows() -> Case {
 }
 
 /// A program whose whole run is below `kir::parallel::MIN_PROGRAM_WORK` keeps its loops
-/// on the calling thread, threads or not: no loop task function in its object with the
-/// default options, some with `min_program_work: 0`, and both runs on two threads give
-/// the reference's output.
+/// on the calling thread, threads or not: `relu(x * s + t)` on 1x197x768 has no loop
+/// task function in its object with the default options and some with
+/// `min_program_work: 0`, and both runs on two threads give the reference's output.
+/// `erf_rows`, the same size but with a math call per element (counted as many
+/// operations), is not small: its loop still goes to the threads.
 #[test]
 fn small_programs_keep_loops_on_the_calling_thread() {
-    let case = erf_rows();
+    let cheap = graph(
+        "affine_rows".into(),
+        &[("x", vec![1, 197, 768])],
+        vec![
+            ("s", vec![], Some(vec![1.5])),
+            ("t", vec![], Some(vec![-0.25])),
+        ],
+        vec![
+            node("Mul", &["x", "s"], &["a"]),
+            node("Add", &["a", "t"], &["b"]),
+            node("Relu", &["b"], &["y"]),
+        ],
+        &[1, 197, 768],
+    );
     let dir = tempfile::tempdir().unwrap();
-    let path = common::write_model(dir.path(), "erf_rows.onnx", &case.model);
-    let m = onnx::load(&path).unwrap();
-    let x = Tensor::from_vec(&case.inputs[0], rand(case.inputs[0].iter().product(), 7));
-    let inputs = vec![Value::Tensor(x)];
-    let want = eval::run(&m.graph, inputs.clone()).unwrap();
-    let want = want[0].as_tensor().unwrap().to_f64().unwrap();
-    let mut tasks = Vec::new();
-    for min_program_work in [onnxc::kir::parallel::MIN_PROGRAM_WORK, 0] {
+    // Loop task functions are named `PREFIX__kN_NAME_taskM`.
+    let loop_tasks = |obj: &[u8]| {
+        String::from_utf8_lossy(obj)
+            .split('\0')
+            .filter(|s| s.contains("__k") && s.contains("_task"))
+            .count()
+    };
+    let run = |case: &Case, min_program_work: u64| {
+        let path = common::write_model(dir.path(), &format!("{}.onnx", case.name), &case.model);
+        let m = onnx::load(&path).unwrap();
+        let x = Tensor::from_vec(&case.inputs[0], rand(case.inputs[0].iter().product(), 7));
+        let inputs = vec![Value::Tensor(x)];
+        let want = eval::run(&m.graph, inputs.clone()).unwrap();
+        let want = want[0].as_tensor().unwrap().to_f64().unwrap();
         let opts = onnxc::driver::Options {
             target: "host".to_string(),
             min_program_work,
             ..Default::default()
         };
-        let c = onnxc::driver::compile_graph(m.graph.clone(), "model", &opts).unwrap();
-        assert!(
-            onnxc::kir::parallel::program_work(&c.lowered.program)
-                < onnxc::kir::parallel::MIN_PROGRAM_WORK,
-            "erf_rows is no longer a small program"
-        );
-        let run = dir.path().join(format!("w{min_program_work}"));
-        std::fs::create_dir_all(&run).unwrap();
-        let got = onnxc::runner::run_compiled_threads(&c, &inputs, &run, 2).unwrap();
+        let c = onnxc::driver::compile_graph(m.graph, "model", &opts).unwrap();
+        let out = dir.path().join(format!("{}_{min_program_work}", case.name));
+        std::fs::create_dir_all(&out).unwrap();
+        let got = onnxc::runner::run_compiled_threads(&c, &inputs, &out, 2).unwrap();
         let got = got[0].as_tensor().unwrap().to_f64().unwrap();
         let err = got
             .iter()
@@ -659,22 +675,24 @@ fn small_programs_keep_loops_on_the_calling_thread() {
             / want.iter().map(|w| w.abs()).fold(0.0, f64::max);
         assert!(
             err <= 1e-4,
-            "min_program_work {min_program_work}: relative error {err:.3e}"
+            "{} with min_program_work {min_program_work}: relative error {err:.3e}",
+            case.name
         );
-        // Loop task functions are named `PREFIX__kN_NAME_taskM`.
-        let names = String::from_utf8_lossy(&c.artifacts.object).into_owned();
-        tasks.push(
-            names
-                .split('\0')
-                .filter(|s| s.contains("__k") && s.contains("_task"))
-                .count(),
-        );
-    }
-    assert_eq!(tasks[0], 0, "the small program's loop went to the threads");
+        let work = onnxc::kir::parallel::program_work(&c.lowered.program);
+        (work, loop_tasks(&c.artifacts.object))
+    };
+    let small = onnxc::kir::parallel::MIN_PROGRAM_WORK;
+    let (work, tasks) = run(&cheap, small);
     assert!(
-        tasks[1] > 0,
-        "with min_program_work 0 the loop stayed serial"
+        work < small,
+        "affine_rows is no longer a small program ({work})"
     );
+    assert_eq!(tasks, 0, "the small program's loop went to the threads");
+    let (_, tasks) = run(&cheap, 0);
+    assert!(tasks > 0, "with min_program_work 0 the loop stayed serial");
+    let (work, tasks) = run(&erf_rows(), small);
+    assert!(work >= small, "erf_rows counted as small ({work})");
+    assert!(tasks > 0, "erf_rows' loop stayed serial");
 }
 
 /// NaN in max pools: a window with some NaN taps gives the largest number, one whose
