@@ -323,6 +323,17 @@ impl Expr {
         }
     }
 
+    /// The direct subexpressions.
+    pub fn children(&self) -> Vec<&Expr> {
+        match self {
+            Expr::Var(_) | Expr::Int(_) | Expr::Float(..) => Vec::new(),
+            Expr::Load(_, a) | Expr::Un(_, a) | Expr::Cast(_, a) => vec![&**a],
+            Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) | Expr::StrByte(_, a, b) => vec![&**a, &**b],
+            Expr::Select(c, a, b) => vec![&**c, &**a, &**b],
+            Expr::Call(_, args) => args.iter().collect(),
+        }
+    }
+
     /// The direct subexpressions, for rewrites that walk the tree.
     pub fn children_mut(&mut self) -> Vec<&mut Expr> {
         match self {

@@ -114,27 +114,16 @@ fn work_calls(body: &[Stmt], call: u64) -> u64 {
         .fold(0u64, u64::saturating_add)
 }
 
+/// Math calls in `e`.
 fn count_calls(e: &Expr) -> u64 {
-    match e {
-        Expr::Call(_, args) => 1 + args.iter().map(count_calls).sum::<u64>(),
-        Expr::Load(_, a) | Expr::Un(_, a) | Expr::Cast(_, a) => count_calls(a),
-        Expr::Var(_) | Expr::Int(_) | Expr::Float(..) => 0,
-        Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => count_calls(a) + count_calls(b),
-        Expr::Select(c, a, b) => count_calls(c) + count_calls(a) + count_calls(b),
-        Expr::StrByte(_, i, j) => count_calls(i) + count_calls(j),
-    }
+    let here = u64::from(matches!(e, Expr::Call(..)));
+    here + e.children().into_iter().map(count_calls).sum::<u64>()
 }
 
+/// Loads in `e`.
 fn count_loads(e: &Expr) -> u64 {
-    match e {
-        Expr::Load(_, i) => 1 + count_loads(i),
-        Expr::Var(_) | Expr::Int(_) | Expr::Float(..) => 0,
-        Expr::Un(_, a) | Expr::Cast(_, a) => count_loads(a),
-        Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => count_loads(a) + count_loads(b),
-        Expr::Select(c, a, b) => count_loads(c) + count_loads(a) + count_loads(b),
-        Expr::Call(_, args) => args.iter().map(count_loads).sum(),
-        Expr::StrByte(_, i, j) => count_loads(i) + count_loads(j),
-    }
+    let here = u64::from(matches!(e, Expr::Load(..)));
+    here + e.children().into_iter().map(count_loads).sum::<u64>()
 }
 
 fn expr_vars(e: &Expr, f: &mut dyn FnMut(VarId)) {

@@ -1731,21 +1731,22 @@ mod lower {
         // read each row twice, every other row at a time, and the two passes that met a
         // row first waited on memory (a 96-channel stride-2 layer alone 0.250 -> 0.202
         // ms).
-        let mut runs: Vec<(PhaseCopy, Vec<Stmt>)> = Vec::new();
-        let rows = |pc: &PhaseCopy| bands.as_ref().map(|b| b.rows_of(pc));
+        // With bands, (d, n) of each copy (`Bands::rows_of`), and the phase row
+        // `slot * rows + d + rv` that band row `rv` of the copy reads.
+        type Run = (PhaseCopy, Option<(i64, i64)>, Vec<Stmt>);
+        let mut runs: Vec<Run> = Vec::new();
+        let band_row = |rows: i64, d: i64| add(mul(v(slot), int(rows)), add(v(rv), int(d)));
         for pc in phs.copies(win) {
             if pc.nr <= 0 || pc.nq <= 0 {
                 continue;
             }
+            let dn = bands.as_ref().map(|b| b.rows_of(&pc));
             // Phase row `i` of the copy's rows goes to padded row `a + i`; with bands,
             // the band's rows `d + rv` (i = slot * rows + d + rv) to padded row
             // `a + d + rv`.
-            let (row0, prow) = match &bands {
-                None => (pc.a, v(rv)),
-                Some(b) => {
-                    let (d, _) = b.rows_of(&pc);
-                    (pc.a + d, add(mul(v(slot), int(b.rows)), add(v(rv), int(d))))
-                }
+            let (row0, prow) = match (&bands, dn) {
+                (Some(b), Some((d, _))) => (pc.a + d, band_row(b.rows, d)),
+                _ => (pc.a, v(rv)),
             };
             let dst = add(
                 add(v(sb), int(phs.at(pc.phase, row0, pc.b))),
@@ -1757,26 +1758,18 @@ mod lower {
             );
             let st = store(scratch, dst, Expr::load(x.buf, src));
             match runs.last_mut() {
-                Some((first, body))
-                    if (first.nr, first.nq, rows(first)) == (pc.nr, pc.nq, rows(&pc)) =>
-                {
+                Some((first, fdn, body)) if (first.nr, first.nq, *fdn) == (pc.nr, pc.nq, dn) => {
                     body.push(st)
                 }
-                _ => runs.push((pc, vec![st])),
+                _ => runs.push((pc, dn, vec![st])),
             }
         }
-        for (pc, body) in runs {
-            match &bands {
-                None => gbody.push(for_(
-                    rv,
-                    pc.nr as usize,
-                    vec![for_(qv, pc.nq as usize, body)],
-                )),
-                Some(b) => {
+        for (pc, dn, body) in runs {
+            match (&bands, dn) {
+                (Some(b), Some((d, n))) => {
                     // Rows outside the input (the padding of the first and last bands)
                     // are zeroed instead.
-                    let (d, n) = b.rows_of(&pc);
-                    let i = add(mul(v(slot), int(b.rows)), add(v(rv), int(d)));
+                    let i = band_row(b.rows, d);
                     let inside = and(
                         cmp(CmpOp::Ge, i.clone(), int(0)),
                         cmp(CmpOp::Lt, i, int(pc.nr)),
@@ -1800,6 +1793,11 @@ mod lower {
                         }],
                     ));
                 }
+                _ => gbody.push(for_(
+                    rv,
+                    pc.nr as usize,
+                    vec![for_(qv, pc.nq as usize, body)],
+                )),
             }
         }
         // Per output channel: weights and bias in variables, then the output rows.
