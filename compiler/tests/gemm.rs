@@ -815,6 +815,22 @@ fn split_cases() -> Vec<Case> {
         vec![ints_attr("pads", &[1, 1, 1, 1])],
         &["Relu"],
     ));
+    // Winograd F(2x2) on 7 tile rows, the last of one output row, and 64 = 4 x 16
+    // channels (SqueezeNet's 13x13 layers): on threads the two parts split the output
+    // channels (each half's GEMMs, output transform and stores), on one thread the tile
+    // rows (4 and 3), each matrix's GEMM in two halves of 32 channels either way.
+    v.push(one_node(
+        "split_wino3x3_channels",
+        "Conv",
+        &[
+            ("x", &[1, 16, 13, 13], false),
+            ("w", &[64, 16, 3, 3], true),
+            ("bias", &[64], true),
+        ],
+        &[1, 64, 13, 13],
+        vec![ints_attr("pads", &[1, 1, 1, 1])],
+        &["Relu"],
+    ));
     // Winograd F(4x4) on rows too wide for two in one block (113 tiles a row): each
     // half of 4 tile rows a loop of one-row blocks.
     v.push(one_node(
@@ -1081,7 +1097,7 @@ fn gemm_conv_blocks_threads_aarch64_neon_qemu() {
                 || c.name.starts_with("split_dw_bands")
         })
         .collect();
-    assert_eq!(conv.len(), 9);
+    assert_eq!(conv.len(), 10);
     check_tasks("aarch64-neon", conv, &[1, 2, 3], b"_task0");
 }
 

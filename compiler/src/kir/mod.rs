@@ -514,6 +514,10 @@ pub struct Kernel {
     /// Type of each variable (loop variables are I64).
     pub vars: Vec<Ty>,
     pub body: Vec<Stmt>,
+    /// A U8 variable the back end sets on entry: 1 when the run may hand loops to the
+    /// application's threads (a `parallel_for` hook), else 0. For lowerings whose best
+    /// split of the work depends on it ([`Kernel::threaded`]); the kernel never sets it.
+    pub threaded: Option<VarId>,
 }
 
 impl Kernel {
@@ -527,6 +531,20 @@ impl Kernel {
     pub fn var(&mut self, t: Ty) -> VarId {
         self.vars.push(t);
         self.vars.len() - 1
+    }
+
+    /// The [`Kernel::threaded`] variable (made on first use). Every `If` on it must
+    /// compute the same values in both branches: it picks how the work splits, not what
+    /// it computes.
+    pub fn threaded(&mut self) -> VarId {
+        match self.threaded {
+            Some(v) => v,
+            None => {
+                let v = self.var(Ty::U8);
+                self.threaded = Some(v);
+                v
+            }
+        }
     }
 }
 

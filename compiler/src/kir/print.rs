@@ -20,6 +20,9 @@ pub fn print_program(p: &Program) -> String {
     }
     for k in &p.kernels {
         let _ = writeln!(s, "kernel {} {{", k.name);
+        if let Some(v) = k.threaded {
+            let _ = writeln!(s, "  v{v} = threaded  # 1 with a parallel_for hook");
+        }
         stmts(&k.body, 1, &mut s);
         let _ = writeln!(s, "}}");
     }

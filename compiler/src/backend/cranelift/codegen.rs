@@ -172,6 +172,20 @@ pub fn kernel(
         let z = zero(&mut b, *t);
         b.def_var(vars[i], z);
     }
+    if let Some(v) = k.threaded {
+        // threads != NULL && threads->parallel_for != NULL (as `with_hook` tests).
+        let (check, join) = (b.create_block(), b.create_block());
+        b.append_block_param(join, types::I8);
+        let no = b.ins().iconst(types::I8, 0);
+        b.ins().brif(threads, check, &[], join, &[no.into()]);
+        b.switch_to_block(check);
+        let pf = b.ins().load(ptr, MemFlagsData::trusted(), threads, 0);
+        let has = b.ins().icmp_imm_u(IntCC::NotEqual, pf, 0);
+        b.ins().jump(join, &[has.into()]);
+        b.switch_to_block(join);
+        let flag = b.block_params(join)[0];
+        b.def_var(vars[v], flag);
+    }
     let mut g = Gen {
         b,
         module,
@@ -479,10 +493,12 @@ impl Gen<'_, '_> {
         let last = extent - (n - 1) * chunk;
         // The task's kernel: three more variables (the task index, its first iteration,
         // the counter) and the body with `var` = first + counter.
+        // A task that reads the threaded flag gets the caller's value (captured).
         let mut tk = Kernel {
             name: format!("{} (task)", self.k.name),
             vars: self.k.vars.clone(),
             body: vec![],
+            threaded: None,
         };
         let nv = tk.vars.len();
         let (idx, first, q) = (nv, nv + 1, nv + 2);

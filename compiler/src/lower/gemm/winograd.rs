@@ -74,6 +74,10 @@ const MAX_WEIGHT_BYTES: usize = 8 << 20;
 /// [`SKEW`]ed apart, F(2x2) lost below about 512 K multiply-adds per GEMM.)
 const MIN_TILES: usize = 32;
 
+/// Most tile rows (an odd count) for which the two parts split the output channels
+/// instead of the tile rows (see [`Split`]).
+const CHANNEL_SPLIT_ROWS: usize = 7;
+
 /// Which Winograd algorithm a conv runs: output tiles of `r x r`, `r` 2 or 4.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Wino {
@@ -242,6 +246,17 @@ fn weights(lw: &mut LowerCtx, w: &TensorRef, wino: Wino, m: usize, c: usize) -> 
 /// a third of the conv (199 -> 179 us on two threads, one thread within noise). Splitting
 /// an odd count in the middle of a tile row (13x13 in F(2x2) as output rows 7 and 6) did
 /// not help: the transforms cost by tile row, not by output row (docs/decisions.md).
+///
+/// Where an odd count of tile rows would split unevenly (7 as 4 and 3), F(2x2) convs
+/// with at least four times as many output channels as input channels also have a split
+/// of the output channels ([`Split::channels`]), each part running every tile row with
+/// half the GEMM rows and output transforms and the whole input transform. The kernel
+/// picks it at run time when a `parallel_for` hook is present ([`Kernel::threaded`]);
+/// on one thread the input transform would run twice. SqueezeNet's 13x13 expand3x3
+/// layers (48 -> 192, 64 -> 256) on two threads: 128-205 -> 105-180 us each, the model
+/// -4%; on one thread within noise. ResNet-shaped convs (as many input channels as
+/// output) were 6-13% slower split by channels on two threads, F(4x4)'s 32 -> 128 on
+/// 27x27 even.
 struct Split {
     r: usize,
     s: usize,
@@ -249,34 +264,66 @@ struct Split {
     parts: Vec<(usize, usize)>,
     /// The output rows of the short last tile row (0: none).
     short: usize,
+    /// Output channels per part: all `m`, or `m / 2` where the two parts split the
+    /// channels instead ([`Split::channels`]).
+    chans: usize,
+    /// Whether the parts split the channels: each then runs every tile row, in the
+    /// blocks of the tile rows' parts one after the other.
+    by_channels: bool,
 }
 
 impl Split {
+    /// Two parts of tile rows (one where there is one tile row).
     fn new(wino: Wino, (oh, tw): (usize, usize), (c, m): (usize, usize)) -> Split {
-        let r = wino.r;
-        let th = oh.div_ceil(r);
-        let per_tile = wino.a() * wino.a() * (c + m) * 4;
-        let most = (BLOCK_BYTES / per_tile / tw).max(1);
-        let pad = |t: usize| t.div_ceil(PANEL) * PANEL;
-        // Fewest GEMM columns (panel padding, a panel more a block), then fewest blocks.
-        let blocks = |n: usize| {
-            (n.div_ceil(most)..=n)
-                .min_by_key(|&b| {
-                    let (q, rem) = (n / b, n % b);
-                    rem * pad((q + 1) * tw) + (b - rem) * pad(q * tw) + b * PANEL
-                })
-                .unwrap_or(1)
-        };
+        let th = oh.div_ceil(wino.r);
+        let blocks = Split::blocks(wino, tw, c + m);
         let s = th.div_ceil(2);
         let mut parts = vec![(s, blocks(s))];
         if th > s {
             parts.push((th - s, blocks(th - s)));
         }
         Split {
-            r,
+            r: wino.r,
             s,
             parts,
-            short: oh % r,
+            short: oh % wino.r,
+            chans: m,
+            by_channels: false,
+        }
+    }
+
+    /// Two parts of half the output channels each, every tile row in both (in the same
+    /// blocks as [`Split::new`]'s, so that every output is computed as there, bit for
+    /// bit), where the tile rows would split unevenly and the channels evenly: F(2x2)
+    /// with an odd count of at most [`CHANNEL_SPLIT_ROWS`] tile rows, `m` even and at
+    /// least 4 `c` (each part transforms the whole input, `c` channels).
+    fn channels(wino: Wino, (oh, tw): (usize, usize), (c, m): (usize, usize)) -> Option<Split> {
+        let th = oh.div_ceil(wino.r);
+        let fits = wino.r == 2 && th % 2 == 1 && th <= CHANNEL_SPLIT_ROWS;
+        if !fits || m % 2 != 0 || 4 * c > m {
+            return None;
+        }
+        Some(Split {
+            chans: m / 2,
+            by_channels: true,
+            ..Split::new(wino, (oh, tw), (c, m))
+        })
+    }
+
+    /// The blocks for `n` tile rows of `tw` tiles, `rows` input and output channels: the
+    /// fewest GEMM columns (panel padding, a panel more a block) within [`BLOCK_BYTES`],
+    /// then the fewest blocks.
+    fn blocks(wino: Wino, tw: usize, rows: usize) -> impl Fn(usize) -> usize {
+        let per_tile = wino.a() * wino.a() * rows * 4;
+        let most = (BLOCK_BYTES / per_tile / tw).max(1);
+        let pad = |t: usize| t.div_ceil(PANEL) * PANEL;
+        move |n: usize| {
+            (n.div_ceil(most)..=n)
+                .min_by_key(|&b| {
+                    let (q, rem) = (n / b, n % b);
+                    rem * pad((q + 1) * tw) + (b - rem) * pad(q * tw) + b * PANEL
+                })
+                .unwrap_or(1)
         }
     }
 
@@ -297,63 +344,92 @@ impl Split {
     fn emit(
         &self,
         k: &mut Kernel,
-        mut block: impl FnMut(&mut Kernel, Expr, usize, usize, Expr) -> Vec<Stmt>,
+        mut block: impl FnMut(&mut Kernel, Expr, usize, usize, Expr, usize) -> Vec<Stmt>,
     ) -> Vec<Stmt> {
-        let r = self.r;
         let pv = k.var(Ty::I64);
-        let (part_of, slot) = if self.parts.len() == 1 {
-            (int(0), int(0))
-        } else {
-            (Expr::Var(pv), Expr::Var(pv))
-        };
         let np = self.parts.len();
+        let slot = if np == 1 && !self.by_channels {
+            int(0)
+        } else {
+            Expr::Var(pv)
+        };
         let mut bodies = Vec::new();
-        for (p, &(n, b)) in self.parts.iter().enumerate() {
-            let short = if p == np - 1 { self.short } else { 0 };
-            let (q, rem) = (n / b, n % b);
-            let mut st = Vec::new();
-            // `count` blocks of `h` whole tile rows from tile row `at` of the part.
-            let mut run =
-                |k: &mut Kernel, st: &mut Vec<Stmt>, at: usize, count: usize, h: usize| {
-                    if count == 0 {
-                        return;
-                    }
-                    let g = k.var(Ty::I64);
-                    let gi = if count == 1 { int(0) } else { Expr::Var(g) };
-                    let row0 = lin(vec![
-                        (part_of.clone(), self.s * r),
-                        (gi, h * r),
-                        (int(1), at * r),
-                    ]);
-                    let inner = block(k, row0, h, 0, slot.clone());
-                    if count == 1 {
-                        st.extend(inner);
-                    } else {
-                        st.extend(loops(&[(g, count)], inner));
-                    }
-                };
-            run(k, &mut st, 0, rem, q + 1);
-            let plain = b - rem - usize::from(short > 0);
-            run(k, &mut st, rem * (q + 1), plain, q);
-            if short > 0 {
-                let row0 = lin(vec![(part_of.clone(), self.s * r), (int(1), (n - q) * r)]);
-                st.extend(block(k, row0, q - 1, short, slot.clone()));
+        if self.by_channels {
+            // Each half of the channels (its first a constant: the weights' offset) runs
+            // the tile rows' parts from their constant first rows.
+            for half in 0..2 {
+                let mut st = Vec::new();
+                for p in 0..np {
+                    let first = int(p * self.s * self.r);
+                    let ch0 = half * self.chans;
+                    st.extend(self.part(k, &mut block, p, first, &slot, ch0));
+                }
+                bodies.push(st);
             }
-            bodies.push(st);
+        } else {
+            let first = lin(vec![(slot.clone(), self.s * self.r)]);
+            for p in 0..np {
+                bodies.push(self.part(k, &mut block, p, first.clone(), &slot, 0));
+            }
         }
-        if np == 1 {
+        if bodies.len() == 1 {
             return bodies.pop().unwrap_or_default();
         }
         let rest = bodies.pop().unwrap_or_default();
         let first = bodies.pop().unwrap_or_default();
         loops(
-            &[(pv, np)],
+            &[(pv, 2)],
             vec![Stmt::If {
                 cond: Expr::cmp(CmpOp::Lt, Expr::Var(pv), int(1)),
                 then: first,
                 els: rest,
             }],
         )
+    }
+
+    /// The blocks of tile-row part `p`, whose first output row is `first`, in `slot`,
+    /// for the output channels from `ch0` (see [`Split::emit`]).
+    fn part(
+        &self,
+        k: &mut Kernel,
+        block: &mut impl FnMut(&mut Kernel, Expr, usize, usize, Expr, usize) -> Vec<Stmt>,
+        p: usize,
+        first: Expr,
+        slot: &Expr,
+        ch0: usize,
+    ) -> Vec<Stmt> {
+        let r = self.r;
+        let (n, b) = self.parts[p];
+        let short = if p == self.parts.len() - 1 {
+            self.short
+        } else {
+            0
+        };
+        let (q, rem) = (n / b, n % b);
+        let mut st = Vec::new();
+        // `count` blocks of `h` whole tile rows from tile row `at` of the part.
+        let mut run = |k: &mut Kernel, st: &mut Vec<Stmt>, at: usize, count: usize, h: usize| {
+            if count == 0 {
+                return;
+            }
+            let g = k.var(Ty::I64);
+            let gi = if count == 1 { int(0) } else { Expr::Var(g) };
+            let row0 = lin(vec![(first.clone(), 1), (gi, h * r), (int(1), at * r)]);
+            let inner = block(k, row0, h, 0, slot.clone(), ch0);
+            if count == 1 {
+                st.extend(inner);
+            } else {
+                st.extend(loops(&[(g, count)], inner));
+            }
+        };
+        run(k, &mut st, 0, rem, q + 1);
+        let plain = b - rem - usize::from(short > 0);
+        run(k, &mut st, rem * (q + 1), plain, q);
+        if short > 0 {
+            let row0 = lin(vec![(first, 1), (int(1), (n - q) * r)]);
+            st.extend(block(k, row0, q - 1, short, slot.clone(), ch0));
+        }
+        st
     }
 }
 
@@ -370,6 +446,12 @@ struct Geo<'a> {
     nv: VarId,
     c: usize,
     m: usize,
+    /// Output channels per part ([`Split::chans`]).
+    chans: usize,
+    /// Output channels per GEMM: half of them in both splits where the conv can split
+    /// the channels, so that the two splits read the same packed weights (the object
+    /// holds each half once, not the whole matrix beside them).
+    gemm_rows: usize,
     /// Padded plane size and row length.
     pl: usize,
     wp: usize,
@@ -425,15 +507,22 @@ pub(super) fn conv(
     let (r, mats) = (wino.r, wino.a() * wino.a());
     let (oh, ow) = (p2.oh, p2.ow);
     let (th_n, tw_n) = (oh.div_ceil(r), ow.div_ceil(r));
-    let split = Split::new(wino, (oh, tw_n), (c, m));
+    // The tile rows in two parts; where they split unevenly and a run has threads, the
+    // channels instead (chosen at run time: on one thread the rows' split is faster, the
+    // input transform running once).
+    let rows_split = Split::new(wino, (oh, tw_n), (c, m));
+    let chan_split = Split::channels(wino, (oh, tw_n), (c, m));
+    let splits: Vec<&Split> = std::iter::once(&rows_split).chain(&chan_split).collect();
     // F(4x4) reads its patches from padded rows split into column phases, F(2x2) from
     // plain padded rows.
     let seg = if r == 4 { tw_n + 1 } else { 0 };
     let (hp, wp) = (r * th_n + 2, if seg > 0 { 4 * seg } else { r * tw_n + 2 });
     let pl = hp * wp;
-    let rb = split.most_rows();
-    let ld = (rb * tw_n).div_ceil(16) * 16;
-    let slots = split.parts.len();
+    let ld = |s: &Split| (s.most_rows() * tw_n).div_ceil(16) * 16;
+    // The narrow columns' slot (see [`Narrow`]).
+    let cols = ow % r;
+    let narrow_slot = |s: &Split| s.most_rows() * s.chans * r * (r - cols) * tw_n;
+    let most = |f: &dyn Fn(&Split) -> usize| splits.iter().map(|s| f(s)).max().unwrap_or(0);
     let f32_buf = |lw: &mut LowerCtx, name: String, elems: usize| {
         lw.program
             .add_buffer(name, BufKind::Arena { offset: 0 }, Ty::F32, elems as u64)
@@ -445,19 +534,16 @@ pub(super) fn conv(
     let vb = f32_buf(
         lw,
         format!("{}/wino_v", lw.name),
-        slots * mats * (c * ld + SKEW),
+        most(&|s| s.parts.len() * mats * (c * ld(s) + SKEW)),
     );
     let mb = f32_buf(
         lw,
         format!("{}/wino_m", lw.name),
-        slots * mats * (m * ld + SKEW),
+        most(&|s| s.parts.len() * mats * (s.chans * ld(s) + SKEW)),
     );
-    let narrow = (ow % r != 0).then(|| {
-        let cols = ow % r;
-        let slot = rb * m * r * (r - cols) * tw_n;
+    let narrow_buf = (cols != 0).then(|| {
         let name = format!("{}/wino_narrow", lw.name);
-        let buf = f32_buf(lw, name, slots * slot);
-        Narrow { cols, buf, slot }
+        f32_buf(lw, name, most(&|s| s.parts.len() * narrow_slot(s)))
     });
     let mut k = lw.kernel("");
     let nv = k.var(Ty::I64);
@@ -466,7 +552,7 @@ pub(super) fn conv(
     } else {
         super::pad_planes(&mut k, (x.buf, nv, c), p2, (xp, c * pl), (pl, wp))
     };
-    let geo = Geo {
+    let geo = |s: &Split| Geo {
         wino,
         xp,
         vb,
@@ -478,18 +564,40 @@ pub(super) fn conv(
         nv,
         c,
         m,
+        chans: s.chans,
+        gemm_rows: chan_split.as_ref().map_or(m, |cs| cs.chans),
         pl,
         wp,
         seg,
         oh,
         ow,
         tw: tw_n,
-        ld,
-        narrow,
+        ld: ld(s),
+        narrow: narrow_buf.map(|buf| Narrow {
+            cols,
+            buf,
+            slot: narrow_slot(s),
+        }),
     };
-    body.extend(split.emit(&mut k, |k, row0, rows, short, slot| {
-        geo.block(k, row0, rows, short, slot)
-    }));
+    let emit = |k: &mut Kernel, s: &Split| {
+        let g = geo(s);
+        s.emit(k, |k, row0, rows, short, slot, ch0| {
+            g.block(k, row0, rows, short, slot, ch0)
+        })
+    };
+    let by_rows = emit(&mut k, &rows_split);
+    match &chan_split {
+        Some(cs) => {
+            let by_chans = emit(&mut k, cs);
+            let threaded = k.threaded();
+            body.push(Stmt::If {
+                cond: Expr::Var(threaded),
+                then: by_chans,
+                els: by_rows,
+            });
+        }
+        None => body.extend(by_rows),
+    }
     k.body = vec![Stmt::For {
         var: nv,
         extent: nimg as u64,
@@ -583,12 +691,14 @@ impl Geo<'_> {
 
     /// Elements from one GEMM output matrix to the next.
     fn mk(&self) -> usize {
-        self.m * self.ld + SKEW
+        self.chans * self.ld + SKEW
     }
 
     /// One block in slot `slot`: the tile rows from output row `row0` (`rows` with `r`
     /// output rows, then one with `short` where `short > 0`), their input transform, `a^2`
-    /// GEMMs and output transform.
+    /// GEMMs and output transform, for output channels `ch0..ch0 + chans` (where the
+    /// parts split the channels, `ch0` is the slot times `chans`: written through the
+    /// slot, so that each part's stores are affine in it).
     fn block(
         &self,
         k: &mut Kernel,
@@ -596,6 +706,7 @@ impl Geo<'_> {
         rows: usize,
         short: usize,
         slot: Expr,
+        ch0: usize,
     ) -> Vec<Stmt> {
         let last = usize::from(short > 0);
         let (r, a) = (self.wino.r, self.wino.a());
@@ -603,22 +714,30 @@ impl Geo<'_> {
         // Slot 0's base is 0, not mul(0, size), in IR dumps.
         let vbase = lin(vec![(slot.clone(), a * a * self.vk())]);
         let mbase = lin(vec![(slot.clone(), a * a * self.mk())]);
-        let nbase = lin(vec![(slot, self.narrow.map_or(0, |n| n.slot))]);
+        let nbase = lin(vec![(slot.clone(), self.narrow.map_or(0, |n| n.slot))]);
+        let cbase = if self.chans < self.m {
+            lin(vec![(slot, self.chans)])
+        } else {
+            int(0)
+        };
         let mut st = vec![self.input_transform(k, row0.clone(), rows + last, vbase.clone())];
-        for (kk, &u) in self.us.iter().enumerate() {
+        // One GEMM per matrix and group of `gemm_rows` channels.
+        let groups = (0..self.chans).step_by(self.gemm_rows);
+        for (kk, g0) in (0..self.us.len()).flat_map(|kk| groups.clone().map(move |g| (kk, g))) {
+            let co = ch0 + g0;
             // The bias enters through matrix (1, 1): row and column 1 of A^T are all
             // ones, so each output of a tile receives it exactly once; the output
             // transform then has no per-channel value, and its rows of channels run as
             // one AVX-512 call.
             let init = match self.bias {
-                Some(b) if kk == a + 1 => Some(MatView::strided(b.buf, Expr::Int(0), 1, 0)),
+                Some(b) if kk == a + 1 => Some(MatView::strided(b.buf, int(co), 1, 0)),
                 _ => None,
             };
             st.push(Stmt::Gemm(Box::new(GemmCall {
-                m: self.m as u64,
+                m: self.gemm_rows as u64,
                 n: n as u64,
                 k: self.c as u64,
-                a: MatView::strided(u, Expr::Int(0), self.c as i64, 1),
+                a: MatView::strided(self.us[kk], int(co * self.c), self.c as i64, 1),
                 b: MatView::strided(
                     self.vb,
                     lin(vec![(vbase.clone(), 1), (int(1), kk * self.vk())]),
@@ -627,7 +746,10 @@ impl Geo<'_> {
                 ),
                 c: MatView::strided(
                     self.mb,
-                    lin(vec![(mbase.clone(), 1), (int(1), kk * self.mk())]),
+                    lin(vec![
+                        (mbase.clone(), 1),
+                        (int(1), kk * self.mk() + g0 * self.ld),
+                    ]),
                     self.ld as i64,
                     1,
                 ),
@@ -641,7 +763,8 @@ impl Geo<'_> {
                 continue;
             }
             let row = add(row0.clone(), int(r0 * r));
-            st.extend(self.output_transform(k, row, r0, nr, out_rows, &mbase, &nbase));
+            let bases = (&mbase, &nbase, &cbase);
+            st.extend(self.output_transform(k, row, r0, nr, out_rows, bases));
         }
         st
     }
@@ -727,11 +850,12 @@ impl Geo<'_> {
         r0: usize,
         nr: usize,
         out_rows: usize,
-        mbase: &Expr,
-        nbase: &Expr,
+        (mbase, nbase, cbase): (&Expr, &Expr, &Expr),
     ) -> Vec<Stmt> {
         let (rr, co, q) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
         let (m, ld, tw) = (self.m, self.ld, self.tw);
+        // The output channel.
+        let oc = lin(vec![(Expr::Var(co), 1), (cbase.clone(), 1)]);
         let (r, a) = (self.wino.r, self.wino.a());
         let cols = self.narrow.map_or(r, |n| n.cols);
         let mv = |i: usize, j: usize| {
@@ -750,7 +874,7 @@ impl Geo<'_> {
         let nidx = |y: usize, x: usize| {
             lin(vec![
                 (nbase.clone(), 1),
-                (Expr::Var(rr), m * r * (r - cols) * tw),
+                (Expr::Var(rr), self.chans * r * (r - cols) * tw),
                 (Expr::Var(co), r * (r - cols) * tw),
                 (Expr::Var(q), 1),
                 (int(1), (y * (r - cols) + x - cols) * tw),
@@ -764,7 +888,7 @@ impl Geo<'_> {
                 Some(ep) => ep.apply_at(
                     v,
                     Ty::F32,
-                    &[Expr::Var(self.nv), Expr::Var(co), oy.clone(), ox.clone()],
+                    &[Expr::Var(self.nv), oc.clone(), oy.clone(), ox.clone()],
                     &self.out.shape,
                 ),
                 None => v,
@@ -774,6 +898,7 @@ impl Geo<'_> {
                 index: lin(vec![
                     (Expr::Var(self.nv), m * ol),
                     (Expr::Var(co), ol),
+                    (cbase.clone(), ol),
                     (oy, self.ow),
                     (ox, 1),
                 ]),
@@ -800,7 +925,7 @@ impl Geo<'_> {
                 }
             }
         }
-        let mut st = loops(&[(rr, nr), (co, m), (q, tw)], body);
+        let mut st = loops(&[(rr, nr), (co, self.chans), (q, tw)], body);
         if let Some(n) = self.narrow.filter(|_| tw > 1) {
             let mut moves = Vec::new();
             for y in 0..out_rows {
@@ -808,7 +933,7 @@ impl Geo<'_> {
                     moves.push(store_out(y, x, Expr::load(n.buf, nidx(y, x))));
                 }
             }
-            st.extend(loops(&[(rr, nr), (co, m), (q, tw - 1)], moves));
+            st.extend(loops(&[(rr, nr), (co, self.chans), (q, tw - 1)], moves));
         }
         st
     }
@@ -844,6 +969,19 @@ mod tests {
             (s.s, s.parts.clone(), s.short),
             (4, vec![(4, 1), (3, 1)], 1)
         );
+        // On threads, its channels instead: two halves of 128, each every tile row in
+        // the same blocks.
+        let s = Split::channels(f2, (13, 7), (64, 256)).expect("channel split");
+        assert_eq!(
+            (s.s, s.parts.clone(), s.short, s.chans, s.by_channels),
+            (4, vec![(4, 1), (3, 1)], 1, 128, true)
+        );
+        // Not: an even count of tile rows, F(4x4), fewer than 4 c output channels, or an
+        // odd count.
+        assert!(Split::channels(f2, (16, 8), (64, 256)).is_none());
+        assert!(Split::channels(f4, (27, 7), (32, 128)).is_none());
+        assert!(Split::channels(f2, (13, 7), (256, 256)).is_none());
+        assert!(Split::channels(f2, (13, 7), (16, 65)).is_none());
         // Rows too wide for the budget make blocks of one tile row.
         let s = Split::new(f2, (20, 500), (256, 256));
         assert_eq!((s.parts.clone(), s.most_rows()), (vec![(5, 5), (5, 5)], 1));
