@@ -337,10 +337,12 @@ impl Split {
     }
 
     /// `for p in 0..parts { part p's blocks }`, `block(k, first output row, rows, short,
-    /// slot)` making each block (`rows` tile rows of `r` output rows, then one of `short`
-    /// rows where `short > 0`). Rows address through `p` (part `p` starts at tile row
-    /// `p s`) so that the parallel-loop analysis sees every access as `p` times one
-    /// stride plus less.
+    /// slot, first output channel)` making each block (`rows` tile rows of `r` output
+    /// rows, then one of `short` rows where `short > 0`). Rows address through `p` (part
+    /// `p` starts at tile row `p s`) so that the parallel-loop analysis sees every access
+    /// as `p` times one stride plus less; split by channels, part `p` runs every tile-row
+    /// part's blocks for channels from `p chans`, its slot (and so its channels' stores,
+    /// see [`Geo::block`]) addressed through `p`.
     fn emit(
         &self,
         k: &mut Kernel,
