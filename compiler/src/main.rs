@@ -595,11 +595,9 @@ fn compile(args: CompileArgs) -> Result<()> {
         name: args.name.clone(),
         target: args.target.clone(),
         shapes: binds,
-        constants: vec![],
         opt_level: args.opt_level,
         exact_math: args.exact_math,
-        kernel_table: false,
-        min_program_work: onnxc::kir::parallel::MIN_PROGRAM_WORK,
+        ..driver::Options::default()
     };
     if args.emit == Emit::Onnx {
         let mut m = onnx::load(&model)?;
