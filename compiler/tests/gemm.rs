@@ -901,6 +901,29 @@ fn split_cases() -> Vec<Case> {
         vec![],
         &["Silu"],
     ));
+    // Residuals read by the microkernel (the call's add view, beside the bias its init
+    // takes): a 1x1 conv on X in place (900 columns: a masked edge in every part), then
+    // Relu as in a ResNet block; a MatMul with a bias row, as in a transformer block.
+    v.push(one_node(
+        "split_conv1x1_residual_relu",
+        "Conv",
+        &[
+            ("x", &[1, 144, 30, 30], false),
+            ("w", &[32, 144, 1, 1], true),
+            ("bias", &[32], true),
+        ],
+        &[1, 32, 30, 30],
+        vec![],
+        &["residual", "Relu"],
+    ));
+    v.push(one_node(
+        "split_matmul_bias_residual",
+        "MatMul",
+        &[("a", &[197, 192], false), ("b", &[192, 192], true)],
+        &[197, 192],
+        vec![],
+        &["bias_row", "residual"],
+    ));
     v
 }
 
@@ -1157,7 +1180,8 @@ fn gemm_aarch64_neon_qemu() {
 }
 
 /// `Stmt::Gemm` with every epilogue the call carries (bias views broadcast by rows, by
-/// columns or full; Relu, Clip, LeakyRelu; alpha; B constant or an input), compiled
+/// columns or full; a residual add view at an offset into its buffer; Relu, Clip,
+/// LeakyRelu, SiLU; alpha; B constant or an input), compiled
 /// straight from kernel IR for `target` and checked against a scalar computation.
 fn check_calls(target: &str) {
     use onnxc::backend::cranelift::{compile_object, ObjectSpec, TensorDesc};
@@ -1216,6 +1240,8 @@ fn check_calls(target: &str) {
                 _ => (m * n, n as i64, 1),
             };
             let init = rand(ilen, case + 99);
+            // The residual: in two cases of three, 3 elements into its buffer.
+            let radd = (!case.is_multiple_of(3)).then(|| rand(m * n + 3, case + 7));
             let mut p = Program::default();
             let ab = p.add_buffer("a", BufKind::Input(0), Ty::F32, (m * k) as u64);
             let bb = if b_const {
@@ -1231,6 +1257,11 @@ fn check_calls(target: &str) {
             let ib = (ilen > 0).then(|| {
                 let id = p.add_buffer("init", BufKind::Input(ins.len()), Ty::F32, ilen as u64);
                 ins.push((vec![ilen], init.clone()));
+                id
+            });
+            let rb = radd.as_ref().map(|r| {
+                let id = p.add_buffer("add", BufKind::Input(ins.len()), Ty::F32, r.len() as u64);
+                ins.push((vec![r.len()], r.clone()));
                 id
             });
             let cb = p.add_buffer("c", BufKind::Output(0), Ty::F32, (m * n) as u64);
@@ -1253,6 +1284,7 @@ fn check_calls(target: &str) {
                 c: view(cb, n as i64, 1),
                 alpha,
                 init: ib.map(|i| view(i, irs, ics)),
+                add: rb.map(|r| MatView::strided(r, Expr::Int(3), n as i64, 1)),
                 act,
             }))];
             p.kernels = vec![kern];
@@ -1318,6 +1350,9 @@ fn check_calls(target: &str) {
                     if ilen > 0 {
                         x += init[(i as i64 * irs + j as i64 * ics) as usize];
                     }
+                    if let Some(r) = &radd {
+                        x += r[3 + i * n + j];
+                    }
                     want[i * n + j] = match act {
                         GemmAct::None => x,
                         GemmAct::Relu => x.max(0.0),
@@ -1336,7 +1371,8 @@ fn check_calls(target: &str) {
             let err = rel_err(&got[0], &Tensor::from_vec(&[m, n], want));
             if err.is_nan() || err > 1e-4 {
                 failures.push(format!(
-                    "{m}x{n}x{k} init {init_kind} {act:?} alpha {alpha} b_const {b_const} panel {panel:?}: {err:e}"
+                    "{m}x{n}x{k} init {init_kind} add {} {act:?} alpha {alpha} b_const {b_const} panel {panel:?}: {err:e}",
+                    radd.is_some()
                 ));
             }
         }

@@ -481,10 +481,12 @@ pub enum GemmAct {
     Silu,
 }
 
-/// `C[i, j] = act(init[i, j] + alpha * sum_p A[i, p] * B[p, j])` for `i < m, j < n,
-/// p < k`, all views f32. `init` absent means 0; `init` equal to `c` accumulates into C.
-/// C must not overlap A or B. A constant-buffer operand (weights) with a literal offset
-/// may be repacked by the back end at compile time.
+/// `C[i, j] = act((init[i, j] + alpha * sum_p A[i, p] * B[p, j]) + add[i, j])` for `i < m,
+/// j < n, p < k`, all views f32. `init` absent means 0; `init` equal to `c` accumulates
+/// into C. `add` (a residual: the second addend of a bias-then-residual epilogue, summed
+/// in that order) is absent or a view of another buffer. C must not overlap A, B or
+/// `add`. A constant-buffer operand (weights) with a literal offset may be repacked by
+/// the back end at compile time.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GemmCall {
     pub m: u64,
@@ -495,14 +497,29 @@ pub struct GemmCall {
     pub c: MatView,
     pub alpha: f32,
     pub init: Option<MatView>,
+    pub add: Option<MatView>,
     pub act: GemmAct,
 }
 
 impl GemmCall {
-    /// The views the call reads and writes: A, B, C, then init.
+    /// The views the call reads and writes: A, B, C, then init and add.
     pub fn views(&self) -> Vec<&MatView> {
-        let mut v = vec![&self.a, &self.b, &self.c];
-        v.extend(self.init.as_ref());
+        self.named_views().into_iter().map(|(_, v)| v).collect()
+    }
+
+    /// [`GemmCall::views`], each with its name (`"A"`, `"B"`, `"C"`, `"init"`, `"add"`).
+    pub fn named_views(&self) -> Vec<(&'static str, &MatView)> {
+        let mut v = vec![("A", &self.a), ("B", &self.b), ("C", &self.c)];
+        v.extend(self.init.as_ref().map(|i| ("init", i)));
+        v.extend(self.add.as_ref().map(|r| ("add", r)));
+        v
+    }
+
+    /// [`GemmCall::views`], to change.
+    pub fn views_mut(&mut self) -> Vec<&mut MatView> {
+        let mut v = vec![&mut self.a, &mut self.b, &mut self.c];
+        v.extend(self.init.as_mut());
+        v.extend(self.add.as_mut());
         v
     }
 }

@@ -532,8 +532,8 @@ fn gemm_forms(g: &GemmCall, env: &Env, scope: &Scope, out: &mut Vec<Access>) {
     };
     view(&g.a, m, k, true, false);
     view(&g.b, k, n, false, false);
-    if let Some(i) = &g.init {
-        view(i, m, n, false, false);
+    for v in g.init.iter().chain(&g.add) {
+        view(v, m, n, false, false);
     }
     view(&g.c, m, n, false, true);
 }
@@ -746,10 +746,7 @@ pub fn subst(body: &[Stmt], var: VarId, with: &Expr) -> Vec<Stmt> {
             },
             Stmt::Gemm(g) => {
                 let mut g = g.clone();
-                for v in [&mut g.a, &mut g.b, &mut g.c]
-                    .into_iter()
-                    .chain(g.init.as_mut())
-                {
+                for v in g.views_mut() {
                     v.offset = v.offset.subst(var, with);
                 }
                 Stmt::Gemm(g)
@@ -833,6 +830,7 @@ mod tests {
                 c: MatView::strided(Y, c_off, 64, 1),
                 alpha: 1.0,
                 init: None,
+                add: None,
                 act: crate::kir::GemmAct::None,
             };
             vec![for_(i, 4, vec![pack, Stmt::Gemm(Box::new(g))])]
@@ -861,6 +859,7 @@ mod tests {
                 c: MatView::strided(Y, mul(v(i), int(16)), 64, 1),
                 alpha: 1.0,
                 init: None,
+                add: None,
                 act: crate::kir::GemmAct::None,
             };
             vec![for_(i, 4, vec![Stmt::Gemm(Box::new(g))])]

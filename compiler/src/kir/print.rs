@@ -66,6 +66,9 @@ fn stmts(body: &[Stmt], depth: usize, s: &mut String) {
                 if let Some(i) = &g.init {
                     rhs = format!("{} + {rhs}", view(i));
                 }
+                if let Some(r) = &g.add {
+                    rhs = format!("({rhs}) + {}", view(r));
+                }
                 match g.act {
                     super::GemmAct::None => {}
                     super::GemmAct::Relu => rhs = format!("relu({rhs})"),

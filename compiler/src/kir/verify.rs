@@ -236,7 +236,7 @@ fn verify_gemm(g: &super::GemmCall, k: &Kernel, p: &Program) -> Result<(), Strin
     if g.m == 0 || g.n == 0 || g.k == 0 {
         return Err(format!("gemm of empty size {}x{}x{}", g.m, g.n, g.k));
     }
-    for (what, v) in ["A", "B", "C", "init"].iter().zip(g.views()) {
+    for (what, v) in g.named_views() {
         let b = p
             .buffers
             .get(v.buf)
@@ -247,7 +247,7 @@ fn verify_gemm(g: &super::GemmCall, k: &Kernel, p: &Program) -> Result<(), Strin
         if type_of(&v.offset, k, p)? != Ty::I64 {
             return Err(format!("gemm {what} offset into `{}` is not i64", b.name));
         }
-        let (rows, cols) = match *what {
+        let (rows, cols) = match what {
             "A" => (g.m, g.k),
             "B" => (g.k, g.n),
             _ => (g.m, g.n),
@@ -257,13 +257,13 @@ fn verify_gemm(g: &super::GemmCall, k: &Kernel, p: &Program) -> Result<(), Strin
         let (prows, pcols, pext) = match v.panel {
             None => (rows, cols, 0),
             Some((w, ps)) => {
-                if *what != "B" && *what != "A" {
+                if what != "B" && what != "A" {
                     return Err(format!("gemm {what} view has panels (only A and B may)"));
                 }
                 if w == 0 {
                     return Err(format!("gemm {what} panels of width 0"));
                 }
-                if *what == "B" {
+                if what == "B" {
                     (rows, w, (cols.div_ceil(w) as i64 - 1) * ps)
                 } else {
                     (w, cols, (rows.div_ceil(w) as i64 - 1) * ps)
@@ -296,6 +296,9 @@ fn verify_gemm(g: &super::GemmCall, k: &Kernel, p: &Program) -> Result<(), Strin
     }
     if g.c.buf == g.a.buf || g.c.buf == g.b.buf {
         return Err("gemm C shares a buffer with A or B".into());
+    }
+    if g.add.as_ref().is_some_and(|r| r.buf == g.c.buf) {
+        return Err("gemm C shares a buffer with its add view".into());
     }
     Ok(())
 }
@@ -399,5 +402,37 @@ mod tests {
             p.add_buffer("c", BufKind::Const { data }, Ty::Str, 2);
             assert_eq!(verify_program(&p).is_ok(), ok);
         }
+    }
+
+    /// A GEMM's add view is bounds-checked under its own name and may not be C's buffer.
+    #[test]
+    fn gemm_add_views() {
+        use crate::kir::{GemmAct, GemmCall, MatView};
+        let mut p = Program::default();
+        let a = p.add_buffer("a", BufKind::Input(0), Ty::F32, 16);
+        let r = p.add_buffer("r", BufKind::Input(1), Ty::F32, 16);
+        let c = p.add_buffer("c", BufKind::Output(0), Ty::F32, 16);
+        let view = |buf, off| MatView::strided(buf, Expr::Int(off), 4, 1);
+        let run = |add: MatView| {
+            let mut k = Kernel::new("k");
+            k.body = vec![Stmt::Gemm(Box::new(GemmCall {
+                m: 4,
+                n: 4,
+                k: 4,
+                a: view(a, 0),
+                b: view(a, 0),
+                c: view(c, 0),
+                alpha: 1.0,
+                init: None,
+                add: Some(add),
+                act: GemmAct::None,
+            }))];
+            verify_kernel(&k, &p).map_err(|e| e.join("\n"))
+        };
+        assert_eq!(run(view(r, 0)), Ok(()));
+        let e = run(view(r, 1)).expect_err("past the end");
+        assert!(e.contains("gemm add view"), "{e}");
+        let e = run(view(c, 0)).expect_err("C itself");
+        assert!(e.contains("add view"), "{e}");
     }
 }

@@ -93,9 +93,7 @@ fn stmts(body: &mut [Stmt], from: BufId, to: BufId, off: i64) {
                 stmts(els, from, to, off);
             }
             Stmt::Gemm(g) => {
-                let mut views = vec![&mut g.a, &mut g.b, &mut g.c];
-                views.extend(g.init.as_mut());
-                for v in views {
+                for v in g.views_mut() {
                     expr(&mut v.offset, from, to, off);
                     if v.buf == from {
                         v.buf = to;

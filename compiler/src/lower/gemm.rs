@@ -5,8 +5,9 @@
 //!
 //! The fused epilogue (`LowerCtx::epilogue`) goes into the call where it can: a leading
 //! `Add` of an operand that is a 2-D view of the output (a bias) becomes the call's `init`,
-//! a following Relu / Clip / LeakyRelu its activation; the remaining steps run as a pass
-//! over the output inside the same kernel.
+//! a following `Add` of a whole tensor of the output's shape (a residual) its `add`, a
+//! following Relu / Clip / LeakyRelu / SiLU its activation; the remaining steps run as a
+//! pass over the output inside the same kernel.
 
 mod winograd;
 
@@ -45,6 +46,8 @@ struct OutSplit<'a> {
 struct EpPlan {
     /// A bias operand and its broadcast strides over the output dims.
     init: Option<(TensorRef, Vec<usize>)>,
+    /// A residual of the output's shape, read at C's positions.
+    add: Option<TensorRef>,
     act: GemmAct,
     rest: Epilogue,
 }
@@ -67,6 +70,16 @@ fn plan_epilogue(ep: Option<&Epilogue>, split: &OutSplit, allow_init: bool) -> E
             }
         }
     }
+    // A residual after the bias (or the conv's own bias, or Gemm's C): every element of
+    // the output's shape, so it reads at C's positions.
+    let mut add = None;
+    if let Some(EpStep::Add(t)) = steps.get(i) {
+        let whole = t.len() == split.shape.iter().product::<usize>();
+        if t.dtype == DType::F32 && t.shape.len() <= split.shape.len() && whole {
+            add = Some(t.clone());
+            i += 1;
+        }
+    }
     let mut act = GemmAct::None;
     if let Some(EpStep::Act(a)) = steps.get(i) {
         let g = match a {
@@ -83,6 +96,7 @@ fn plan_epilogue(ep: Option<&Epilogue>, split: &OutSplit, allow_init: bool) -> E
     }
     EpPlan {
         init,
+        add,
         act,
         rest: Epilogue {
             steps: steps[i..].to_vec(),
@@ -101,6 +115,14 @@ impl EpPlan {
             rs: collapse(&split.shape[b..r], &st[b..r])?,
             cs: collapse(&split.shape[r..], &st[r..])?,
             panel: None,
+        })
+    }
+
+    /// The add view: the residual where `c` (a view of the output) reads.
+    fn add_view(&self, c: &MatView) -> Option<MatView> {
+        self.add.as_ref().map(|t| MatView {
+            buf: t.buf,
+            ..c.clone()
         })
     }
 
@@ -193,13 +215,15 @@ pub fn matmul(lw: &mut LowerCtx) -> OpResult<bool> {
     let mut k = lw.kernel("");
     let ost: Vec<usize> = strides(&gbatch).iter().map(|s| s * gm * n).collect();
     let mut body = nest(&mut k, &gbatch, |_, bv| {
+        let c = MatView::strided(out.buf, offset(bv, &ost), n as i64, 1);
         vec![Stmt::Gemm(Box::new(GemmCall {
             m: gm as u64,
             n: n as u64,
             k: kd as u64,
             a: MatView::strided(a.buf, offset(bv, &abs), kd as i64, 1),
             b: MatView::strided(b.buf, offset(bv, &bbs), n as i64, 1),
-            c: MatView::strided(out.buf, offset(bv, &ost), n as i64, 1),
+            add: plan.add_view(&c),
+            c,
             alpha: 1.0,
             init: plan.init_view(&split, bv),
             act: plan.act,
@@ -275,13 +299,15 @@ pub fn gemm(lw: &mut LowerCtx) -> OpResult<bool> {
     let (ars, acs) = if ta { (1, m as i64) } else { (kd as i64, 1) };
     let (brs, bcs) = if tb { (1, kd as i64) } else { (n as i64, 1) };
     let mut k = lw.kernel("");
+    let c = MatView::strided(out.buf, Expr::Int(0), n as i64, 1);
     let mut body = vec![Stmt::Gemm(Box::new(GemmCall {
         m: m as u64,
         n: n as u64,
         k: kd as u64,
         a: MatView::strided(a.buf, Expr::Int(0), ars, acs),
         b: MatView::strided(b.buf, Expr::Int(0), brs, bcs),
-        c: MatView::strided(out.buf, Expr::Int(0), n as i64, 1),
+        add: plan.add_view(&c),
+        c,
         alpha,
         init,
         act: plan.act,
@@ -390,23 +416,25 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
         }
     };
     let gemm_call = |b: MatView, nv: VarId, col0: Expr, n: usize| {
+        let c = MatView {
+            buf: out.buf,
+            offset: shift(
+                Expr::mul(Expr::Var(nv), Expr::Int((m * ol) as i64)),
+                col0.clone(),
+                1,
+            ),
+            rs: ol as i64,
+            cs: 1,
+            panel: None,
+        };
         Stmt::Gemm(Box::new(GemmCall {
             m: m as u64,
             n: n as u64,
             k: kd as u64,
             a: MatView::strided(w.buf, Expr::Int(0), kd as i64, 1),
             b,
-            c: MatView {
-                buf: out.buf,
-                offset: shift(
-                    Expr::mul(Expr::Var(nv), Expr::Int((m * ol) as i64)),
-                    col0.clone(),
-                    1,
-                ),
-                rs: ol as i64,
-                cs: 1,
-                panel: None,
-            },
+            add: plan.add_view(&c),
+            c,
             alpha: 1.0,
             init: init_for(nv, col0),
             act: plan.act,
@@ -685,6 +713,7 @@ fn conv_transposed(
             init: bias
                 .as_ref()
                 .map(|b| MatView::strided(b.buf, Expr::Int(0), 0, 1)),
+            add: None,
             act: GemmAct::None,
         })));
         st.push(copy_out(
@@ -1008,6 +1037,7 @@ fn conv_padded(
         c: MatView::strided(rows, lin(vec![(v(hv), ppart * PANEL)]), ld as i64, 1),
         alpha: 1.0,
         init: bias.map(|b| MatView::strided(b.buf, Expr::Int(0), 1, 0)),
+        add: None,
         act: GemmAct::None,
     })));
     body.extend(loops(&[(hv, parts)], part));

@@ -301,6 +301,7 @@ fn collect_bufs(
                 let direct = [(&g.a, !pa), (&g.b, !pb), (&g.c, true)]
                     .into_iter()
                     .chain(g.init.as_ref().map(|v| (v, true)))
+                    .chain(g.add.as_ref().map(|v| (v, true)))
                     .filter_map(|(v, direct)| direct.then_some(v));
                 for v in direct {
                     if !out.contains(&v.buf) {
@@ -406,6 +407,13 @@ impl Gen<'_, '_> {
                     Some(v) => self.addr(v.buf, &v.offset)?,
                     None => self.b.ins().iconst(ptr, 0),
                 });
+                // The add view by its byte offset from C (the plan took it only at C's
+                // strides).
+                if let Some(v) = &g.add {
+                    let r = self.addr(v.buf, &v.offset)?;
+                    let d = self.b.ins().isub(r, args[2]);
+                    args.push(d);
+                }
                 match split {
                     Some(sp) => self.gemm_split(func, sp, &args),
                     None => {
@@ -726,13 +734,17 @@ impl Gen<'_, '_> {
             Some(v) => Some(self.addr(v.buf, &v.offset)?),
             None => None,
         };
+        let pr = match &g.add {
+            Some(v) => Some(self.addr(v.buf, &v.offset)?),
+            None => None,
+        };
         let full = (g.m / VEC_MR) as i64;
         let rem = (g.m % VEC_MR) as usize;
         let ntiles = (g.n / VEC_NR) as i64;
         let tiles = |me: &mut Self, rows: usize, i0: Value| {
             me.counted(ntiles, &mut |me, jt| {
                 let j0 = me.b.ins().imul_imm_s(jt, VEC_NR as i64);
-                me.vec4_tile(g, rows, i0, j0, pa, pb, pc, pi)
+                me.vec4_tile(g, rows, i0, j0, [pa, pb, pc], [pi, pr])
             })
         };
         if full > 0 {
@@ -748,17 +760,14 @@ impl Gen<'_, '_> {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn vec4_tile(
         &mut self,
         g: &crate::kir::GemmCall,
         rows: usize,
         i0: Value,
         j0: Value,
-        pa: Value,
-        pb: Value,
-        pc: Value,
-        pi: Option<Value>,
+        [pa, pb, pc]: [Value; 3],
+        [pi, pr]: [Option<Value>; 2],
     ) -> Result<(), String> {
         use crate::kir::GemmAct;
         let v4 = types::F32X4;
@@ -814,6 +823,10 @@ impl Gen<'_, '_> {
             (Some(v), Some(p)) => Some((at(self, p, i0, v.rs, j0, v.cs), v.rs * 4, v.cs)),
             _ => None,
         };
+        let rrow = match (&g.add, pr) {
+            (Some(v), Some(p)) => Some((at(self, p, i0, v.rs, j0, 1), v.rs * 4)),
+            _ => None,
+        };
         let alpha = if g.alpha != 1.0 {
             let a = self.b.ins().f32const(g.alpha);
             Some(self.b.ins().splat(v4, a))
@@ -840,6 +853,14 @@ impl Gen<'_, '_> {
                         self.b.ins().load(v4, fl, addr, 0)
                     };
                     x = self.b.ins().fadd(y, x);
+                }
+                if let Some((rb, rrs)) = rrow {
+                    let addr = self
+                        .b
+                        .ins()
+                        .iadd_imm_s(rb, r as i64 * rrs + (16 * v) as i64);
+                    let y = self.b.ins().load(v4, fl, addr, 0);
+                    x = self.b.ins().fadd(x, y);
                 }
                 x = match g.act {
                     GemmAct::None => x,

@@ -62,8 +62,8 @@ impl Plan {
 #[derive(Clone, Copy, Debug)]
 pub struct Split {
     pub tasks: u32,
-    /// The task function `(ctx, index)` that runs part `index` (ctx: the four operand
-    /// pointers a, b, c, init).
+    /// The task function `(ctx, index)` that runs part `index` (ctx: the operand pointers
+    /// a, b, c, init, then the add view's byte offset from C when the call has one).
     pub task: FuncId,
 }
 
@@ -212,7 +212,8 @@ impl GemmCtx {
     /// For f32x4 tiles: the columns that fill whole tiles, and the rest (as loops).
     fn vec4_split(&self, g: &GemmCall) -> Option<(GemmCall, Option<GemmCall>)> {
         let init_ok = g.init.as_ref().is_none_or(|v| v.cs == 0 || v.cs == 1);
-        if !self.vec4 || g.b.cs != 1 || g.c.cs != 1 || !init_ok || g.n < VEC_NR {
+        let add_ok = g.add.as_ref().is_none_or(|v| v.cs == 1);
+        if !self.vec4 || g.b.cs != 1 || g.c.cs != 1 || !init_ok || !add_ok || g.n < VEC_NR {
             return None;
         }
         let n8 = g.n / VEC_NR * VEC_NR;
@@ -230,6 +231,7 @@ impl GemmCtx {
         rest.b = shift(&g.b);
         rest.c = shift(&g.c);
         rest.init = g.init.as_ref().map(shift);
+        rest.add = g.add.as_ref().map(shift);
         Some((main, Some(rest)))
     }
 
@@ -260,6 +262,12 @@ impl GemmCtx {
             Some(_) => return Ok(None),
         };
         let init_is_c = g.init.as_ref() == Some(&g.c);
+        // The add view at C's positions in another buffer: one byte offset from C.
+        let add = match &g.add {
+            None => false,
+            Some(v) if v.rs == g.c.rs && v.cs == 1 && v.panel.is_none() => true,
+            Some(_) => return Ok(None),
+        };
         let (a_tile, a_row, a_k, a_op) = match (ca, g.a.panel) {
             // Row panels of the microkernel's height: its packed layout, read in place.
             (None, Some((w, ps))) if w as i64 == mr => {
@@ -314,6 +322,7 @@ impl GemmCtx {
             c_rs: g.c.rs * 4,
             init,
             init_is_c,
+            add,
             act: g.act.into(),
             kc,
             nc,
@@ -344,7 +353,7 @@ impl GemmCtx {
             Err(_) => return Ok(None),
         };
         let mut sig = Signature::new(module.isa().default_call_conv());
-        for _ in 0..4 {
+        for _ in 0..4 + usize::from(spec.add) {
             sig.params.push(AbiParam::new(types::I64));
         }
         // The shape in the name, for profiles.
@@ -423,21 +432,24 @@ impl GemmCtx {
         let (Some(f_small), Some(f_big), Some(f_last)) = (f_small, f_big, f_last) else {
             return Ok(None);
         };
-        // Byte steps of a, b, c, init per unit.
+        // Byte steps of a, b, c, init per unit (and none of add's offset from C).
         let (ia, ib) = spec.init.unwrap_or((0, 0));
-        let steps: [i64; 4] = if by_cols {
+        let mut steps = if by_cols {
             let cols = gw as i64;
-            [0, spec.b_panel, cols * 4, cols * ib]
+            vec![0, spec.b_panel, cols * 4, cols * ib]
         } else {
             let rows = isa.mr() as i64;
-            [spec.a_tile, 0, rows * spec.c_rs, rows * ia]
+            vec![spec.a_tile, 0, rows * spec.c_rs, rows * ia]
         };
+        if spec.add {
+            steps.push(0);
+        }
         let task = task_function(
             module,
             &format!("{}__gemm_task{}", self.prefix, self.tasks),
             [f_small, f_big, f_last],
             (tasks as u32, units as u32),
-            steps,
+            &steps,
         )?;
         self.tasks += 1;
         Ok(Some(Split {
@@ -516,6 +528,7 @@ pub fn unpanel(g: &GemmCall) -> Vec<GemmCall> {
                     a: shift(&g.a, q as i64 * ps),
                     c: shift(&g.c, i0 * g.c.rs),
                     init: g.init.as_ref().map(|v| shift(v, i0 * v.rs)),
+                    add: g.add.as_ref().map(|v| shift(v, i0 * v.rs)),
                     ..g.clone()
                 })
             })
@@ -533,6 +546,7 @@ pub fn unpanel(g: &GemmCall) -> Vec<GemmCall> {
                 b: shift(&g.b, q as i64 * ps),
                 c: shift(&g.c, j0 * g.c.cs),
                 init: g.init.as_ref().map(|v| shift(v, j0 * v.cs)),
+                add: g.add.as_ref().map(|v| shift(v, j0 * v.cs)),
                 ..g.clone()
             }
         })
@@ -564,6 +578,9 @@ pub fn expand(g: &GemmCall, vars: &mut Vec<Ty>) -> Vec<Stmt> {
     }
     if let Some(v) = &g.init {
         val = Expr::add(Expr::load(v.buf, at(v, i, j)), val);
+    }
+    if let Some(v) = &g.add {
+        val = Expr::add(val, Expr::load(v.buf, at(v, i, j)));
     }
     val = act_expr(g.act, val);
     let inner = vec![
@@ -627,7 +644,7 @@ fn task_function(
     name: &str,
     [small, big, last]: [FuncId; 3],
     (tasks, units): (u32, u32),
-    steps: [i64; 4],
+    steps: &[i64],
 ) -> R<FuncId> {
     use cranelift_codegen::ir::{condcodes::IntCC, InstBuilder, MemFlagsData};
     use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};

@@ -3,7 +3,11 @@
 //!
 //! ```c
 //! void gemm(const float *a, const float *b, float *c, const float *init);
+//! void gemm(const float *a, const float *b, float *c, const float *init, ptrdiff_t add);
 //! ```
+//!
+//! (the second when the spec has an `add` view: a residual at C's positions plus `add`
+//! bytes, summed after the product and before the activation).
 //!
 //! Every size and stride is a constant of the code. A register tile of `MR x NR`
 //! accumulators (AVX-512: 12 x 32, 24 zmm; AVX2: 6 x 16, 12 ymm) runs a looped k-loop of
@@ -80,6 +84,9 @@ pub struct Spec {
     pub init: Option<(i64, i64)>,
     /// The init view is C itself (accumulate).
     pub init_is_c: bool,
+    /// A second addend `add(i, j)` at `C(i, j)`'s address plus the fifth argument (bytes),
+    /// summed after init and the product, before the activation.
+    pub add: bool,
     pub act: ActBits,
     /// k block and column block.
     pub kc: usize,
@@ -297,12 +304,19 @@ const SILU_XHI: usize = 14;
 const SILU_NLOG2E: usize = 15;
 const SILU_NLN2HI: usize = 16;
 
-// Registers: rdi/rsi/rdx/rcx = a/b/c/init on entry (saved to the stack); r8 = A at the k
+// Registers: rdi/rsi/rdx/rcx/r8 = a/b/c/init/add on entry (saved to the stack); r8 = A at the k
 // block; r9 = B at the k block and column block; r12 = A row tile; r13 = C row tile;
 // rsi = init row tile; rbx = B panel; rbp = C tile; rdi = init tile; rax / r11 = A / B in
 // the k-loop; rcx = k counter; r10 / r14 / r15 = column / row / k-block loop counters.
 const SAVED: [AsmRegister64; 6] = [rbx, rbp, r12, r13, r14, r15];
-const FRAME: i32 = 32;
+/// Stack bytes for the entry arguments (the fifth only with an add view).
+fn frame(s: &Spec) -> i32 {
+    if s.add {
+        40
+    } else {
+        32
+    }
+}
 
 /// Assembles the function for `s`.
 pub fn generate(s: &Spec) -> R<Vec<u8>> {
@@ -354,11 +368,14 @@ impl Gen<'_> {
         for r in SAVED {
             self.a.push(r).map_err(e)?;
         }
-        self.a.sub(rsp, FRAME).map_err(e)?;
+        self.a.sub(rsp, frame(s)).map_err(e)?;
         self.a.mov(qword_ptr(rsp), rdi).map_err(e)?;
         self.a.mov(qword_ptr(rsp + 8), rsi).map_err(e)?;
         self.a.mov(qword_ptr(rsp + 16), rdx).map_err(e)?;
         self.a.mov(qword_ptr(rsp + 24), rcx).map_err(e)?;
+        if s.add {
+            self.a.mov(qword_ptr(rsp + 32), r8).map_err(e)?;
+        }
         // k blocks: (start, length); consecutive blocks of one length form a loop.
         let mut blocks = Vec::new();
         let mut p = 0;
@@ -389,7 +406,7 @@ impl Gen<'_> {
         if s.isa == Isa::Avx2 || s.isa == Isa::Avx512 {
             self.a.vzeroupper().map_err(e)?;
         }
-        self.a.add(rsp, FRAME).map_err(e)?;
+        self.a.add(rsp, frame(s)).map_err(e)?;
         for r in SAVED.iter().rev() {
             self.a.pop(*r).map_err(e)?;
         }
@@ -669,6 +686,16 @@ impl Gen<'_> {
         for q in 0..rest as i64 {
             self.kstep(rows, nv, masked, q * s.a_k, q * s.b_k)?;
         }
+        if last && s.add {
+            // rax = add - C (bytes): the k-loop is done with it.
+            self.a.mov(rax, qword_ptr(rsp + 32)).map_err(e)?;
+            for i in 0..rows {
+                for v in 0..nv {
+                    let at = rbp + rax + d32(i as i64 * s.c_rs + (v * lanes * 4) as i64)?;
+                    self.add_from(2 * i + v, at, msk(v))?;
+                }
+            }
+        }
         if last {
             self.act(rows, nv)?;
         }
@@ -772,6 +799,24 @@ impl Gen<'_> {
             (Isa::Avx512, true) => self.a.vmovups(ZMM[acc].k1().z(), zmmword_ptr(at)),
             (Isa::Avx2, false) => self.a.vmovups(YMM[acc], ymmword_ptr(at)),
             (Isa::Avx2, true) => self.a.vmaskmovps(YMM[acc], ymm15, ymmword_ptr(at)),
+        }
+        .map_err(e)
+    }
+
+    /// `acc += [at]` (masked: the edge lanes only; AVX2 loads through ymm14, free after
+    /// the k-loop).
+    fn add_from(&mut self, acc: usize, at: AsmMemoryOperand, masked: bool) -> R<()> {
+        match (self.s.isa, masked) {
+            (Isa::Avx512, false) => self.a.vaddps(ZMM[acc], ZMM[acc], zmmword_ptr(at)),
+            // Merge-masked: the lanes past the edge are not read (no fault) and not stored.
+            (Isa::Avx512, true) => self.a.vaddps(ZMM[acc].k1(), ZMM[acc], zmmword_ptr(at)),
+            (Isa::Avx2, false) => self.a.vaddps(YMM[acc], YMM[acc], ymmword_ptr(at)),
+            (Isa::Avx2, true) => {
+                self.a
+                    .vmaskmovps(ymm14, ymm15, ymmword_ptr(at))
+                    .map_err(e)?;
+                self.a.vaddps(YMM[acc], YMM[acc], ymm14)
+            }
         }
         .map_err(e)
     }

@@ -757,6 +757,7 @@ impl Geo<'_> {
                 ),
                 alpha: 1.0,
                 init,
+                add: None,
                 act: GemmAct::None,
             })));
         }
