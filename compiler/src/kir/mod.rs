@@ -535,6 +535,26 @@ pub struct Kernel {
     /// application's threads (a `parallel_for` hook), else 0. For lowerings whose best
     /// split of the work depends on it ([`Kernel::threaded`]); the kernel never sets it.
     pub threaded: Option<VarId>,
+    /// Set by a lowering whose kernel writes its output in [`Bands`] (a depthwise conv
+    /// by bands of output rows), for `lower::bands` to append the next kernel's GEMM on
+    /// that output to each band.
+    pub bands: Option<Bands>,
+}
+
+/// How a kernel writes buffer `buf`, seen as `images x rows` rows of `cols` elements (an
+/// NCHW output: channels of `cols` pixels): iteration `b` of the loop over `band` (inside
+/// the loop over `image`) writes columns `[b * width, (b + 1) * width)` of every row of
+/// its image, and nothing else of `buf`; statements appended to that loop's body run
+/// after those columns are written, in the same iteration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Bands {
+    pub buf: BufId,
+    pub image: VarId,
+    pub band: VarId,
+    pub images: u64,
+    pub rows: u64,
+    pub cols: u64,
+    pub width: u64,
 }
 
 impl Kernel {

@@ -18,7 +18,7 @@ use crate::kir::{BufId, BufKind, Expr, Kernel, Program, Stmt, Ty, VarId};
 const ALIGN: u64 = 64;
 
 /// `(constant, coefficient of var)` of an affine integer index, when it is one.
-fn affine(e: &Expr, var: VarId) -> Option<(i64, i64)> {
+pub(super) fn affine(e: &Expr, var: VarId) -> Option<(i64, i64)> {
     match e {
         Expr::Int(c) => Some((*c, 0)),
         Expr::Var(v) if *v == var => Some((0, 1)),

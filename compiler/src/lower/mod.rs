@@ -3,6 +3,7 @@
 //! the memory plan fixes the arena offsets.
 
 pub mod alias;
+pub mod bands;
 pub mod gemm;
 pub mod plan;
 
@@ -316,6 +317,12 @@ pub fn lower(g: &Graph, known: &HashMap<ValueId, Value>) -> Result<Lowered> {
     }
     for k in alias::copies(&mut p).into_iter().rev() {
         kernel_nodes.remove(k);
+    }
+    if std::env::var_os("ONNXC_NO_BAND_FUSION").is_none() {
+        for k in bands::fuse(&mut p).into_iter().rev() {
+            let after = kernel_nodes.remove(k);
+            kernel_nodes[k - 1] = format!("{} + {after}", kernel_nodes[k - 1]);
+        }
     }
     let plan = plan::plan(&mut p);
     if let Err(e) = crate::kir::verify::verify_program(&p) {

@@ -1870,6 +1870,15 @@ mod lower {
         let mut sbody = phs.zero_unwritten(win, (scratch, &mul(v(slot), int(gplane))), zv, zr);
         sbody.push(for_(gi, per, gbody));
         k_.body = loops(&[(nv, n), (slot, slots)], sbody);
+        k_.bands = bands.map(|b| crate::kir::Bands {
+            buf: out.buf,
+            image: nv,
+            band: slot,
+            images: n as u64,
+            rows: m as u64,
+            cols: (oh_n * ow_n) as u64,
+            width: (b.rows * ow_n) as u64,
+        });
         lw.push(k_);
         Ok(true)
     }
@@ -1881,7 +1890,9 @@ mod lower {
     /// the pixels the next layer's task on that core reads (the pool gives each thread
     /// the same run of tasks in every job). Each band copies its input rows (and the
     /// rows around them its windows reach) into its slot's phase planes, shifted so that
-    /// band row r reads padded rows from r.
+    /// band row r reads padded rows from r. The kernel records its bands
+    /// ([`crate::kir::Bands`]): a 1x1 conv after it then runs inside each band
+    /// (`lower::bands`), on the pixels the band has just written.
     struct Bands {
         /// Output rows per band ([`DW_BANDS`] bands).
         rows: i64,

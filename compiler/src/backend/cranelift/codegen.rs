@@ -507,6 +507,7 @@ impl Gen<'_, '_> {
             vars: self.k.vars.clone(),
             body: vec![],
             threaded: None,
+            bands: None,
         };
         let nv = tk.vars.len();
         let (idx, first, q) = (nv, nv + 1, nv + 2);
