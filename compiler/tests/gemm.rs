@@ -92,6 +92,12 @@ fn one_node(
                 inits.push(f32_tensor("pwb", &dims(&[c]), &rand(c, 12)));
                 node("Conv", &[&last, "pw", "pwb"], &[&o])
             }
+            // A residual the model reads as an input (not folded into a constant bias).
+            "residual_input" => {
+                graph_ins.push(value_info("res", DataType::Float, &dims(out)));
+                inputs.push(out.to_vec());
+                node("Add", &[&last, "res"], &[&o])
+            }
             // A residual: a tensor of the output's shape (a ResNet block's skip).
             "residual" => {
                 inits.push(f32_tensor(
@@ -518,6 +524,33 @@ fn cases() -> Vec<Case> {
         &[1, 112, 27, 27],
         vec![ints_attr("pads", &[1, 1, 1, 1])],
         &["residual", "Relu"],
+    ));
+    // A residual after a bias the call's init takes (the call's add view): Gemm with
+    // its C, and a 1x1 conv copied into panels in blocks of output rows (rows of 100
+    // pixels, 48 output channels), its add view shifted with each block.
+    v.push(one_node(
+        "gemm_c_residual",
+        "Gemm",
+        &[
+            ("a", &[37, 50], false),
+            ("b", &[50, 45], true),
+            ("c", &[45], true),
+        ],
+        &[37, 45],
+        vec![],
+        &["residual_input", "Relu"],
+    ));
+    v.push(one_node(
+        "conv1x1_panels_residual",
+        "Conv",
+        &[
+            ("x", &[1, 16, 10, 10], false),
+            ("w", &[48, 16, 1, 1], true),
+            ("bias", &[48], true),
+        ],
+        &[1, 48, 10, 10],
+        vec![],
+        &["residual"],
     ));
     v.push(one_node(
         "wino4_uneven_pads",
