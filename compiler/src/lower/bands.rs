@@ -92,21 +92,18 @@ pub fn fuse(p: &mut Program) -> Vec<usize> {
     let mut i = 0;
     let mut orig = 0;
     while i + 1 < p.kernels.len() {
-        let fused = p.kernels[i].bands.clone().and_then(|b| {
+        let fused = p.kernels[i].bands.as_ref().and_then(|b| {
             let (iv, extent, g) = single_gemm(&p.kernels[i + 1])?;
-            Some(Stmt::Gemm(Box::new(band_gemm(&b, iv, extent, g)?)))
+            Some((b.band, Stmt::Gemm(Box::new(band_gemm(b, iv, extent, g)?))))
         });
-        if let (Some(st), Some(b)) = (fused, p.kernels[i].bands.clone()) {
-            let mut k = p.kernels[i].clone();
-            if append_to(&mut k.body, b.band, &st) {
-                k.name = format!("{} + {}", k.name, p.kernels[i + 1].name);
+        if let Some((band, st)) = fused {
+            if append_to(&mut p.kernels[i].body, band, &st) {
+                let next = p.kernels.remove(i + 1);
+                let k = &mut p.kernels[i];
+                k.name = format!("{} + {}", k.name, next.name);
                 k.bands = None;
-                p.kernels[i] = k;
-                p.kernels.remove(i + 1);
                 merged.push(orig + 1);
-                orig += 2;
-                i += 1;
-                continue;
+                orig += 1;
             }
         }
         i += 1;
