@@ -957,6 +957,25 @@ fn split_cases() -> Vec<Case> {
         vec![],
         &["residual", "Relu"],
     ));
+    // An odd count of column panels, each in two halves of rows (tasks by panel and
+    // half): five whole panels on 49 rows (MobileNetV2's 7x7 projections) with a bias
+    // and a residual, and three on 30 rows whose last panel is half empty.
+    v.push(one_node(
+        "split_matmul_panel_halves",
+        "MatMul",
+        &[("a", &[49, 576], false), ("b", &[576, 160], true)],
+        &[49, 160],
+        vec![],
+        &["bias_row", "residual"],
+    ));
+    v.push(one_node(
+        "split_matmul_panel_halves_edge",
+        "MatMul",
+        &[("a", &[30, 256], false), ("b", &[256, 80], true)],
+        &[30, 80],
+        vec![],
+        &["Relu"],
+    ));
     v.push(one_node(
         "split_matmul_bias_residual",
         "MatMul",

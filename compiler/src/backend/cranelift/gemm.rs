@@ -8,7 +8,9 @@
 use crate::backend::x86::gemm::{self as x86, Isa, Spec};
 use crate::kir::{BinOp, BufKind, CmpOp, Expr, GemmAct, GemmCall, Kernel, MatView, Program};
 use crate::kir::{Stmt, Ty, UnOp};
-use cranelift_codegen::ir::{types, AbiParam, Signature};
+use cranelift_codegen::ir::{condcodes::IntCC, InstBuilder, MemFlagsData};
+use cranelift_codegen::ir::{types, AbiParam, Block, Signature, Type, Value};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_module::{DataDescription, DataId, FuncId, Linkage, Module};
 use cranelift_object::ObjectModule;
 use std::collections::HashMap;
@@ -391,6 +393,14 @@ impl GemmCtx {
         // there are enough of them not to matter.)
         let even_cols = col_units.is_multiple_of(4) || col_units >= 12;
         let by_cols = col_units >= row_units || (b_cols && even_cols);
+        // A few column panels of odd count (MobileNetV2's 7x7 projections: 49 x 160, five
+        // panels, three on one thread and two on the other): each panel's rows in two
+        // halves, the halves of a panel next to each other (one thread mostly takes
+        // both, reading the panel once). Not on panels the kernel packed just before,
+        // which each part should read on the core that packed them.
+        if by_cols && !b_cols && col_units % 2 == 1 && col_units < 8 && spec.m >= 2 * isa.mr() {
+            return self.split_halves(module, spec, col_units);
+        }
         let units = if by_cols { col_units } else { row_units };
         if units < 2 {
             return Ok(None);
@@ -454,6 +464,56 @@ impl GemmCtx {
         self.tasks += 1;
         Ok(Some(Split {
             tasks: tasks as u32,
+            task,
+        }))
+    }
+
+    /// [`Split`] of `cols` column units, each in two halves of rows (the first a whole
+    /// number of register tiles): task `2 u + r` runs half `r` of unit `u`.
+    fn split_halves(
+        &mut self,
+        module: &mut ObjectModule,
+        spec: &Spec,
+        cols: usize,
+    ) -> R<Option<Split>> {
+        let isa = spec.isa;
+        let gw = spec.b_group * isa.nr();
+        let mr = isa.mr();
+        let h = (spec.m / 2 / mr).max(1) * mr;
+        let (l1, l2) = (self.l1_kib, self.l2_kib);
+        let mut funcs = [[None; 2]; 2];
+        for (last, n) in [(0, gw), (1, spec.n - (cols - 1) * gw)] {
+            for (half, m) in [(0, h), (1, spec.m - h)] {
+                let mut s = spec.clone();
+                s.n = n;
+                let (kc, nc) = x86::blocking(isa, spec.m, s.k, s.n, l1, l2);
+                s.kc = kc;
+                s.nc = nc.div_ceil(gw) * gw;
+                s.m = m;
+                funcs[last][half] = self.func(module, &s)?;
+            }
+        }
+        let [[Some(a), Some(b)], [Some(c), Some(d)]] = funcs else {
+            return Ok(None);
+        };
+        let (ia, ib) = spec.init.unwrap_or((0, 0));
+        let mut col_steps = vec![0, spec.b_panel, gw as i64 * 4, gw as i64 * ib];
+        let rows = (h / mr) as i64;
+        let mut row_steps = vec![rows * spec.a_tile, 0, h as i64 * spec.c_rs, h as i64 * ia];
+        if spec.add {
+            col_steps.push(0);
+            row_steps.push(0);
+        }
+        let task = grid_task_function(
+            module,
+            &format!("{}__gemm_task{}", self.prefix, self.tasks),
+            [[a, b], [c, d]],
+            cols as u32,
+            (&col_steps, &row_steps),
+        )?;
+        self.tasks += 1;
+        Ok(Some(Split {
+            tasks: 2 * cols as u32,
             task,
         }))
     }
@@ -636,18 +696,15 @@ pub fn act_expr(a: GemmAct, x: Expr) -> Expr {
     }
 }
 
-/// `void task(void *ctx, uint32_t index)`, the `onnxc_task_fn` of a split call: reads the
-/// operand pointers a, b, c, init from `ctx`, advances each by `index` steps and calls
-/// `first` (`last` for the final part).
-fn task_function(
+/// `void name(void *ctx, uint32_t index)`, the `onnxc_task_fn` of a split call: `route`
+/// emits, from `ctx` and the index (as i64), the operand pointers the part gets (read
+/// from `ctx`, the pointer-sized slots a, b, c, init and, with an add view, its offset)
+/// and the blocks that each call one of the call's functions with them.
+fn define_task(
     module: &mut ObjectModule,
     name: &str,
-    [small, big, last]: [FuncId; 3],
-    (tasks, units): (u32, u32),
-    steps: &[i64],
+    route: impl FnOnce(&mut FunctionBuilder, Type, Value, Value) -> (Vec<Value>, Vec<(Block, FuncId)>),
 ) -> R<FuncId> {
-    use cranelift_codegen::ir::{condcodes::IntCC, InstBuilder, MemFlagsData};
-    use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
     let ptr = module.isa().pointer_type();
     let mut sig = Signature::new(module.isa().default_call_conv());
     sig.params.push(AbiParam::new(ptr));
@@ -668,41 +725,9 @@ fn task_function(
             (v[0], v[1])
         };
         let i = b.ins().uextend(types::I64, idx);
-        // Part i covers units [i U / T, (i + 1) U / T).
-        let bound = |b: &mut FunctionBuilder, k: cranelift_codegen::ir::Value| {
-            let p = b.ins().imul_imm_s(k, i64::from(units));
-            b.ins().udiv_imm_u(p, i64::from(tasks))
-        };
-        let start = bound(&mut b, i);
-        let i1 = b.ins().iadd_imm_s(i, 1);
-        let end = bound(&mut b, i1);
-        let len = b.ins().isub(end, start);
-        let mut args = Vec::new();
-        for (k, step) in steps.iter().enumerate() {
-            let p = b
-                .ins()
-                .load(ptr, MemFlagsData::trusted(), cx, (8 * k) as i32);
-            args.push(if *step == 0 {
-                p
-            } else {
-                let off = b.ins().imul_imm_s(start, *step);
-                b.ins().iadd(p, off)
-            });
-        }
-        let q = i64::from(units / tasks);
-        let is_last = b.ins().icmp_imm_s(IntCC::Equal, i, i64::from(tasks) - 1);
-        let is_big = b.ins().icmp_imm_s(IntCC::UnsignedGreaterThan, len, q);
-        let (lb, nb, bb, sb, done) = (
-            b.create_block(),
-            b.create_block(),
-            b.create_block(),
-            b.create_block(),
-            b.create_block(),
-        );
-        b.ins().brif(is_last, lb, &[], nb, &[]);
-        b.switch_to_block(nb);
-        b.ins().brif(is_big, bb, &[], sb, &[]);
-        for (blk, f) in [(lb, last), (bb, big), (sb, small)] {
+        let (args, leaves) = route(&mut b, ptr, cx, i);
+        let done = b.create_block();
+        for (blk, f) in leaves {
             b.switch_to_block(blk);
             let fr = module.declare_func_in_func(f, b.func);
             b.ins().call(fr, &args);
@@ -717,4 +742,93 @@ fn task_function(
         .define_function(id, &mut ctx)
         .map_err(|e| format!("{name}: {e:?}"))?;
     Ok(id)
+}
+
+/// Operand `k` of a task's context advanced by `var * step` for each pair.
+fn ctx_operand(
+    b: &mut FunctionBuilder,
+    ptr: Type,
+    cx: Value,
+    k: usize,
+    by: &[(Value, i64)],
+) -> Value {
+    let mut p = b
+        .ins()
+        .load(ptr, MemFlagsData::trusted(), cx, (8 * k) as i32);
+    for &(var, step) in by {
+        if step != 0 {
+            let off = b.ins().imul_imm_s(var, step);
+            p = b.ins().iadd(p, off);
+        }
+    }
+    p
+}
+
+/// The task function of a 1-D split: part `i` covers units `[i U / T, (i + 1) U / T)`,
+/// runs `small` or `big` (parts of `U / T` units or one more), `last` for the final part,
+/// on the operands advanced by the part's first unit times `steps`.
+fn task_function(
+    module: &mut ObjectModule,
+    name: &str,
+    [small, big, last]: [FuncId; 3],
+    (tasks, units): (u32, u32),
+    steps: &[i64],
+) -> R<FuncId> {
+    define_task(module, name, |b, ptr, cx, i| {
+        let bound = |b: &mut FunctionBuilder, k: Value| {
+            let p = b.ins().imul_imm_s(k, i64::from(units));
+            b.ins().udiv_imm_u(p, i64::from(tasks))
+        };
+        let start = bound(b, i);
+        let i1 = b.ins().iadd_imm_s(i, 1);
+        let end = bound(b, i1);
+        let len = b.ins().isub(end, start);
+        let args = (0..steps.len())
+            .map(|k| ctx_operand(b, ptr, cx, k, &[(start, steps[k])]))
+            .collect();
+        let q = i64::from(units / tasks);
+        let is_last = b.ins().icmp_imm_s(IntCC::Equal, i, i64::from(tasks) - 1);
+        let is_big = b.ins().icmp_imm_s(IntCC::UnsignedGreaterThan, len, q);
+        let (lb, nb, bb, sb) = (
+            b.create_block(),
+            b.create_block(),
+            b.create_block(),
+            b.create_block(),
+        );
+        b.ins().brif(is_last, lb, &[], nb, &[]);
+        b.switch_to_block(nb);
+        b.ins().brif(is_big, bb, &[], sb, &[]);
+        (args, vec![(lb, last), (bb, big), (sb, small)])
+    })
+}
+
+/// The task function of [`GemmCtx::split_halves`]: task `i` runs half `i % 2` of column
+/// unit `i / 2`, `funcs[last unit][half]` on the operands advanced by the unit's and the
+/// half's steps.
+fn grid_task_function(
+    module: &mut ObjectModule,
+    name: &str,
+    funcs: [[FuncId; 2]; 2],
+    cols: u32,
+    (col_steps, row_steps): (&[i64], &[i64]),
+) -> R<FuncId> {
+    define_task(module, name, |b, ptr, cx, i| {
+        let u = b.ins().ushr_imm_u(i, 1);
+        let r = b.ins().band_imm_s(i, 1);
+        let args = (0..col_steps.len())
+            .map(|k| ctx_operand(b, ptr, cx, k, &[(u, col_steps[k]), (r, row_steps[k])]))
+            .collect();
+        let is_last = b.ins().icmp_imm_s(IntCC::Equal, u, i64::from(cols) - 1);
+        let is_top = b.ins().icmp_imm_s(IntCC::Equal, r, 0);
+        let (lb, ob) = (b.create_block(), b.create_block());
+        b.ins().brif(is_last, lb, &[], ob, &[]);
+        let mut leaves = Vec::new();
+        for (blk, [top, bottom]) in [(ob, funcs[0]), (lb, funcs[1])] {
+            b.switch_to_block(blk);
+            let (t, bo) = (b.create_block(), b.create_block());
+            b.ins().brif(is_top, t, &[], bo, &[]);
+            leaves.extend([(t, top), (bo, bottom)]);
+        }
+        (args, leaves)
+    })
 }
