@@ -126,7 +126,8 @@ fn count_loads(e: &Expr) -> u64 {
     here + e.children().into_iter().map(count_loads).sum::<u64>()
 }
 
-fn expr_vars(e: &Expr, f: &mut dyn FnMut(VarId)) {
+/// Calls `f` on every variable `e` reads.
+pub(crate) fn expr_vars(e: &Expr, f: &mut dyn FnMut(VarId)) {
     match e {
         Expr::Var(v) => f(*v),
         Expr::Int(_) | Expr::Float(..) => {}

@@ -27,10 +27,9 @@ fn single_gemm(k: &Kernel) -> Option<(VarId, u64, &GemmCall)> {
 
 /// Whether `e` reads no variable but `var`.
 fn only_var(e: &Expr, var: VarId) -> bool {
-    match e {
-        Expr::Var(v) => *v == var,
-        _ => e.children().into_iter().all(|c| only_var(c, var)),
-    }
+    let mut only = true;
+    crate::kir::parallel::expr_vars(e, &mut |v| only &= v == var);
+    only
 }
 
 /// `g` on the columns of band `b.band` of image `b.image`, when `g` (inside the loop
@@ -60,14 +59,9 @@ fn band_gemm(b: &Bands, iv: VarId, extent: u64, g: &GemmCall) -> Option<GemmCall
             v.offset = Expr::add(v.offset.clone(), at);
         }
     };
-    // A's columns are the depth; every other view's columns are the pixels.
-    shift(&mut band.a, false);
-    for v in [&mut band.b, &mut band.c]
-        .into_iter()
-        .chain(band.init.as_mut())
-        .chain(band.add.as_mut())
-    {
-        shift(v, true);
+    // A's columns are the depth (it comes first); every other view's are the pixels.
+    for (i, v) in band.views_mut().into_iter().enumerate() {
+        shift(v, i > 0);
     }
     Some(band)
 }

@@ -417,18 +417,16 @@ impl GemmCtx {
         } else {
             (spec.m, isa.mr())
         };
-        let (l1, l2) = (self.l1_kib, self.l2_kib);
+        let caches = (self.l1_kib, self.l2_kib);
         let part = |size: usize| {
-            let mut s = spec.clone();
             if by_cols {
-                s.n = size;
-                let (kc, nc) = x86::blocking(isa, s.m, s.k, s.n, l1, l2);
-                s.kc = kc;
-                s.nc = nc.div_ceil(gw) * gw;
+                cols_part(spec, size, caches)
             } else {
-                s.m = size;
+                Spec {
+                    m: size,
+                    ..spec.clone()
+                }
             }
-            s
         };
         // The last part ends at the whole size (its last unit may be partial).
         let last_start = (tasks - 1) * units / tasks;
@@ -442,26 +440,19 @@ impl GemmCtx {
         let (Some(f_small), Some(f_big), Some(f_last)) = (f_small, f_big, f_last) else {
             return Ok(None);
         };
-        // Byte steps of a, b, c, init per unit (and none of add's offset from C).
-        let (ia, ib) = spec.init.unwrap_or((0, 0));
-        let mut steps = if by_cols {
-            let cols = gw as i64;
-            vec![0, spec.b_panel, cols * 4, cols * ib]
+        let steps = if by_cols {
+            steps(spec, gw, 0)
         } else {
-            let rows = isa.mr() as i64;
-            vec![spec.a_tile, 0, rows * spec.c_rs, rows * ia]
+            steps(spec, 0, isa.mr())
         };
-        if spec.add {
-            steps.push(0);
-        }
+        let name = self.task_name();
         let task = task_function(
             module,
-            &format!("{}__gemm_task{}", self.prefix, self.tasks),
+            &name,
             [f_small, f_big, f_last],
             (tasks as u32, units as u32),
             &steps,
         )?;
-        self.tasks += 1;
         Ok(Some(Split {
             tasks: tasks as u32,
             task,
@@ -480,42 +471,38 @@ impl GemmCtx {
         let gw = spec.b_group * isa.nr();
         let mr = isa.mr();
         let h = (spec.m / 2 / mr).max(1) * mr;
-        let (l1, l2) = (self.l1_kib, self.l2_kib);
+        let caches = (self.l1_kib, self.l2_kib);
         let mut funcs = [[None; 2]; 2];
         for (last, n) in [(0, gw), (1, spec.n - (cols - 1) * gw)] {
             for (half, m) in [(0, h), (1, spec.m - h)] {
-                let mut s = spec.clone();
-                s.n = n;
-                let (kc, nc) = x86::blocking(isa, spec.m, s.k, s.n, l1, l2);
-                s.kc = kc;
-                s.nc = nc.div_ceil(gw) * gw;
-                s.m = m;
+                let s = Spec {
+                    m,
+                    ..cols_part(spec, n, caches)
+                };
                 funcs[last][half] = self.func(module, &s)?;
             }
         }
         let [[Some(a), Some(b)], [Some(c), Some(d)]] = funcs else {
             return Ok(None);
         };
-        let (ia, ib) = spec.init.unwrap_or((0, 0));
-        let mut col_steps = vec![0, spec.b_panel, gw as i64 * 4, gw as i64 * ib];
-        let rows = (h / mr) as i64;
-        let mut row_steps = vec![rows * spec.a_tile, 0, h as i64 * spec.c_rs, h as i64 * ia];
-        if spec.add {
-            col_steps.push(0);
-            row_steps.push(0);
-        }
+        let name = self.task_name();
         let task = grid_task_function(
             module,
-            &format!("{}__gemm_task{}", self.prefix, self.tasks),
+            &name,
             [[a, b], [c, d]],
             cols as u32,
-            (&col_steps, &row_steps),
+            (&steps(spec, gw, 0), &steps(spec, 0, h)),
         )?;
-        self.tasks += 1;
         Ok(Some(Split {
             tasks: 2 * cols as u32,
             task,
         }))
+    }
+
+    /// A new task function's name.
+    fn task_name(&mut self) -> String {
+        self.tasks += 1;
+        format!("{}__gemm_task{}", self.prefix, self.tasks - 1)
     }
 
     fn pack(
@@ -694,6 +681,39 @@ pub fn act_expr(a: GemmAct, x: Expr) -> Expr {
             Expr::mul(x, s)
         }
     }
+}
+
+/// `spec` on `n` of its columns (whole column units from a unit's start), blocked for
+/// that width with the caches `(l1, l2)` (KiB; k blocks as the whole call's: they depend
+/// on the rows and depth only).
+fn cols_part(spec: &Spec, n: usize, (l1, l2): (u32, u32)) -> Spec {
+    let gw = spec.b_group * spec.isa.nr();
+    let (kc, nc) = x86::blocking(spec.isa, spec.m, spec.k, n, l1, l2);
+    Spec {
+        n,
+        kc,
+        nc: nc.div_ceil(gw) * gw,
+        ..spec.clone()
+    }
+}
+
+/// Byte steps of a split part's operands a, b, c, init (and add's offset from C, when
+/// `spec` has one: none) for a part `cols` columns (whole column units) and `rows` rows
+/// (whole register tiles) on.
+fn steps(spec: &Spec, cols: usize, rows: usize) -> Vec<i64> {
+    let gw = spec.b_group * spec.isa.nr();
+    let (ia, ib) = spec.init.unwrap_or((0, 0));
+    let (c, r) = (cols as i64, rows as i64);
+    let mut s = vec![
+        (rows / spec.isa.mr()) as i64 * spec.a_tile,
+        (cols / gw) as i64 * spec.b_panel,
+        c * 4 + r * spec.c_rs,
+        c * ib + r * ia,
+    ];
+    if spec.add {
+        s.push(0);
+    }
+    s
 }
 
 /// `void name(void *ctx, uint32_t index)`, the `onnxc_task_fn` of a split call: `route`
