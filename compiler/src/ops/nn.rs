@@ -1987,13 +1987,13 @@ mod lower {
 
     /// A group-1 2-D f32 conv on very few input channels over a large plane (an image
     /// model's stem: 3 -> 32 channels, 3x3, stride 2, on 224x224), computed directly
-    /// with pixels in lanes instead of through im2col and a GEMM of depth 27. Each input
-    /// channel is copied once into zero-padded phase planes as in [`dw_flat`] (only the
-    /// borders zeroed). Then per part of the output rows (the loop threads share), block
-    /// of up to 8 output channels and row, one unit-stride loop over the row loads each
-    /// of the `c * kh * kw` taps once for the block's accumulators (weights broadcast
-    /// from memory) and stores through the whole epilogue; a part's input rows stay in
-    /// L2 across the blocks. EfficientNet-B0's stem 0.50 -> 0.42 ms on one thread
+    /// with pixels in lanes instead of through im2col and a GEMM of depth 27. The output
+    /// rows share out into parts (the loop threads share). Each part copies the input
+    /// rows its windows reach into its own band of zero-padded phase planes, laid out
+    /// as [`dw_flat`]'s ([`Phases`]), then per block of up to 8 output channels and row,
+    /// one unit-stride loop over the row loads each of the `c * kh * kw` taps once for
+    /// the block's accumulators (weights broadcast from memory) and stores through the
+    /// whole epilogue; the band stays in L2 across the blocks. EfficientNet-B0's stem 0.50 -> 0.42 ms on one thread
     /// (MobileNetV2's, with a clamp, 0.32 -> 0.30). Returns false (nothing lowered)
     /// when it does not fit.
     fn conv_few_channels(
@@ -2030,25 +2030,48 @@ mod lower {
         let Some(phs) = Phases::of(win) else {
             return Ok(false);
         };
-        let (wp, plane) = (phs.wp, phs.plane);
-        let cplane = sh * sw * plane;
+        let wp = phs.wp;
+        // Per part of the output rows (the loop threads share), its own band of every
+        // phase plane: the plane rows its taps reach, `brows` of them (band row `i` is
+        // plane row `p * per + i`), copied from the input or zeroed by the part itself.
+        // (The planes were whole, copied by four jobs of their own with their borders
+        // zeroed on the calling thread: on two threads, EfficientNet-B0's stem spent
+        // about 18 us serial and 4 dispatches on them.)
+        let (parts, per) = few_row_parts(oh_n);
+        let reach = (0..kh_n)
+            .map(|kh| kh * win.d[0] as i64 / sh)
+            .max()
+            .unwrap_or(0);
+        let brows = per + reach;
+        let most_shift = phs.shift.iter().copied().max().unwrap_or(0);
+        // (One row more: the last row's right border runs on into it.)
+        let bplane = ((brows + 1) * wp + most_shift + 15) / 16 * 16;
+        let cplane = sh * sw * bplane;
+        let slot = c as i64 * cplane;
         let scratch = lw.program.add_buffer(
             format!("{}/planes", lw.name),
             crate::kir::BufKind::Arena { offset: 0 },
             Ty::F32,
-            (c as i64 * cplane) as u64,
+            (parts * slot) as u64,
         );
         let epilogue = ClampEpilogue::take(lw);
         let mut k_ = lw.kernel("");
         let kr = &mut k_;
-        let (nv, civ, mv) = (kr.var(Ty::I64), kr.var(Ty::I64), kr.var(Ty::I64));
-        let (rv, qv, zv) = (kr.var(Ty::I64), kr.var(Ty::I64), kr.var(Ty::I64));
-        let (gv, sb, ob) = (kr.var(Ty::I64), kr.var(Ty::I64), kr.var(Ty::I64));
-        // Per input channel, what of its phase planes the copies do not write is zeroed
-        // (zeroing the whole planes first cost 28 us of EfficientNet-B0's 0.44 ms stem).
-        let mut cbody = vec![set(sb, mul(v(civ), int(cplane)))];
-        let mut copies = Vec::new();
-        cbody.extend(phs.zero_unwritten(win, (scratch, &v(sb)), zv, gv));
+        let (nv, mv, pv) = (kr.var(Ty::I64), kr.var(Ty::I64), kr.var(Ty::I64));
+        let (rv, qv, ob) = (kr.var(Ty::I64), kr.var(Ty::I64), kr.var(Ty::I64));
+        let (cv, iv, jv, xb) = (
+            kr.var(Ty::I64),
+            kr.var(Ty::I64),
+            kr.var(Ty::I64),
+            kr.var(Ty::I64),
+        );
+        // The part's band, per input channel and phase copy: each band row holds the
+        // input's phase row it stands for (zeros above and below the input), the
+        // columns left and right of the copied run zero.
+        let mut band = vec![set(
+            xb,
+            mul(add(mul(v(nv), int(c as i64)), v(cv)), int(ih * iw)),
+        )];
         for pc in phs.copies(win) {
             let PhaseCopy {
                 phase,
@@ -2059,55 +2082,66 @@ mod lower {
                 nq,
                 b,
             } = pc;
+            // Column `from + jv` of band row `row`.
+            let at = |row: Expr, from: i64| {
+                add(
+                    add(mul(v(pv), int(slot)), mul(v(cv), int(cplane))),
+                    add(
+                        int(phase * bplane + phs.shift[phase as usize] + from),
+                        add(mul(row, int(wp)), v(jv)),
+                    ),
+                )
+            };
+            let zero = |row: Expr, from: i64, len: i64| {
+                for_(
+                    jv,
+                    len as usize,
+                    vec![store(scratch, at(row, from), lit(0.0, Ty::F32))],
+                )
+            };
+            let mut row_body = Vec::new();
             if nr <= 0 || nq <= 0 {
-                continue;
+                row_body.push(zero(v(iv), 0, wp));
+            } else {
+                // Band row iv is phase row p * per + iv - a of the input.
+                let ii = add(add(mul(v(pv), int(per)), v(iv)), int(-a));
+                let src = add(
+                    add(v(xb), int(r0 * iw + c0)),
+                    add(mul(ii.clone(), int(sh * iw)), mul(v(jv), int(sw))),
+                );
+                let inside = and(
+                    cmp(CmpOp::Ge, ii.clone(), int(0)),
+                    cmp(CmpOp::Lt, ii, int(nr)),
+                );
+                row_body.push(Stmt::If {
+                    cond: inside,
+                    then: vec![for_(
+                        jv,
+                        nq as usize,
+                        vec![store(scratch, at(v(iv), b), Expr::load(x.buf, src))],
+                    )],
+                    els: vec![zero(v(iv), b, nq)],
+                });
+                // The row's right border and the next row's left one, as one run.
+                if wp > nq {
+                    row_body.push(zero(v(iv), b + nq, wp - nq));
+                }
+                // The first row's left border.
+                if b > 0 {
+                    band.push(zero(int(0), 0, b));
+                }
             }
-            // The copy: rows outermost (every channel's inside), the loop threads
-            // share, with its own variables (a loop whose variables another loop
-            // reuses stays serial).
-            let (rv2, cv2, qv2) = (k_.var(Ty::I64), k_.var(Ty::I64), k_.var(Ty::I64));
-            let (xb2, sb2, at) = (k_.var(Ty::I64), k_.var(Ty::I64), k_.var(Ty::I64));
-            // (The phase's offset in a variable set before the loop: as a constant
-            // in the index, kir::parallel could not tell the rows apart.)
-            copies.push(set(at, int(phs.at(phase, a, b))));
-            let dst = add(add(v(sb2), v(at)), add(mul(v(rv2), int(wp)), v(qv2)));
-            let src = add(
-                add(v(xb2), int(r0 * iw + c0)),
-                add(mul(v(rv2), int(sh * iw)), mul(v(qv2), int(sw))),
-            );
-            copies.push(for_(
-                rv2,
-                nr as usize,
-                vec![for_(
-                    cv2,
-                    c,
-                    vec![
-                        set(
-                            xb2,
-                            mul(add(mul(v(nv), int(c as i64)), v(cv2)), int(ih * iw)),
-                        ),
-                        set(sb2, mul(v(cv2), int(cplane))),
-                        for_(
-                            qv2,
-                            nq as usize,
-                            vec![store(scratch, dst, Expr::load(x.buf, src))],
-                        ),
-                    ],
-                )],
-            ));
+            band.push(for_(iv, brows as usize, row_body));
         }
-        // Per part of the output rows (the loop threads share), block of `cb` output
-        // channels and row, one loop over the row: per tap one load, shared by the
-        // block's `cb` accumulators (their weights broadcast from memory), then the
-        // epilogue and `cb` stores. A block's rows in a part are one call of the wide
-        // loop, its weights (uniforms) set up once per call, not per row as when rows
-        // were the outer loop: that setup was 13% of a 3 -> 64 stem's time (111x111 out,
-        // 0.39 -> 0.32 ms on one thread).
+        // Per block of `cb` output channels and row of the part, one loop over the row:
+        // per tap one load, shared by the block's `cb` accumulators (their weights
+        // broadcast from memory), then the epilogue and `cb` stores. A block's rows in a
+        // part are one call of the wide loop, its weights (uniforms) set up once per
+        // call, not per row as when rows were the outer loop: that setup was 13% of a
+        // 3 -> 64 stem's time (111x111 out, 0.39 -> 0.32 ms on one thread).
         let cb = [8, 4, 2, 1].into_iter().find(|&b| m % b == 0).unwrap_or(1);
-        let (parts, per) = few_row_parts(oh_n);
         let last = oh_n - per * (parts - 1);
         let ol = oh_n * ow_n;
-        let pv = k_.var(Ty::I64);
         let rows_loop = |kr: &mut crate::kir::Kernel, nrows: i64| -> Stmt {
             let acc: Vec<VarId> = (0..cb).map(|_| kr.var(Ty::F32)).collect();
             let xt = kr.var(Ty::F32);
@@ -2127,12 +2161,13 @@ mod lower {
                     )
                 })
                 .collect();
-            let iv_at = add(mul(row.clone(), int(wp)), v(qv));
+            // Band row rv (plane row p * per + rv) of the part's slot.
+            let iv_at = add(mul(v(pv), int(slot)), add(mul(v(rv), int(wp)), v(qv)));
             for ci in 0..c as i64 {
                 for kh in 0..kh_n {
                     for kw in 0..kw_n {
                         let (ph_i, off) = phs.tap(kh, kw);
-                        let xi = add(iv_at.clone(), int(ci * cplane + ph_i * plane + off));
+                        let xi = add(iv_at.clone(), int(ci * cplane + ph_i * bplane + off));
                         inner.push(set(xt, Expr::load(scratch, xi)));
                         let t = (ci * kh_n + kh) * kw_n + kw;
                         for (j, &a) in acc.iter().enumerate() {
@@ -2173,10 +2208,8 @@ mod lower {
                 els: vec![short],
             });
         }
-        let mut body = loops(&[(civ, c)], cbody);
-        body.extend(copies);
-        body.push(for_(pv, parts as usize, vec![for_(mv, m / cb, blk)]));
-        k_.body = loops(&[(nv, n)], body);
+        let part = vec![for_(cv, c, band), for_(mv, m / cb, blk)];
+        k_.body = loops(&[(nv, n), (pv, parts as usize)], part);
         lw.push(k_);
         Ok(true)
     }
