@@ -344,9 +344,9 @@ pub fn lower(g: &Graph, known: &HashMap<ValueId, Value>) -> Result<Lowered> {
 /// `body` with every innermost loop of one iteration replaced by its body (its variable
 /// 0), inside out: an elementwise kernel over `[40, 240, 1, 1]` then ends in the loop of
 /// 240, which the back ends vectorise, instead of two loops of one. (EfficientNet-B0's
-/// squeeze-excitation scale folded into the next conv's weights ran as scalar code:
-/// 8.6 us for 9600 products on one thread.) Outer loops of one stay: the loop nests the
-/// back ends match keep their shape.
+/// squeeze-excitation scales folded into the next convs' weights ran as scalar code:
+/// up to 8.6 us for 9600 products, 20.7 -> 5.8 us for the five.) Outer loops of one
+/// stay: the loop nests the back ends match keep their shape.
 fn unit_leaves(body: &[Stmt]) -> Vec<Stmt> {
     fn has_loop(s: &Stmt) -> bool {
         match s {

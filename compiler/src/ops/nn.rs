@@ -1993,9 +1993,9 @@ mod lower {
     /// as [`dw_flat`]'s ([`Phases`]), then per block of up to 8 output channels and row,
     /// one unit-stride loop over the row loads each of the `c * kh * kw` taps once for
     /// the block's accumulators (weights broadcast from memory) and stores through the
-    /// whole epilogue; the band stays in L2 across the blocks. EfficientNet-B0's stem 0.50 -> 0.42 ms on one thread
-    /// (MobileNetV2's, with a clamp, 0.32 -> 0.30). Returns false (nothing lowered)
-    /// when it does not fit.
+    /// whole epilogue; the band stays in L2 across the blocks. EfficientNet-B0's stem
+    /// 0.50 -> 0.42 ms on one thread (MobileNetV2's, with a clamp, 0.32 -> 0.30), against
+    /// im2col and a GEMM. Returns false (nothing lowered) when it does not fit.
     fn conv_few_channels(
         lw: &mut LowerCtx,
         x: &TensorRef,
