@@ -913,8 +913,9 @@ fn split_cases() -> Vec<Case> {
         ],
         &[],
     ));
-    // A stem conv on few channels: its phase-plane copies and its output rows are
-    // loops the threads share.
+    // A stem conv on few channels: its parts of output rows (four of 20) are the loop
+    // the threads share, each copying its own band of the phase planes (see
+    // `stem_parts_copy_their_own_bands`).
     v.push(one_node(
         "split_stem3x3_stride2",
         "Conv",
@@ -1223,6 +1224,56 @@ fn dw_bands_then_pointwise_fused() {
     assert!(nested(&kernels[0].body));
     check_tasks("x86_64-avx512", vec![case()], &[1, 2, 3], b"_task0");
     check_tasks("aarch64-neon", vec![case()], &[1, 2, 3], b"_task0");
+}
+
+/// The stem conv is one parallel loop over its parts of output rows, whose body copies
+/// the part's band of the phase planes and computes the part (no copy or zeroing outside
+/// it, on the calling thread or in jobs of their own); its results at 1-3 threads are
+/// in `check_split`'s table (`split_stem3x3_stride2`).
+#[test]
+fn stem_parts_copy_their_own_bands() {
+    use onnxc::kir::Stmt;
+    let case = split_cases()
+        .into_iter()
+        .find(|c| c.name == "split_stem3x3_stride2")
+        .expect("the stem case");
+    let scratch = tempfile::tempdir().unwrap();
+    let path = common::write_model(scratch.path(), "m.onnx", &case.model);
+    let m = onnx::load(&path).unwrap();
+    let opts = onnxc::driver::Options {
+        target: "x86_64-avx512".into(),
+        min_program_work: 0,
+        ..Default::default()
+    };
+    let c = onnxc::driver::compile_graph(m.graph, "model", &opts).unwrap();
+    let p = &c.lowered.program;
+    let k = p
+        .kernels
+        .iter()
+        .find(|k| k.name.contains("Conv"))
+        .expect("the conv kernel");
+    // for n in 0..1 { for part in 0..4 { copies; rows } }, the part loop parallel.
+    let [Stmt::For { body, .. }] = k.body.as_slice() else {
+        panic!("one image loop, not {} statements", k.body.len());
+    };
+    let [Stmt::For {
+        var,
+        extent: 4,
+        body: part,
+    }] = body.as_slice()
+    else {
+        panic!(
+            "one loop of four parts in the image loop, not {} statements",
+            body.len()
+        );
+    };
+    let par = onnxc::kir::parallel::parallel_loops(k, p, onnxc::kir::parallel::MIN_WORK);
+    assert_eq!(par.into_iter().collect::<Vec<_>>(), vec![*var]);
+    // Per input channel the band's copies, then the output channels' blocks.
+    assert!(matches!(
+        part.as_slice(),
+        [Stmt::For { extent: 3, .. }, Stmt::For { .. }]
+    ));
 }
 
 /// The GEMMs in `s` and the statements inside it.
