@@ -1206,14 +1206,7 @@ fn dw_bands_then_pointwise_fused() {
         )
     };
     // The fusion happened: one kernel for both convs, with the GEMM inside its loops.
-    let scratch = tempfile::tempdir().unwrap();
-    let path = common::write_model(scratch.path(), "m.onnx", &case().model);
-    let m = onnx::load(&path).unwrap();
-    let opts = onnxc::driver::Options {
-        target: "x86_64-avx512".into(),
-        ..Default::default()
-    };
-    let c = onnxc::driver::compile_graph(m.graph, "model", &opts).unwrap();
+    let c = compile_case(&case(), onnxc::kir::parallel::MIN_PROGRAM_WORK);
     let kernels = &c.lowered.program.kernels;
     assert_eq!(kernels.len(), 1, "{:?}", c.lowered.kernel_nodes);
     assert!(c.lowered.kernel_nodes[0].contains(" + "));
@@ -1237,15 +1230,7 @@ fn stem_parts_copy_their_own_bands() {
         .into_iter()
         .find(|c| c.name == "split_stem3x3_stride2")
         .expect("the stem case");
-    let scratch = tempfile::tempdir().unwrap();
-    let path = common::write_model(scratch.path(), "m.onnx", &case.model);
-    let m = onnx::load(&path).unwrap();
-    let opts = onnxc::driver::Options {
-        target: "x86_64-avx512".into(),
-        min_program_work: 0,
-        ..Default::default()
-    };
-    let c = onnxc::driver::compile_graph(m.graph, "model", &opts).unwrap();
+    let c = compile_case(&case, 0);
     let p = &c.lowered.program;
     let k = p
         .kernels
@@ -1274,6 +1259,20 @@ fn stem_parts_copy_their_own_bands() {
         part.as_slice(),
         [Stmt::For { extent: 3, .. }, Stmt::For { .. }]
     ));
+}
+
+/// `case` compiled for AVX-512 (through a model file, as the CLI reads it), handing out
+/// loops in programs of at least `min_program_work` element operations.
+fn compile_case(case: &Case, min_program_work: u64) -> onnxc::driver::Compiled {
+    let scratch = tempfile::tempdir().unwrap();
+    let path = common::write_model(scratch.path(), "m.onnx", &case.model);
+    let m = onnx::load(&path).unwrap();
+    let opts = onnxc::driver::Options {
+        target: "x86_64-avx512".into(),
+        min_program_work,
+        ..Default::default()
+    };
+    onnxc::driver::compile_graph(m.graph, "model", &opts).unwrap()
 }
 
 /// The GEMMs in `s` and the statements inside it.

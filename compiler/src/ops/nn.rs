@@ -2038,11 +2038,8 @@ mod lower {
         // zeroed on the calling thread: on two threads, EfficientNet-B0's stem spent
         // about 18 us serial and 4 dispatches on them.)
         let (parts, per) = few_row_parts(oh_n);
-        let reach = (0..kh_n)
-            .map(|kh| kh * win.d[0] as i64 / sh)
-            .max()
-            .unwrap_or(0);
-        let brows = per + reach;
+        // (The last kernel row reaches furthest: `Phases::tap`'s row offset kh dh / sh.)
+        let brows = per + (kh_n - 1) * win.d[0] as i64 / sh;
         let most_shift = phs.shift.iter().copied().max().unwrap_or(0);
         // (One row more: the last row's right border runs on into it.)
         let bplane = ((brows + 1) * wp + most_shift + 15) / 16 * 16;
