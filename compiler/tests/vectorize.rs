@@ -765,3 +765,139 @@ fn max_pools_skip_nan_like_the_reference() {
         }
     }
 }
+
+/// `max(x, c)` / `min(x, c)` with a constant `c` (the Relu, Clip and HardSwish of fused
+/// epilogues), both orders, on signed zeros, NaNs, infinities and values either side of
+/// `c`: the AVX-512 loops take a short path there (one instruction with the constant
+/// first; for max with +0 an added +0, which turns -0 into +0), so their bits must be the
+/// kernel IR's meaning exactly (NaN where an operand is NaN, -0 below +0), as the
+/// 128-bit code's are.
+#[test]
+fn min_max_with_constants_keep_signed_zeros_and_nans() {
+    use onnxc::backend::cranelift::{compile_object, ObjectSpec, TensorDesc};
+    use onnxc::kir::build::{add, for_, int, mul, store, v};
+    use onnxc::kir::{BinOp, BufKind, Expr, Kernel, Program, Ty};
+    let scratch = tempfile::tempdir().unwrap();
+    let len = 37usize;
+    let specials = [
+        0.0,
+        -0.0,
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1.5,
+        -2.0,
+        6.0,
+        -1e-30,
+        1e-30,
+    ];
+    let x: Vec<f32> = (0..len)
+        .map(|i| specials.get(i % 13).copied().unwrap_or(i as f32 - 20.0))
+        .collect();
+    // (max?, constant, constant first?)
+    let ops = [
+        (true, 0.0f32, false),
+        (true, 0.0, true),
+        (true, -0.0, false),
+        (true, 1.5, true),
+        (true, f32::NAN, false),
+        (false, 0.0, false),
+        (false, -0.0, true),
+        (false, -0.0, false),
+        (false, 6.0, true),
+        (false, f32::NEG_INFINITY, false),
+    ];
+    let mut p = Program::default();
+    let xb = p.add_buffer("x", BufKind::Input(0), Ty::F32, len as u64);
+    let yb = p.add_buffer("y", BufKind::Output(0), Ty::F32, (ops.len() * len) as u64);
+    p.inputs = vec![0];
+    p.outputs = vec![yb];
+    let mut k = Kernel::new("minmax");
+    let i = k.var(Ty::I64);
+    for (r, &(max, c, first)) in ops.iter().enumerate() {
+        let (a, b) = (Expr::load(xb, v(i)), Expr::f(c as f64, Ty::F32));
+        let (a, b) = if first { (b, a) } else { (a, b) };
+        let op = if max { BinOp::Max } else { BinOp::Min };
+        let at = add(mul(int(r), int(len)), v(i));
+        k.body
+            .push(for_(i, len, vec![store(yb, at, Expr::bin(op, a, b))]));
+    }
+    p.kernels = vec![k];
+    // The meaning: NaN if either is NaN, -0 below +0.
+    let want = |max: bool, a: f32, c: f32| -> f32 {
+        if a.is_nan() || c.is_nan() {
+            return f32::NAN;
+        }
+        let key = |z: f32| (z, z.is_sign_positive());
+        let (ka, kc) = (key(a), key(c));
+        let a_wins = if max {
+            ka.0 > kc.0 || (ka.0 == kc.0 && ka.1 >= kc.1)
+        } else {
+            ka.0 < kc.0 || (ka.0 == kc.0 && ka.1 <= kc.1)
+        };
+        if a_wins {
+            a
+        } else {
+            c
+        }
+    };
+    let desc = |name: &str, n: usize| TensorDesc {
+        name: name.into(),
+        dtype: 1,
+        bytes: 4 * n as u64,
+        shape: vec![n as u64],
+    };
+    let mut ran = 0;
+    for target in ["x86_64-avx512", "x86_64-sse4"] {
+        let Some(env) = env_for(target, scratch.path()) else {
+            continue;
+        };
+        let t = onnxc::targets::Target::load(target).unwrap();
+        let obj = compile_object(&ObjectSpec {
+            prefix: "model",
+            program: &p,
+            inputs: &[desc("x", len)],
+            outputs: &[desc("y", ops.len() * len)],
+            triple: &t.triple,
+            features: &t.features,
+            exact_math: true,
+            kernel_table: false,
+            min_program_work: 0,
+        })
+        .unwrap();
+        if target == "x86_64-avx512" {
+            assert!(
+                obj.windows(12).any(|w| w == b"model__wide0"),
+                "no AVX-512 loop in the object"
+            );
+        }
+        let dir = scratch.path().join(target);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (o, exe) = (dir.join("model.o"), dir.join("model.exe"));
+        std::fs::write(&o, obj).unwrap();
+        onnxc::runner::link(&env.toolchain, &env.harness, &o, &exe).unwrap();
+        let got = onnxc::runner::execute(
+            &env.toolchain,
+            &exe,
+            &dir,
+            &[Tensor::from_vec(&[len], x.clone())],
+            &[(DType::F32, vec![ops.len() * len])],
+        )
+        .unwrap();
+        let got: Vec<f32> = got[0].to_f64().unwrap().iter().map(|&g| g as f32).collect();
+        for (r, &(max, c, first)) in ops.iter().enumerate() {
+            for (j, &a) in x.iter().enumerate() {
+                let (g, w) = (got[r * len + j], want(max, a, c));
+                assert!(
+                    (g.is_nan() && w.is_nan()) || g.to_bits() == w.to_bits(),
+                    "{target}: {}({a:?}, {c:?}) (constant first: {first}) gives {g:?}, not {w:?}",
+                    if max { "max" } else { "min" }
+                );
+            }
+        }
+        ran += 1;
+    }
+    if ran == 0 {
+        eprintln!("skip: this CPU runs neither x86 target");
+    }
+}
