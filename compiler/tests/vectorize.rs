@@ -901,3 +901,92 @@ fn min_max_with_constants_keep_signed_zeros_and_nans() {
         eprintln!("skip: this CPU runs neither x86 target");
     }
 }
+
+/// Max and Min nodes with a scalar second operand, a weight or an input: their NaN test
+/// of the scalar does not vary along the loop, and the AVX-512 loops take them (a weight's
+/// test decided at compile time, an input's made a mask once per call). Every target gives
+/// the reference's bits on signed zeros, NaNs and infinities, the scalar NaN or not.
+#[test]
+fn max_min_with_a_scalar_run_as_avx512_loops() {
+    let scratch = tempfile::tempdir().unwrap();
+    let len = 37usize;
+    let specials = [
+        0.0,
+        -0.0,
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1.5,
+        -2.0,
+    ];
+    let x: Vec<f32> = (0..len)
+        .map(|i| specials.get(i % 11).copied().unwrap_or(i as f32 - 20.0))
+        .collect();
+    let mut cases = Vec::new();
+    for (oi, op) in ["Max", "Min"].into_iter().enumerate() {
+        for (si, s) in [0.0f32, -0.0, 1.5, f32::NAN].into_iter().enumerate() {
+            // The scalar as a weight (either operand order) and as an input.
+            for form in 0..3 {
+                let name = format!("{op}_s{si}_f{form}");
+                let ins: &[&str] = if form == 1 { &["c", "x"] } else { &["x", "c"] };
+                let (inputs, consts): (Vec<(&str, Vec<usize>)>, Vec<Const>) = if form == 2 {
+                    (vec![("x", vec![len]), ("c", vec![1])], vec![])
+                } else {
+                    (vec![("x", vec![len])], vec![("c", vec![1], Some(vec![s]))])
+                };
+                let case = graph(name, &inputs, consts, vec![node(op, ins, &["y"])], &[len]);
+                let mut vals = vec![Tensor::from_vec(&[len], x.clone())];
+                if form == 2 {
+                    vals.push(Tensor::from_vec(&[1], vec![s]));
+                }
+                cases.push((oi * 100 + si * 10 + form, case, vals));
+            }
+        }
+    }
+    let mut ran = 0;
+    for (ci, case, inputs) in cases {
+        let m = onnx::load(&common::write_model(
+            scratch.path(),
+            &format!("{}.onnx", case.name),
+            &case.model,
+        ))
+        .unwrap();
+        let want = eval::run(
+            &m.graph,
+            inputs.iter().cloned().map(Value::Tensor).collect(),
+        )
+        .unwrap()[0]
+            .clone()
+            .into_tensor()
+            .unwrap()
+            .to_f64()
+            .unwrap();
+        for target in ["x86_64-avx512", "x86_64-sse4"] {
+            let Some(env) = env_for(target, scratch.path()) else {
+                continue;
+            };
+            let dir = scratch.path().join(format!("s{ci}_{target}"));
+            let (obj, got) = compile_run(&env, target, &case, &inputs, &dir, true);
+            if target == "x86_64-avx512" {
+                assert!(
+                    obj.windows(12).any(|w| w == b"model__wide0"),
+                    "{}: no AVX-512 loop in the object",
+                    case.name
+                );
+            }
+            for (i, (g, w)) in got.to_f64().unwrap().iter().zip(want.iter()).enumerate() {
+                let (g, w) = (*g as f32, *w as f32);
+                assert!(
+                    (g.is_nan() && w.is_nan()) || g.to_bits() == w.to_bits(),
+                    "{} on {target}: x = {:?} gives {g:?}, the reference {w:?}",
+                    case.name,
+                    x[i]
+                );
+            }
+            ran += 1;
+        }
+    }
+    if ran == 0 {
+        eprintln!("skip: this CPU runs neither x86 target");
+    }
+}

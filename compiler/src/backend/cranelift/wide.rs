@@ -721,8 +721,16 @@ impl Gen<'_, '_> {
         let Inst::Uni(u) = t.b.lp.insts[v as usize] else {
             return None;
         };
-        let Expr::Load(buf, idx) = &t.unis[u as usize] else {
-            return None;
+        self.const_f32(&t.unis[u as usize])
+    }
+
+    /// The value of `e` when it is an f32 literal or an f32 element of a constant buffer
+    /// at a constant index.
+    fn const_f32(&self, e: &Expr) -> Option<f32> {
+        let (buf, idx) = match e {
+            Expr::Float(c, Ty::F32) => return Some(*c as f32),
+            Expr::Load(buf, idx) => (buf, idx),
+            _ => return None,
         };
         let (Expr::Int(i), crate::kir::BufKind::Const { data }) =
             (&**idx, &self.p.buffers[*buf].kind)
@@ -735,6 +743,23 @@ impl Gen<'_, '_> {
         let at = usize::try_from(*i).ok()?.checked_mul(4)?;
         let bytes = data.get(at..at + 4)?;
         Some(f32::from_le_bytes(bytes.try_into().ok()?))
+    }
+
+    /// The value of an f32 comparison of two constants ([`Gen::const_f32`]): a Max or
+    /// Min node's NaN test of its scalar weight, `c != c`.
+    fn const_cmp(&self, c: &Expr) -> Option<bool> {
+        let Expr::Cmp(op, a, b) = c else {
+            return None;
+        };
+        let (a, b) = (self.const_f32(a)?, self.const_f32(b)?);
+        Some(match op {
+            CmpOp::Eq => a == b,
+            CmpOp::Ne => a != b,
+            CmpOp::Lt => a < b,
+            CmpOp::Le => a <= b,
+            CmpOp::Gt => a > b,
+            CmpOp::Ge => a >= b,
+        })
     }
 
     /// For `a (+|-) b` with a loop-varying f32 product on one side: (whether the product
@@ -926,6 +951,25 @@ impl Gen<'_, '_> {
                 } else {
                     Inst::MOr(va, vb)
                 })
+            }
+            Expr::Select(c, a, b) if ty == Ty::F32 && !varies(c, t.var, &t.locals) => {
+                // A loop-invariant condition (a Max or Min node's NaN test of a scalar
+                // operand): the branch it takes where it compares constants, else a mask
+                // from the condition as a uniform 1 or 0 (computed once per call).
+                if let Some(take) = self.const_cmp(c) {
+                    return self.wexpr(t, if take { a } else { b });
+                }
+                let one_zero =
+                    Expr::select((**c).clone(), Expr::f(1.0, Ty::F32), Expr::f(0.0, Ty::F32));
+                let vu = self.wexpr(t, &one_zero)?;
+                let va = self.wexpr(t, a)?;
+                let vb = self.wexpr(t, b)?;
+                if t.is_mask(va) || t.is_mask(vb) || t.is_mask(vu) {
+                    return None;
+                }
+                let zero = t.b.c(0.0);
+                let vc = t.b.cmp(x::Cmp::Ne, vu, zero);
+                t.b.select(vc, va, vb)
             }
             Expr::Select(c, a, b) if ty == Ty::F32 => {
                 let va = self.wexpr(t, a)?;
