@@ -904,10 +904,11 @@ fn min_max_with_constants_keep_signed_zeros_and_nans() {
 
 /// Max and Min nodes with a scalar second operand, a weight or an input: their NaN test
 /// of the scalar does not vary along the loop, and the AVX-512 loops take them (a weight's
-/// test decided at compile time, an input's made a mask once per call). Every target gives
-/// the reference's bits on signed zeros, NaNs and infinities, the scalar NaN or not.
+/// test decided at compile time, an input's made a mask once per call). And `Pow(x, 2)`,
+/// lowered as `x * x`. Every target gives the reference's bits on signed zeros, NaNs,
+/// infinities and values that overflow when squared, the scalar NaN or not.
 #[test]
-fn max_min_with_a_scalar_run_as_avx512_loops() {
+fn scalar_operand_ops_run_as_avx512_loops() {
     let scratch = tempfile::tempdir().unwrap();
     let len = 37usize;
     let specials = [
@@ -918,11 +919,23 @@ fn max_min_with_a_scalar_run_as_avx512_loops() {
         f32::NEG_INFINITY,
         1.5,
         -2.0,
+        3e20,
     ];
     let x: Vec<f32> = (0..len)
-        .map(|i| specials.get(i % 11).copied().unwrap_or(i as f32 - 20.0))
+        .map(|i| {
+            let r = rand(1, i as u64)[0] * 1e-3;
+            specials.get(i % 11).copied().unwrap_or(i as f32 - 20.0 + r)
+        })
         .collect();
     let mut cases = Vec::new();
+    let pow = graph(
+        "Pow_2".into(),
+        &[("x", vec![len])],
+        vec![("c", vec![], Some(vec![2.0]))],
+        vec![node("Pow", &["x", "c"], &["y"])],
+        &[len],
+    );
+    cases.push((999, pow, vec![Tensor::from_vec(&[len], x.clone())]));
     for (oi, op) in ["Max", "Min"].into_iter().enumerate() {
         for (si, s) in [0.0f32, -0.0, 1.5, f32::NAN].into_iter().enumerate() {
             // The scalar as a weight (either operand order) and as an input.

@@ -1345,6 +1345,17 @@ pub(crate) mod lower {
     /// (float exponent); float bases go through `binary`.
     fn pow(lw: &mut LowerCtx) -> OpResult<()> {
         let t = lw.input(0)?.ty().compute();
+        // An f32 square (RMSNorm's and L2 norms' `Pow(x, 2)`) is `x * x`: the same
+        // correctly rounded value as `powf(x, 2)` (NaN, infinities and -0 included), and
+        // a product the loops vectorise instead of a call per element.
+        let square = lw.input(0)?.ty() == Ty::F32
+            && lw
+                .opt_input(1)
+                .and_then(|e| e.value.as_ref())
+                .is_some_and(|e| e.to_f64_vec().is_some_and(|v| v.len() == 1 && v[0] == 2.0));
+        if square {
+            return elementwise(lw, 0, |_, a| Ok(mul(a[0].clone(), a[0].clone())));
+        }
         if t.is_float() {
             return scalar(lw);
         }
