@@ -639,6 +639,73 @@ fn cases() -> Vec<Case> {
             ));
         }
     }
+    // ConvTranspose (2-D, one group: a GEMM, then each kernel tap's columns added into
+    // the output): 2x2 stride-2 upsampling (no overlap), overlapping 3x3 and 4x4 taps at
+    // strides 2 and 3, pads, dilations, output_padding, SAME_UPPER, two images, with and
+    // without a bias.
+    let transposed: Vec<ConvCase> = vec![
+        (
+            "convT_2x2_s2",
+            vec![1, 24, 9, 10],
+            vec![24, 16, 2, 2],
+            vec![ints_attr("strides", &[2, 2])],
+            vec![1, 16, 18, 20],
+        ),
+        (
+            "convT_3x3_s2_pads",
+            vec![2, 8, 7, 9],
+            vec![8, 5, 3, 3],
+            vec![
+                ints_attr("strides", &[2, 2]),
+                ints_attr("pads", &[1, 0, 0, 2]),
+            ],
+            vec![2, 5, 14, 17],
+        ),
+        (
+            "convT_4x4_s3_dil_outpad",
+            vec![1, 6, 5, 6],
+            vec![6, 7, 4, 3],
+            vec![
+                ints_attr("strides", &[3, 2]),
+                ints_attr("dilations", &[1, 2]),
+                ints_attr("output_padding", &[2, 1]),
+                ints_attr("pads", &[2, 1, 1, 3]),
+            ],
+            vec![1, 7, 15, 12],
+        ),
+        (
+            "convT_same_upper",
+            vec![1, 4, 6, 5],
+            vec![4, 3, 3, 3],
+            vec![
+                ints_attr("strides", &[2, 2]),
+                AttributeProto {
+                    name: Some("auto_pad".into()),
+                    r#type: Some(3),
+                    s: Some(b"SAME_UPPER".to_vec()),
+                    ..Default::default()
+                },
+            ],
+            vec![1, 3, 12, 10],
+        ),
+    ];
+    for (name, xs, ws, attrs, ys) in transposed {
+        for bias in [true, false] {
+            let bs = [ws[1]];
+            let mut ins: Vec<(&str, &[usize], bool)> = vec![("x", &xs, false), ("w", &ws, true)];
+            if bias {
+                ins.push(("bias", &bs, true));
+            }
+            v.push(one_node(
+                &format!("{name}_{}", if bias { "bias" } else { "nobias" }),
+                "ConvTranspose",
+                &ins,
+                &ys,
+                attrs.clone(),
+                &[],
+            ));
+        }
+    }
     v
 }
 

@@ -2671,6 +2671,116 @@ mod lower {
         conv_lower(lw, Mode::QLinear)
     }
 
+    /// A 2-D f32 ConvTranspose of one group as a GEMM and a scatter of its columns
+    /// ("col2im"): per image, `cols[(co, kh, kw)][pixel] = sum over ci of w[ci][co][kh][kw]
+    /// x[ci][pixel]` (the weights read transposed as A), then the output planes set to
+    /// the bias (or zero) and, per output channel and kernel tap, the input pixels whose
+    /// output position `(y sh - ph + kh dh, x sw - pw + kw dw)` lies inside added there:
+    /// each tap's rows and columns of pixels inside are a range known at compile time, so
+    /// the innermost loop is a unit-stride read of `cols` and a read-modify-write of every
+    /// `sw`-th output element, which the loops vectorise. The gather form below (every
+    /// output element summing its taps through bounds and divisibility tests, in f64) took
+    /// 80 ms for a 64 -> 32, 2x2 stride-2 upsampling of 28x28 that ONNX Runtime runs in
+    /// 0.13.
+    fn conv_transpose_gemm(
+        lw: &mut LowerCtx,
+        (x, w, bias, out): (&TensorRef, &TensorRef, Option<&TensorRef>, &TensorRef),
+        (pb, s, d): (&[i64], &[usize], &[usize]),
+    ) -> OpResult<()> {
+        let (n, c, m) = (x.shape[0], x.shape[1], out.shape[1]);
+        let (kh_n, kw_n) = (w.shape[2], w.shape[3]);
+        let (ih, iw) = (x.shape[2] as i64, x.shape[3] as i64);
+        let (oh, ow) = (out.shape[2] as i64, out.shape[3] as i64);
+        let rows = (m * kh_n * kw_n) as u64;
+        let pixels = (ih * iw) as u64;
+        let cols = lw.program.add_buffer(
+            format!("{}/cols", lw.name),
+            crate::kir::BufKind::Arena { offset: 0 },
+            Ty::F32,
+            rows * pixels,
+        );
+        let mut k_ = lw.kernel("");
+        let (nv, mv, yv, xv, jv) = (
+            k_.var(Ty::I64),
+            k_.var(Ty::I64),
+            k_.var(Ty::I64),
+            k_.var(Ty::I64),
+            k_.var(Ty::I64),
+        );
+        let xoff = mul(v(nv), int(c as i64 * ih * iw));
+        let gemm = Stmt::Gemm(Box::new(crate::kir::GemmCall {
+            m: rows,
+            n: pixels,
+            k: c as u64,
+            a: crate::kir::MatView::strided(w.buf, int(0), 1, rows as i64),
+            b: crate::kir::MatView::strided(x.buf, xoff, pixels as i64, 1),
+            c: crate::kir::MatView::strided(cols, int(0), pixels as i64, 1),
+            alpha: 1.0,
+            init: None,
+            add: None,
+            act: crate::kir::GemmAct::None,
+        }));
+        let plane = oh * ow;
+        let obase = add(mul(v(nv), int(m as i64 * plane)), mul(v(mv), int(plane)));
+        let init = match bias {
+            Some(b) => per_ch(b, v(mv)),
+            None => lit(0.0, Ty::F32),
+        };
+        let mut per_channel = vec![for_(
+            jv,
+            plane as usize,
+            vec![store(out.buf, add(obase.clone(), v(jv)), init)],
+        )];
+        // The input indices `i` of a tap at offset `off` whose output `i s + off` lies in
+        // `0..o`: `lo..hi` within `0..len`.
+        let range = |off: i64, s: i64, o: i64, len: i64| {
+            let lo = (-off).div_euclid(s) + i64::from((-off).rem_euclid(s) != 0);
+            let hi = (o - off).div_euclid(s) + i64::from((o - off).rem_euclid(s) != 0);
+            (lo.max(0), hi.min(len))
+        };
+        let (sh, sw) = (s[0] as i64, s[1] as i64);
+        for kh in 0..kh_n as i64 {
+            let offy = kh * d[0] as i64 - pb[0];
+            let (ylo, yhi) = range(offy, sh, oh, ih);
+            for kw in 0..kw_n as i64 {
+                let offx = kw * d[1] as i64 - pb[1];
+                let (xlo, xhi) = range(offx, sw, ow, iw);
+                if yhi <= ylo || xhi <= xlo {
+                    continue;
+                }
+                let y = add(v(yv), int(ylo));
+                let xx = add(v(xv), int(xlo));
+                let oi = add(
+                    obase.clone(),
+                    add(
+                        mul(add(mul(y.clone(), int(sh)), int(offy)), int(ow)),
+                        add(mul(xx.clone(), int(sw)), int(offx)),
+                    ),
+                );
+                let row = add(
+                    mul(v(mv), int((kh_n * kw_n) as i64)),
+                    int(kh * kw_n as i64 + kw),
+                );
+                let ci = add(mul(row, int(pixels as i64)), add(mul(y, int(iw)), xx));
+                let sum = add(Expr::load(out.buf, oi.clone()), Expr::load(cols, ci));
+                per_channel.push(for_(
+                    yv,
+                    (yhi - ylo) as usize,
+                    vec![for_(
+                        xv,
+                        (xhi - xlo) as usize,
+                        vec![store(out.buf, oi, sum)],
+                    )],
+                ));
+            }
+        }
+        let mut body = vec![gemm];
+        body.push(for_(mv, m, per_channel));
+        k_.body = vec![for_(nv, n, body)];
+        lw.push(k_);
+        Ok(())
+    }
+
     /// ConvTranspose geometry: (pads at the beginning, output spatial shape, strides,
     /// dilations), following the reference evaluation.
     #[allow(clippy::type_complexity)]
@@ -2756,6 +2866,11 @@ mod lower {
             "ConvTranspose output shape {:?} does not match {out_sp:?}",
             out.shape
         );
+        let f32s = [x.ty(), w.ty(), out.ty()].iter().all(|&t| t == Ty::F32)
+            && bias.as_ref().is_none_or(|b| b.ty() == Ty::F32);
+        if f32s && group == 1 && k.len() == 2 && !out_sp.contains(&0) {
+            return conv_transpose_gemm(lw, (&x, &w, bias.as_ref(), &out), (&pb, &s, &d));
+        }
         let kl: usize = k.iter().product();
         let pin: usize = in_sp.iter().product();
         let mut k_ = lw.kernel("");

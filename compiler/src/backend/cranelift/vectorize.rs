@@ -362,8 +362,9 @@ impl Gen<'_, '_> {
                 return None;
             }
         }
-        // Aliasing: a stored buffer is loaded only at its store index; no other buffer
-        // the loop loads overlaps it.
+        // Aliasing: a stored buffer is loaded only at its store index (at any stride: each
+        // iteration reads and writes its own element); no other buffer the loop loads
+        // overlaps it.
         let overlap = |a: usize, b: usize| {
             let (x, y) = (&self.p.buffers[a], &self.p.buffers[b]);
             match (&x.kind, &y.kind) {
@@ -375,7 +376,7 @@ impl Gen<'_, '_> {
         };
         for (b, idx) in &all_loads {
             match stores.get(b).map(Vec::as_slice) {
-                Some([(si, 1)]) if *si == *idx => {}
+                Some([(si, _)]) if *si == *idx => {}
                 Some(_) => return None,
                 None => {
                     if stores.keys().any(|s| overlap(*s, *b)) {
