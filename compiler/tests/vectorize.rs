@@ -1003,3 +1003,75 @@ fn scalar_operand_ops_run_as_avx512_loops() {
         eprintln!("skip: this CPU runs neither x86 target");
     }
 }
+
+/// Sums of f32 over the last axis (ReduceSum, ReduceMean, ReduceSumSquare, ReduceL1,
+/// ReduceL2 over rows of 700) accumulate in f32 and run as AVX-512 reductions (an f64
+/// accumulator ran one element at a time), within 1e-5 of the reference's f64 sums on
+/// every x86 target.
+#[test]
+fn f32_sums_run_as_avx512_reductions() {
+    let scratch = tempfile::tempdir().unwrap();
+    let (rows, len) = (5usize, 700usize);
+    let mut ran = 0;
+    for (ci, op) in [
+        "ReduceSum",
+        "ReduceMean",
+        "ReduceSumSquare",
+        "ReduceL1",
+        "ReduceL2",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        // (Opset 21: the axes are an input, keepdims 1.)
+        let mut case = graph(
+            format!("{op}_rows"),
+            &[("x", vec![rows, len])],
+            vec![],
+            vec![node(op, &["x", "axes"], &["y"])],
+            &[rows, 1],
+        );
+        let g = case.model.graph.as_mut().unwrap();
+        g.initializer.push(onnxc::onnx::proto::TensorProto {
+            name: Some("axes".into()),
+            dims: vec![1],
+            data_type: Some(DataType::Int64 as i32),
+            int64_data: vec![-1],
+            ..Default::default()
+        });
+        let inputs = inputs_of(&case, 500 + ci);
+        let m = onnx::load(&common::write_model(
+            scratch.path(),
+            &format!("{}.onnx", case.name),
+            &case.model,
+        ))
+        .unwrap();
+        let want = eval::run(
+            &m.graph,
+            inputs.iter().cloned().map(Value::Tensor).collect(),
+        )
+        .unwrap()[0]
+            .clone()
+            .into_tensor()
+            .unwrap();
+        for target in ["host", "x86_64-avx512", "x86_64-sse4"] {
+            let Some(env) = env_for(target, scratch.path()) else {
+                continue;
+            };
+            let dir = scratch.path().join(format!("r{ci}_{target}"));
+            let (obj, got) = compile_run(&env, target, &case, &inputs, &dir, false);
+            if target == "x86_64-avx512" {
+                assert!(
+                    obj.windows(12).any(|w| w == b"model__wide0"),
+                    "{op}: no AVX-512 loop in the object"
+                );
+            }
+            let err = rel_err(&got, &want);
+            assert!(err <= 1e-5, "{op} on {target}: relative error {err:e}");
+            ran += 1;
+        }
+    }
+    if ran == 0 {
+        eprintln!("skip: this CPU runs no x86 target");
+    }
+}

@@ -872,6 +872,10 @@ mod lower {
         })
     }
 
+    /// Most elements a reduction of f32 sums in f32 (see [`reduce`]): past it, an f64
+    /// accumulator (a sum of 65536 in 16 f32 lanes still keeps about 1e-6).
+    const F32_SUM_MOST: usize = 1 << 16;
+
     fn reduce(lw: &mut LowerCtx) -> OpResult<()> {
         let kind = kind_of(&lw.op.op_type)?;
         let x = lw.input(0)?.clone();
@@ -892,8 +896,25 @@ mod lower {
             );
         }
         // Accumulator type: f64 for floats and float-valued reductions of integers,
-        // the element type (wrapping) for integer reductions.
-        let at = if float || !int_kind { Ty::F64 } else { t };
+        // the element type (wrapping) for integer reductions; f32 for sums of f32 over at
+        // most `F32_SUM_MOST` elements, which the loops vectorise (an f64 sum runs one
+        // element at a time: ReduceMean over rows of 768, 0.134 ms against ONNX Runtime's
+        // 0.013), its rounding within a few 1e-7 of the f64 sum's there.
+        let count: usize = (0..rank).filter(|&d| red[d]).map(|d| x.shape[d]).product();
+        let sum32 = x.dtype == DType::F32
+            && out.dtype == DType::F32
+            && matches!(
+                kind,
+                Kind::Sum | Kind::Mean | Kind::SumSquare | Kind::L1 | Kind::L2
+            )
+            && count <= F32_SUM_MOST;
+        let at = if sum32 {
+            Ty::F32
+        } else if float || !int_kind {
+            Ty::F64
+        } else {
+            t
+        };
         let istr = strides(&x.shape);
         let kept: Vec<usize> = (0..rank).filter(|&d| !red[d]).collect();
         let reds: Vec<usize> = (0..rank).filter(|&d| red[d]).collect();
@@ -901,7 +922,6 @@ mod lower {
         let rshape: Vec<usize> = reds.iter().map(|&d| x.shape[d]).collect();
         let kstr: Vec<usize> = kept.iter().map(|&d| istr[d]).collect();
         let rstr: Vec<usize> = reds.iter().map(|&d| istr[d]).collect();
-        let count: usize = rshape.iter().product();
         ensure!(
             out.len() == kshape.iter().product::<usize>(),
             "reduction output size mismatch"
@@ -986,7 +1006,7 @@ mod lower {
                 }
             }
             let r = match kind {
-                Kind::Mean => bin(BinOp::Div, a.clone(), f64c(count as f64)),
+                Kind::Mean => bin(BinOp::Div, a.clone(), Expr::f(count as f64, at)),
                 Kind::L2 => Expr::un(UnOp::Sqrt, a.clone()),
                 Kind::LogSum => Expr::call(MathFn::Log, vec![a.clone()]),
                 Kind::LogSumExp => Expr::add(v(mx), Expr::call(MathFn::Log, vec![a.clone()])),
