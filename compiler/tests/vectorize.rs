@@ -1075,3 +1075,58 @@ fn f32_sums_run_as_avx512_reductions() {
         eprintln!("skip: this CPU runs no x86 target");
     }
 }
+
+/// LogSoftmax of f32 rows in f32 (AVX-512 loops: the max, the sum of exps, the outputs),
+/// element by element within 1e-5 relative (plus 1e-6) of the reference, near-zero
+/// outputs included: inputs up to +-50, so that each row's largest output is small.
+#[test]
+fn log_softmax_rows_in_f32() {
+    let scratch = tempfile::tempdir().unwrap();
+    let (rows, len) = (4usize, 300usize);
+    let mut n = node("LogSoftmax", &["x"], &["y"]);
+    n.attribute = vec![int_attr("axis", -1)];
+    let case = graph(
+        "log_softmax_rows".into(),
+        &[("x", vec![rows, len])],
+        vec![],
+        vec![n],
+        &[rows, len],
+    );
+    let x: Vec<f32> = rand(rows * len, 77).iter().map(|v| v * 50.0).collect();
+    let inputs = vec![Tensor::from_vec(&[rows, len], x)];
+    let m = onnx::load(&common::write_model(
+        scratch.path(),
+        "log_softmax_rows.onnx",
+        &case.model,
+    ))
+    .unwrap();
+    let want = eval::run(
+        &m.graph,
+        inputs.iter().cloned().map(Value::Tensor).collect(),
+    )
+    .unwrap()[0]
+        .clone()
+        .into_tensor()
+        .unwrap()
+        .to_f64()
+        .unwrap();
+    for target in ["host", "x86_64-avx512", "x86_64-sse4"] {
+        let Some(env) = env_for(target, scratch.path()) else {
+            continue;
+        };
+        let dir = scratch.path().join(target);
+        let (obj, got) = compile_run(&env, target, &case, &inputs, &dir, false);
+        if target == "x86_64-avx512" {
+            assert!(
+                obj.windows(12).any(|w| w == b"model__wide0"),
+                "no AVX-512 loop in the object"
+            );
+        }
+        for (g, w) in got.to_f64().unwrap().iter().zip(want.iter()) {
+            assert!(
+                (g - w).abs() <= 1e-5 * w.abs() + 1e-6,
+                "{target}: {g} against the reference's {w}"
+            );
+        }
+    }
+}
