@@ -423,7 +423,11 @@ mod lower {
         }
         /// `acc = sum over reduced dims of term`.
         fn sum(&self, acc: VarId, term: Expr) -> Vec<Stmt> {
-            let mut s = vec![set(acc, f64c(0.0))];
+            self.sum_as(acc, term, Ty::F64)
+        }
+        /// [`View::sum`] with an accumulator of type `ty`.
+        fn sum_as(&self, acc: VarId, term: Expr, ty: Ty) -> Vec<Stmt> {
+            let mut s = vec![set(acc, Expr::f(0.0, ty))];
             s.extend(loops(&self.red, vec![set(acc, add(v(acc), term))]));
             s
         }
@@ -470,21 +474,58 @@ mod lower {
 
     /// Mean and inverse standard deviation passes; returns (statements, mean, inv).
     fn mean_inv(k: &mut Kernel, view: &View, xv: &Expr, eps: f64) -> (Vec<Stmt>, VarId, VarId) {
-        let mean = k.var(Ty::F64);
-        let inv = k.var(Ty::F64);
+        mean_inv_as(k, view, xv, eps, Ty::F64)
+    }
+
+    /// [`mean_inv`] in type `ty` (`xv` of that type).
+    fn mean_inv_as(
+        k: &mut Kernel,
+        view: &View,
+        xv: &Expr,
+        eps: f64,
+        ty: Ty,
+    ) -> (Vec<Stmt>, VarId, VarId) {
+        let mean = k.var(ty);
+        let inv = k.var(ty);
         let n = view.cnt as f64;
-        let mut s = view.sum(mean, xv.clone());
-        s.push(set(mean, div(v(mean), f64c(n))));
+        let c = |x: f64| Expr::f(x, ty);
+        let mut s = view.sum_as(mean, xv.clone(), ty);
+        s.push(set(mean, div(v(mean), c(n))));
         let d = sub(xv.clone(), v(mean));
-        s.extend(view.sum(inv, mul(d.clone(), d)));
+        s.extend(view.sum_as(inv, mul(d.clone(), d), ty));
         s.push(set(
             inv,
-            div(
-                f64c(1.0),
-                Expr::un(UnOp::Sqrt, add(div(v(inv), f64c(n)), f64c(eps))),
-            ),
+            div(c(1.0), Expr::un(UnOp::Sqrt, add(div(v(inv), c(n)), c(eps)))),
         ));
         (s, mean, inv)
+    }
+
+    /// Most elements an f32 instance or group norm sums in f32 (its statistics in f32,
+    /// which the loops vectorise; past it, f64).
+    const F32_STATS_MOST: usize = 1 << 16;
+
+    /// The compute type of an instance or group norm of `count` elements per mean:
+    /// f32 where the input, scale, bias and output all are (an f64 accumulator kept the
+    /// loops scalar: InstanceNormalization of `[1, 64, 56, 56]` 0.85 ms against ONNX
+    /// Runtime's 0.10), else f64.
+    fn stats_ty(lw: &LowerCtx, count: usize) -> Ty {
+        let f32s = lw.inputs.iter().flatten().all(|t| t.ty() == Ty::F32)
+            && lw.outputs.iter().all(|t| t.ty() == Ty::F32);
+        if f32s && count <= F32_STATS_MOST {
+            Ty::F32
+        } else {
+            Ty::F64
+        }
+    }
+
+    /// Loads `x` at `idx` in type `ty` (f32 loads as they are).
+    fn load_as(x: &TensorRef, idx: Expr, ty: Ty) -> Expr {
+        let e = Expr::load(x.buf, idx);
+        if ty == Ty::F64 {
+            to64(e)
+        } else {
+            e
+        }
     }
 
     fn batch_norm(lw: &mut LowerCtx) -> OpResult<()> {
@@ -582,14 +623,15 @@ mod lower {
         let eps = eps(lw.op)?;
         let mut k = lw.kernel("");
         let view = View::new(&mut k, &[n, c, sp], &[2]);
-        let xv = to64(Expr::load(x.buf, view.idx()));
-        let (mut body, mean, inv) = mean_inv(&mut k, &view, &xv, eps);
+        let ty = stats_ty(lw, sp);
+        let xv = load_as(&x, view.idx(), ty);
+        let (mut body, mean, inv) = mean_inv_as(&mut k, &view, &xv, eps, ty);
         let y = add(
             mul(
                 mul(sub(xv, v(mean)), v(inv)),
-                param(&view, &s, &ch_shape(&s, c, 3)?),
+                load_as(&s, view.pidx(&ch_shape(&s, c, 3)?), ty),
             ),
-            param(&view, &b, &ch_shape(&b, c, 3)?),
+            load_as(&b, view.pidx(&ch_shape(&b, c, 3)?), ty),
         );
         body.extend(view.over_red(vec![store(&out, view.idx(), y)]));
         view.finish(&mut k, body);
@@ -629,14 +671,15 @@ mod lower {
         let eps = eps(lw.op)?;
         let mut k = lw.kernel("");
         let view = View::new(&mut k, &[n, g, cpg, sp], &[2, 3]);
-        let xv = to64(Expr::load(x.buf, view.idx()));
-        let (mut body, mean, inv) = mean_inv(&mut k, &view, &xv, eps);
+        let ty = stats_ty(lw, cpg * sp);
+        let xv = load_as(&x, view.idx(), ty);
+        let (mut body, mean, inv) = mean_inv_as(&mut k, &view, &xv, eps, ty);
         let y = add(
             mul(
                 mul(sub(xv, v(mean)), v(inv)),
-                param(&view, &s, &pshape(&s)?),
+                load_as(&s, view.pidx(&pshape(&s)?), ty),
             ),
-            param(&view, &b, &pshape(&b)?),
+            load_as(&b, view.pidx(&pshape(&b)?), ty),
         );
         body.extend(view.over_red(vec![store(&out, view.idx(), y)]));
         view.finish(&mut k, body);
