@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Writes OUT_DIR/NAME.onnx: single-op models (one node on random f32 data, weights
+random with a fixed seed) for comparing onnxc and ONNX Runtime op by op
+(tests/bench/ops.sh): the ops outside the zoo where a compiler most often falls back
+to slow generic code.
+
+    python3 tests/bench/make_ops.py OUT_DIR
+"""
+import sys
+
+import numpy as np
+import onnx
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+rng = np.random.default_rng(0)
+S = [1, 64, 56, 56]
+
+
+def w(shape, name, scale=0.05):
+    return nh.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+
+def save(out, name, nodes, ins, outs, inits=(), opset=17):
+    g = h.make_graph(
+        nodes, name,
+        [h.make_tensor_value_info(n, T.FLOAT, s) for n, s in ins],
+        [h.make_tensor_value_info(n, T.FLOAT, s) for n, s in outs],
+        list(inits),
+    )
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
+    m.ir_version = 8
+    onnx.save(m, f"{out}/{name}.onnx")
+
+
+def main(out):
+    c = lambda v, n: nh.from_array(np.array(v, np.float32), n)
+    save(out, "convtranspose_2x2_s2", [h.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2])],
+         [("x", [1, 64, 28, 28])], [("y", [1, 32, 56, 56])], [w((64, 32, 2, 2), "w")])
+    save(out, "convtranspose_unet", [h.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2])],
+         [("x", [1, 256, 32, 32])], [("y", [1, 128, 64, 64])], [w((256, 128, 2, 2), "w"), w((128,), "b", 1)])
+    save(out, "convtranspose_4x4_s2", [h.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1])],
+         [("x", [1, 128, 32, 32])], [("y", [1, 64, 64, 64])], [w((128, 64, 4, 4), "w"), w((64,), "b", 1)])
+    save(out, "reducemean_last", [h.make_node("ReduceMean", ["x"], ["y"], axes=[-1])],
+         [("x", [1, 128, 768])], [("y", [1, 128, 1])])
+    save(out, "logsoftmax", [h.make_node("LogSoftmax", ["x"], ["y"], axis=-1)],
+         [("x", [128, 1000])], [("y", [128, 1000])])
+    save(out, "instancenorm", [h.make_node("InstanceNormalization", ["x", "s", "b"], ["y"])],
+         [("x", S)], [("y", S)], [w((64,), "s", 1), w((64,), "b", 1)])
+    save(out, "groupnorm", [h.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=8)],
+         [("x", S)], [("y", S)], [w((64,), "s", 1), w((64,), "b", 1)], opset=21)
+    save(out, "pow_2", [h.make_node("Pow", ["x", "e"], ["y"])], [("x", S)], [("y", S)], [c(2.0, "e")])
+    save(out, "max_scalar", [h.make_node("Max", ["x", "m"], ["y"])], [("x", S)], [("y", S)], [c(0.5, "m")])
+    save(out, "softmax_last", [h.make_node("Softmax", ["x"], ["y"], axis=-1)],
+         [("x", [1, 12, 128, 128])], [("y", [1, 12, 128, 128])])
+    save(out, "resize_nearest_2x", [h.make_node("Resize", ["x", "", "sc"], ["y"], mode="nearest")],
+         [("x", S)], [("y", [1, 64, 112, 112])], [c([1, 1, 2, 2], "sc")])
+    save(out, "resize_linear_2x", [h.make_node("Resize", ["x", "", "sc"], ["y"], mode="linear")],
+         [("x", S)], [("y", [1, 64, 112, 112])], [c([1, 1, 2, 2], "sc")])
+    save(out, "conv5x5", [h.make_node("Conv", ["x", "w"], ["y"], pads=[2, 2, 2, 2])],
+         [("x", [1, 32, 56, 56])], [("y", [1, 64, 56, 56])], [w((64, 32, 5, 5), "w")])
+    save(out, "conv3x3_dilated", [h.make_node("Conv", ["x", "w"], ["y"], pads=[2, 2, 2, 2], dilations=[2, 2])],
+         [("x", S)], [("y", S)], [w((64, 64, 3, 3), "w")])
+    save(out, "conv3x3_8_groups", [h.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], group=8)],
+         [("x", S)], [("y", S)], [w((64, 8, 3, 3), "w")])
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    main(sys.argv[1])
