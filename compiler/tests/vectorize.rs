@@ -902,6 +902,55 @@ fn min_max_with_constants_keep_signed_zeros_and_nans() {
     }
 }
 
+/// The reference evaluator's first output of `case` on `inputs`.
+fn reference(case: &Case, inputs: &[Tensor], scratch: &std::path::Path) -> Tensor {
+    let m = onnx::load(&common::write_model(
+        scratch,
+        &format!("{}.onnx", case.name),
+        &case.model,
+    ))
+    .unwrap();
+    eval::run(
+        &m.graph,
+        inputs.iter().cloned().map(Value::Tensor).collect(),
+    )
+    .unwrap_or_else(|e| panic!("{}: reference: {e}", case.name))[0]
+        .clone()
+        .into_tensor()
+        .unwrap()
+}
+
+/// `case` compiled for each of `targets` this CPU runs and run on `inputs` (the
+/// x86_64-avx512 object must hold an AVX-512 loop), each first output handed to `check`
+/// with its target; how many targets ran.
+fn on_targets(
+    case: &Case,
+    inputs: &[Tensor],
+    scratch: &std::path::Path,
+    targets: &[&str],
+    exact_math: bool,
+    mut check: impl FnMut(&str, &Tensor),
+) -> usize {
+    let mut ran = 0;
+    for target in targets {
+        let Some(env) = env_for(target, scratch) else {
+            continue;
+        };
+        let dir = scratch.join(format!("{}_{target}", case.name));
+        let (obj, got) = compile_run(&env, target, case, inputs, &dir, exact_math);
+        if *target == "x86_64-avx512" {
+            assert!(
+                obj.windows(12).any(|w| w == b"model__wide0"),
+                "{}: no AVX-512 loop in the object",
+                case.name
+            );
+        }
+        check(target, &got);
+        ran += 1;
+    }
+    ran
+}
+
 /// Max and Min nodes with a scalar second operand, a weight or an input: their NaN test
 /// of the scalar does not vary along the loop, and the AVX-512 loops take them (a weight's
 /// test decided at compile time, an input's made a mask once per call). And `Pow(x, 2)`,
@@ -935,8 +984,8 @@ fn scalar_operand_ops_run_as_avx512_loops() {
         vec![node("Pow", &["x", "c"], &["y"])],
         &[len],
     );
-    cases.push((999, pow, vec![Tensor::from_vec(&[len], x.clone())]));
-    for (oi, op) in ["Max", "Min"].into_iter().enumerate() {
+    cases.push((pow, vec![Tensor::from_vec(&[len], x.clone())]));
+    for op in ["Max", "Min"] {
         for (si, s) in [0.0f32, -0.0, 1.5, f32::NAN].into_iter().enumerate() {
             // The scalar as a weight (either operand order) and as an input.
             for form in 0..3 {
@@ -952,52 +1001,32 @@ fn scalar_operand_ops_run_as_avx512_loops() {
                 if form == 2 {
                     vals.push(Tensor::from_vec(&[1], vec![s]));
                 }
-                cases.push((oi * 100 + si * 10 + form, case, vals));
+                cases.push((case, vals));
             }
         }
     }
     let mut ran = 0;
-    for (ci, case, inputs) in cases {
-        let m = onnx::load(&common::write_model(
+    for (case, inputs) in cases {
+        let want = reference(&case, &inputs, scratch.path()).to_f64().unwrap();
+        let targets = ["x86_64-avx512", "x86_64-sse4"];
+        ran += on_targets(
+            &case,
+            &inputs,
             scratch.path(),
-            &format!("{}.onnx", case.name),
-            &case.model,
-        ))
-        .unwrap();
-        let want = eval::run(
-            &m.graph,
-            inputs.iter().cloned().map(Value::Tensor).collect(),
-        )
-        .unwrap()[0]
-            .clone()
-            .into_tensor()
-            .unwrap()
-            .to_f64()
-            .unwrap();
-        for target in ["x86_64-avx512", "x86_64-sse4"] {
-            let Some(env) = env_for(target, scratch.path()) else {
-                continue;
-            };
-            let dir = scratch.path().join(format!("s{ci}_{target}"));
-            let (obj, got) = compile_run(&env, target, &case, &inputs, &dir, true);
-            if target == "x86_64-avx512" {
-                assert!(
-                    obj.windows(12).any(|w| w == b"model__wide0"),
-                    "{}: no AVX-512 loop in the object",
-                    case.name
-                );
-            }
-            for (i, (g, w)) in got.to_f64().unwrap().iter().zip(want.iter()).enumerate() {
-                let (g, w) = (*g as f32, *w as f32);
-                assert!(
-                    (g.is_nan() && w.is_nan()) || g.to_bits() == w.to_bits(),
-                    "{} on {target}: x = {:?} gives {g:?}, the reference {w:?}",
-                    case.name,
-                    x[i]
-                );
-            }
-            ran += 1;
-        }
+            &targets,
+            true,
+            |target, got| {
+                for (i, (g, w)) in got.to_f64().unwrap().iter().zip(want.iter()).enumerate() {
+                    let (g, w) = (*g as f32, *w as f32);
+                    assert!(
+                        (g.is_nan() && w.is_nan()) || g.to_bits() == w.to_bits(),
+                        "{} on {target}: x = {:?} gives {g:?}, the reference {w:?}",
+                        case.name,
+                        x[i]
+                    );
+                }
+            },
+        );
     }
     if ran == 0 {
         eprintln!("skip: this CPU runs neither x86 target");
@@ -1040,36 +1069,19 @@ fn f32_sums_run_as_avx512_reductions() {
             ..Default::default()
         });
         let inputs = inputs_of(&case, 500 + ci);
-        let m = onnx::load(&common::write_model(
+        let want = reference(&case, &inputs, scratch.path());
+        let targets = ["host", "x86_64-avx512", "x86_64-sse4"];
+        ran += on_targets(
+            &case,
+            &inputs,
             scratch.path(),
-            &format!("{}.onnx", case.name),
-            &case.model,
-        ))
-        .unwrap();
-        let want = eval::run(
-            &m.graph,
-            inputs.iter().cloned().map(Value::Tensor).collect(),
-        )
-        .unwrap()[0]
-            .clone()
-            .into_tensor()
-            .unwrap();
-        for target in ["host", "x86_64-avx512", "x86_64-sse4"] {
-            let Some(env) = env_for(target, scratch.path()) else {
-                continue;
-            };
-            let dir = scratch.path().join(format!("r{ci}_{target}"));
-            let (obj, got) = compile_run(&env, target, &case, &inputs, &dir, false);
-            if target == "x86_64-avx512" {
-                assert!(
-                    obj.windows(12).any(|w| w == b"model__wide0"),
-                    "{op}: no AVX-512 loop in the object"
-                );
-            }
-            let err = rel_err(&got, &want);
-            assert!(err <= 1e-5, "{op} on {target}: relative error {err:e}");
-            ran += 1;
-        }
+            &targets,
+            false,
+            |target, got| {
+                let err = rel_err(got, &want);
+                assert!(err <= 1e-5, "{op} on {target}: relative error {err:e}");
+            },
+        );
     }
     if ran == 0 {
         eprintln!("skip: this CPU runs no x86 target");
@@ -1094,41 +1106,23 @@ fn log_softmax_rows_in_f32() {
     );
     let x: Vec<f32> = rand(rows * len, 77).iter().map(|v| v * 50.0).collect();
     let inputs = vec![Tensor::from_vec(&[rows, len], x)];
-    let m = onnx::load(&common::write_model(
+    let want = reference(&case, &inputs, scratch.path()).to_f64().unwrap();
+    let targets = ["host", "x86_64-avx512", "x86_64-sse4"];
+    on_targets(
+        &case,
+        &inputs,
         scratch.path(),
-        "log_softmax_rows.onnx",
-        &case.model,
-    ))
-    .unwrap();
-    let want = eval::run(
-        &m.graph,
-        inputs.iter().cloned().map(Value::Tensor).collect(),
-    )
-    .unwrap()[0]
-        .clone()
-        .into_tensor()
-        .unwrap()
-        .to_f64()
-        .unwrap();
-    for target in ["host", "x86_64-avx512", "x86_64-sse4"] {
-        let Some(env) = env_for(target, scratch.path()) else {
-            continue;
-        };
-        let dir = scratch.path().join(target);
-        let (obj, got) = compile_run(&env, target, &case, &inputs, &dir, false);
-        if target == "x86_64-avx512" {
-            assert!(
-                obj.windows(12).any(|w| w == b"model__wide0"),
-                "no AVX-512 loop in the object"
-            );
-        }
-        for (g, w) in got.to_f64().unwrap().iter().zip(want.iter()) {
-            assert!(
-                (g - w).abs() <= 1e-5 * w.abs() + 1e-6,
-                "{target}: {g} against the reference's {w}"
-            );
-        }
-    }
+        &targets,
+        false,
+        |target, got| {
+            for (g, w) in got.to_f64().unwrap().iter().zip(want.iter()) {
+                assert!(
+                    (g - w).abs() <= 1e-5 * w.abs() + 1e-6,
+                    "{target}: {g} against the reference's {w}"
+                );
+            }
+        },
+    );
 }
 
 /// InstanceNormalization and GroupNormalization of f32 compute their statistics in f32
@@ -1155,36 +1149,19 @@ fn instance_and_group_norms_in_f32() {
             &shape,
         );
         let inputs = inputs_of(&case, 700 + ci);
-        let m = onnx::load(&common::write_model(
+        let want = reference(&case, &inputs, scratch.path());
+        let targets = ["host", "x86_64-avx512", "x86_64-sse4"];
+        ran += on_targets(
+            &case,
+            &inputs,
             scratch.path(),
-            &format!("{}.onnx", case.name),
-            &case.model,
-        ))
-        .unwrap();
-        let want = eval::run(
-            &m.graph,
-            inputs.iter().cloned().map(Value::Tensor).collect(),
-        )
-        .unwrap()[0]
-            .clone()
-            .into_tensor()
-            .unwrap();
-        for target in ["host", "x86_64-avx512", "x86_64-sse4"] {
-            let Some(env) = env_for(target, scratch.path()) else {
-                continue;
-            };
-            let dir = scratch.path().join(format!("n{ci}_{target}"));
-            let (obj, got) = compile_run(&env, target, &case, &inputs, &dir, false);
-            if target == "x86_64-avx512" {
-                assert!(
-                    obj.windows(12).any(|w| w == b"model__wide0"),
-                    "{op}: no AVX-512 loop in the object"
-                );
-            }
-            let err = rel_err(&got, &want);
-            assert!(err <= 1e-5, "{op} on {target}: relative error {err:e}");
-            ran += 1;
-        }
+            &targets,
+            false,
+            |target, got| {
+                let err = rel_err(got, &want);
+                assert!(err <= 1e-5, "{op} on {target}: relative error {err:e}");
+            },
+        );
     }
     if ran == 0 {
         eprintln!("skip: this CPU runs no x86 target");

@@ -1281,21 +1281,10 @@ mod lower {
         if n == 0 {
             return vec![];
         }
-        let m = k.var(Ty::F32);
+        let (mut s, m) = lane_max32(k, at, n, j);
         let sum = k.var(Ty::F32);
         let f = |x: f64| Expr::f(x, Ty::F32);
-        let d = bin(BinOp::Sub, v(m), v(m));
-        vec![
-            set(m, f(f64::NEG_INFINITY)),
-            for_(
-                j,
-                n,
-                vec![set(
-                    m,
-                    Expr::select(cmp(CmpOp::Gt, at(v(j)), v(m)), at(v(j)), v(m)),
-                )],
-            ),
-            set(m, Expr::select(cmp(CmpOp::Eq, d, f(0.0)), v(m), f(0.0))),
+        s.extend([
             for_(
                 j,
                 n,
@@ -1321,13 +1310,40 @@ mod lower {
                     value: bin(BinOp::Mul, Expr::load(ob, pos(v(j))), v(sum)),
                 }],
             ),
-        ]
+        ]);
+        s
+    }
+
+    /// The statements leaving in `m` (returned) an f32 lane's max, replaced by 0 where it
+    /// is +-inf or NaN (as in the f64 path): [`softmax32`]'s and [`log_softmax32`]'s shift.
+    fn lane_max32(
+        k: &mut Kernel,
+        at: &dyn Fn(Expr) -> Expr,
+        n: usize,
+        j: VarId,
+    ) -> (Vec<Stmt>, VarId) {
+        let m = k.var(Ty::F32);
+        let f = |x: f64| Expr::f(x, Ty::F32);
+        let d = bin(BinOp::Sub, v(m), v(m));
+        let s = vec![
+            set(m, f(f64::NEG_INFINITY)),
+            for_(
+                j,
+                n,
+                vec![set(
+                    m,
+                    Expr::select(cmp(CmpOp::Gt, at(v(j)), v(m)), at(v(j)), v(m)),
+                )],
+            ),
+            set(m, Expr::select(cmp(CmpOp::Eq, d, f(0.0)), v(m), f(0.0))),
+        ];
+        (s, m)
     }
 
     /// LogSoftmax of an f32 lane in f32, in loops the vectoriser takes: the max `m`, the
     /// sum of `exp(x[j] - m)` (the input read again: the output is written once), then
-    /// `out[j] = (x[j] - m) - log(sum)` (the reference's grouping: `x - (m + log sum)` would round
-    /// `m + log sum` to `m`'s ulp, most of a near-zero output). The f64 form ran one
+    /// `out[j] = (x[j] - m) - log(sum)` (the reference's grouping: `x - (m + log sum)`
+    /// would round `m + log sum` to `m`'s ulp, most of a near-zero output). The f64 form ran one
     /// element at a time with a call per exp: 128 rows of 1000 took 1.72 ms against ONNX
     /// Runtime's 0.051.
     fn log_softmax32(
@@ -1341,26 +1357,14 @@ mod lower {
         if n == 0 {
             return vec![];
         }
-        let m = k.var(Ty::F32);
+        let (mut s, m) = lane_max32(k, at, n, j);
         let sum = k.var(Ty::F32);
-        let f = |x: f64| Expr::f(x, Ty::F32);
-        let d = bin(BinOp::Sub, v(m), v(m));
         let e = Expr::call(MathFn::Exp, vec![bin(BinOp::Sub, at(v(j)), v(m))]);
-        let mut s = vec![
-            set(m, f(f64::NEG_INFINITY)),
-            for_(
-                j,
-                n,
-                vec![set(
-                    m,
-                    Expr::select(cmp(CmpOp::Gt, at(v(j)), v(m)), at(v(j)), v(m)),
-                )],
-            ),
-            set(m, Expr::select(cmp(CmpOp::Eq, d, f(0.0)), v(m), f(0.0))),
-            set(sum, f(0.0)),
+        s.extend([
+            set(sum, Expr::f(0.0, Ty::F32)),
             for_(j, n, vec![set(sum, Expr::add(v(sum), e))]),
             set(sum, Expr::call(MathFn::Log, vec![v(sum)])),
-        ];
+        ]);
         s.push(for_(
             j,
             n,
