@@ -1167,3 +1167,76 @@ fn instance_and_group_norms_in_f32() {
         eprintln!("skip: this CPU runs no x86 target");
     }
 }
+
+/// Nearest Resize by integer factors of the last two axes is one copy kernel (the tap
+/// tables show each output copying input `o / k`): bit for bit the reference's on every
+/// x86 target, under the default coordinate mode, `asymmetric` with `floor`, and modes or
+/// factors that are not replication (align_corners, 1.5x), which keep the general path;
+/// the 2x one is an AVX-512 loop.
+#[test]
+fn nearest_resize_by_integer_factors() {
+    let scratch = tempfile::tempdir().unwrap();
+    let xs = vec![2usize, 3, 5, 7];
+    let str_attr = |n: &str, v: &str| onnxc::onnx::proto::AttributeProto {
+        name: Some(n.into()),
+        r#type: Some(3),
+        s: Some(v.as_bytes().to_vec()),
+        ..Default::default()
+    };
+    let cases = [
+        ("default_2x", [2.0f32, 2.0], vec![]),
+        (
+            "asymmetric_3x2",
+            [3.0, 2.0],
+            vec![
+                str_attr("coordinate_transformation_mode", "asymmetric"),
+                str_attr("nearest_mode", "floor"),
+            ],
+        ),
+        (
+            "align_corners_2x",
+            [2.0, 2.0],
+            vec![str_attr("coordinate_transformation_mode", "align_corners")],
+        ),
+        ("default_1_5x", [1.5, 1.5], vec![]),
+    ];
+    for (ci, (name, [sh, sw], attrs)) in cases.into_iter().enumerate() {
+        let ys = vec![
+            xs[0],
+            xs[1],
+            (xs[2] as f32 * sh) as usize,
+            (xs[3] as f32 * sw) as usize,
+        ];
+        let mut n = node("Resize", &["x", "", "sc"], &["y"]);
+        n.attribute = attrs;
+        n.attribute.push(str_attr("mode", "nearest"));
+        let case = graph(
+            format!("resize_{name}"),
+            &[("x", xs.clone())],
+            vec![("sc", vec![4], Some(vec![1.0, 1.0, sh, sw]))],
+            vec![n],
+            &ys,
+        );
+        let inputs = inputs_of(&case, 800 + ci);
+        let want = reference(&case, &inputs, scratch.path()).to_f64().unwrap();
+        let targets: &[&str] = if name == "default_2x" {
+            &["host", "x86_64-avx512", "x86_64-sse4"]
+        } else {
+            &["host", "x86_64-sse4"]
+        };
+        on_targets(
+            &case,
+            &inputs,
+            scratch.path(),
+            targets,
+            true,
+            |target, got| {
+                let got = got.to_f64().unwrap();
+                assert!(
+                    got.iter().zip(want.iter()).all(|(g, w)| g == w),
+                    "{name} on {target}: not the reference's values"
+                );
+            },
+        );
+    }
+}

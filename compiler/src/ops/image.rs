@@ -2441,6 +2441,74 @@ mod lower {
         }
     }
 
+    /// The factor `k` when an axis's taps copy input element `o / k` to every output
+    /// position `o` (one tap of weight 1, the others 0, no extrapolation): nearest
+    /// upsampling by an integer factor, whatever the coordinate mode that led there.
+    fn replication(taps: &super::Taps, inw: usize) -> Option<usize> {
+        let k = taps.len() / inw;
+        if k == 0 || k * inw != taps.len() {
+            return None;
+        }
+        let copies = taps.iter().enumerate().all(|(o, (idx, w, ex))| {
+            !ex && w.iter().filter(|&&x| x != 0.0).count() == 1
+                && idx
+                    .iter()
+                    .zip(w)
+                    .all(|(&i, &x)| x == 0.0 || (x == 1.0 && i == o / k))
+        });
+        copies.then_some(k)
+    }
+
+    /// `out[p][y kh + ry][x kw + rx] = x[p][y][x]` over planes `p`: nearest upsampling by
+    /// integer factors as unit-stride reads and stores every `kw`-th element, which the
+    /// loops vectorise. The separable tap tables (f64, an f64 plane between the axes) took
+    /// 2.66 ms for a 2x upsampling of `[1, 64, 56, 56]` that ONNX Runtime does in 0.62.
+    fn replicate(
+        lw: &mut LowerCtx,
+        x: &crate::ops::lowering::TensorRef,
+        out: &crate::ops::lowering::TensorRef,
+        [kh, kw]: [usize; 2],
+    ) {
+        let planes = x.shape[0] * x.shape[1];
+        let (ih, iw) = (x.shape[2] as i64, x.shape[3] as i64);
+        let (oh, ow) = (out.shape[2] as i64, out.shape[3] as i64);
+        let mut k = lw.kernel("");
+        let (pv, yv, ry, rx, xv) = (
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+            k.var(Ty::I64),
+        );
+        let v = Expr::Var;
+        let (i, m) = (|c: i64| Expr::Int(c), Expr::mul);
+        let src = Expr::add(m(v(pv), i(ih * iw)), Expr::add(m(v(yv), i(iw)), v(xv)));
+        let row = Expr::add(m(v(yv), i(kh as i64)), v(ry));
+        let dst = Expr::add(
+            m(v(pv), i(oh * ow)),
+            Expr::add(m(row, i(ow)), Expr::add(m(v(xv), i(kw as i64)), v(rx))),
+        );
+        let store = Stmt::Store {
+            buf: out.buf,
+            index: dst,
+            value: Expr::load(x.buf, src),
+        };
+        k.body = vec![for_(
+            pv,
+            planes,
+            vec![for_(
+                yv,
+                ih as usize,
+                vec![for_(
+                    ry,
+                    kh,
+                    vec![for_(rx, kw, vec![for_(xv, iw as usize, vec![store])])],
+                )],
+            )],
+        )];
+        lw.push(k);
+    }
+
     /// How a resize op derives its per-axis setup from the input shape and inputs.
     type SetupFn = fn(&OpCtx, &[usize], &[Option<&Value>]) -> OpResult<Setup>;
 
@@ -2520,6 +2588,22 @@ mod lower {
             };
             lw.push(k);
             return Ok(());
+        }
+        // Integer-factor nearest upsampling of the last two axes: one copy kernel.
+        if x.shape.len() == 4 && xt == Ty::F32 && ot == x.ty() {
+            let mut factor = [1usize; 2];
+            let mut all = true;
+            for &(ax, lo, hi) in &steps {
+                let taps = resize_taps(x.shape[ax], scales[ax], sizes[ax], (lo, hi), &p)?;
+                match (ax >= 2).then(|| replication(&taps, x.shape[ax])).flatten() {
+                    Some(k) => factor[ax - 2] = k,
+                    None => all = false,
+                }
+            }
+            if all {
+                replicate(lw, &x, &out, factor);
+                return Ok(());
+            }
         }
         let nsteps = steps.len();
         for (si, &(ax, lo, hi)) in steps.iter().enumerate() {
