@@ -2590,7 +2590,7 @@ mod lower {
             return Ok(());
         }
         // Integer-factor nearest upsampling of the last two axes: one copy kernel.
-        if x.shape.len() == 4 && xt == Ty::F32 && ot == x.ty() {
+        if x.shape.len() == 4 && x.ty() == Ty::F32 && ot == x.ty() {
             let mut factor = [1usize; 2];
             let mut all = true;
             for &(ax, lo, hi) in &steps {
