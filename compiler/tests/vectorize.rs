@@ -951,6 +951,21 @@ fn on_targets(
     ran
 }
 
+/// [`on_targets`] on the host, AVX-512 and SSE4 (not exact math), each output within
+/// 1e-5 of the reference (relative to its largest value); how many targets ran.
+fn within_1e5_on_x86(case: &Case, inputs: &[Tensor], scratch: &std::path::Path) -> usize {
+    let want = reference(case, inputs, scratch);
+    let targets = ["host", "x86_64-avx512", "x86_64-sse4"];
+    on_targets(case, inputs, scratch, &targets, false, |target, got| {
+        let err = rel_err(got, &want);
+        assert!(
+            err <= 1e-5,
+            "{} on {target}: relative error {err:e}",
+            case.name
+        );
+    })
+}
+
 /// Max and Min nodes with a scalar second operand, a weight or an input: their NaN test
 /// of the scalar does not vary along the loop, and the AVX-512 loops take them (a weight's
 /// test decided at compile time, an input's made a mask once per call). And `Pow(x, 2)`,
@@ -1068,20 +1083,7 @@ fn f32_sums_run_as_avx512_reductions() {
             int64_data: vec![-1],
             ..Default::default()
         });
-        let inputs = inputs_of(&case, 500 + ci);
-        let want = reference(&case, &inputs, scratch.path());
-        let targets = ["host", "x86_64-avx512", "x86_64-sse4"];
-        ran += on_targets(
-            &case,
-            &inputs,
-            scratch.path(),
-            &targets,
-            false,
-            |target, got| {
-                let err = rel_err(got, &want);
-                assert!(err <= 1e-5, "{op} on {target}: relative error {err:e}");
-            },
-        );
+        ran += within_1e5_on_x86(&case, &inputs_of(&case, 500 + ci), scratch.path());
     }
     if ran == 0 {
         eprintln!("skip: this CPU runs no x86 target");
@@ -1148,20 +1150,7 @@ fn instance_and_group_norms_in_f32() {
             vec![n],
             &shape,
         );
-        let inputs = inputs_of(&case, 700 + ci);
-        let want = reference(&case, &inputs, scratch.path());
-        let targets = ["host", "x86_64-avx512", "x86_64-sse4"];
-        ran += on_targets(
-            &case,
-            &inputs,
-            scratch.path(),
-            &targets,
-            false,
-            |target, got| {
-                let err = rel_err(got, &want);
-                assert!(err <= 1e-5, "{op} on {target}: relative error {err:e}");
-            },
-        );
+        ran += within_1e5_on_x86(&case, &inputs_of(&case, 700 + ci), scratch.path());
     }
     if ran == 0 {
         eprintln!("skip: this CPU runs no x86 target");

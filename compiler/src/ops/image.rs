@@ -2470,8 +2470,8 @@ mod lower {
         [kh, kw]: [usize; 2],
     ) {
         let planes = x.shape[0] * x.shape[1];
-        let (ih, iw) = (x.shape[2] as i64, x.shape[3] as i64);
-        let (oh, ow) = (out.shape[2] as i64, out.shape[3] as i64);
+        let (ih, iw) = (x.shape[2], x.shape[3]);
+        let (oh, ow) = (out.shape[2], out.shape[3]);
         let mut k = lw.kernel("");
         let (pv, yv, ry, rx, xv) = (
             k.var(Ty::I64),
@@ -2480,32 +2480,18 @@ mod lower {
             k.var(Ty::I64),
             k.var(Ty::I64),
         );
-        let v = Expr::Var;
-        let (i, m) = (|c: i64| Expr::Int(c), Expr::mul);
-        let src = Expr::add(m(v(pv), i(ih * iw)), Expr::add(m(v(yv), i(iw)), v(xv)));
-        let row = Expr::add(m(v(yv), i(kh as i64)), v(ry));
-        let dst = Expr::add(
-            m(v(pv), i(oh * ow)),
-            Expr::add(m(row, i(ow)), Expr::add(m(v(xv), i(kw as i64)), v(rx))),
+        let src = lin(vec![(v(pv), ih * iw), (v(yv), iw), (v(xv), 1)]);
+        let dst = lin(vec![
+            (v(pv), oh * ow),
+            (v(yv), kh * ow),
+            (v(ry), ow),
+            (v(xv), kw),
+            (v(rx), 1),
+        ]);
+        k.body = loops(
+            &[(pv, planes), (yv, ih), (ry, kh), (rx, kw), (xv, iw)],
+            vec![store(out.buf, dst, Expr::load(x.buf, src))],
         );
-        let store = Stmt::Store {
-            buf: out.buf,
-            index: dst,
-            value: Expr::load(x.buf, src),
-        };
-        k.body = vec![for_(
-            pv,
-            planes,
-            vec![for_(
-                yv,
-                ih as usize,
-                vec![for_(
-                    ry,
-                    kh,
-                    vec![for_(rx, kw, vec![for_(xv, iw as usize, vec![store])])],
-                )],
-            )],
-        )];
         lw.push(k);
     }
 
