@@ -110,7 +110,12 @@ fn elementwise(len: usize) -> Vec<Case> {
             node("Erf", &["t14"], &["t15"]),
             node("Add", &["t15", "k2"], &["t16"]),
             node("Div", &["t13", "t16"], &["t17"]),
-            node("Add", &["t12", "t17"], &["y"]),
+            node("Add", &["t12", "t17"], &["t18"]),
+            node("Log", &["t4"], &["t19"]),
+            node("Softplus", &["x"], &["t20"]),
+            node("Mish", &["t18"], &["t21"]),
+            node("Add", &["t19", "t20"], &["t22"]),
+            node("Add", &["t21", "t22"], &["y"]),
         ],
         &s,
     )];
@@ -969,7 +974,7 @@ fn within_1e5_on_x86(case: &Case, inputs: &[Tensor], scratch: &std::path::Path) 
 /// Max and Min nodes with a scalar second operand, a weight or an input: their NaN test
 /// of the scalar does not vary along the loop, and the AVX-512 loops take them (a weight's
 /// test decided at compile time, an input's made a mask once per call). And `Pow(x, 2)`,
-/// lowered as `x * x`. Every target gives the reference's bits on signed zeros, NaNs,
+/// lowered as `x * x`, and `Pow(x, 0.5)` as `sqrt(x + 0)` (-inf apart). Every target gives the reference's bits on signed zeros, NaNs,
 /// infinities and values that overflow when squared, the scalar NaN or not.
 #[test]
 fn scalar_operand_ops_run_as_avx512_loops() {
@@ -992,14 +997,16 @@ fn scalar_operand_ops_run_as_avx512_loops() {
         })
         .collect();
     let mut cases = Vec::new();
-    let pow = graph(
-        "Pow_2".into(),
-        &[("x", vec![len])],
-        vec![("c", vec![], Some(vec![2.0]))],
-        vec![node("Pow", &["x", "c"], &["y"])],
-        &[len],
-    );
-    cases.push((pow, vec![Tensor::from_vec(&[len], x.clone())]));
+    for (name, e) in [("Pow_2", 2.0), ("Pow_05", 0.5)] {
+        let pow = graph(
+            name.into(),
+            &[("x", vec![len])],
+            vec![("c", vec![], Some(vec![e]))],
+            vec![node("Pow", &["x", "c"], &["y"])],
+            &[len],
+        );
+        cases.push((pow, vec![Tensor::from_vec(&[len], x.clone())]));
+    }
     for op in ["Max", "Min"] {
         for (si, s) in [0.0f32, -0.0, 1.5, f32::NAN].into_iter().enumerate() {
             // The scalar as a weight (either operand order) and as an input.
@@ -1227,5 +1234,89 @@ fn nearest_resize_by_integer_factors() {
                 );
             },
         );
+    }
+}
+
+/// Log, Softplus and Mish on f32 compute `log` inline (vmath's, and the AVX-512 loops'
+/// in plain or fused operations), not by a libm call per element, and `Pow(x, 3)` is
+/// `(x * x) * x`: within 2 ulp of the reference's f64 values on every target, exact math
+/// or not, with `log(+-0) = -inf`, `log(inf) = inf`, NaN for negative arguments and NaN,
+/// subnormal arguments, and softplus exact where `log(1 + e^x)` overflows or rounds to 0.
+#[test]
+fn log_softplus_mish_and_cube_inline() {
+    let scratch = tempfile::tempdir().unwrap();
+    let len = 77usize;
+    let specials = [
+        0.0,
+        -0.0,
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        -1.0,
+        1.0,
+        1e-40,
+        f32::MIN_POSITIVE,
+        f32::MAX,
+        1.0 + f32::EPSILON,
+        1.0 - f32::EPSILON / 2.0,
+        std::f32::consts::FRAC_1_SQRT_2,
+        std::f32::consts::SQRT_2,
+        -20.0,
+        95.0,
+    ];
+    let x: Vec<f32> = (0..len)
+        .map(|i| match specials.get(i) {
+            Some(&s) => s,
+            // Magnitudes from 1e-6 to 1e6, both signs.
+            None => {
+                let r = rand(1, i as u64)[0];
+                let sign = if i % 3 == 0 { -1.0 } else { 1.0 };
+                sign * 10f32.powf(12.0 * (r + 0.5).clamp(0.0, 1.0) - 6.0)
+            }
+        })
+        .collect();
+    let inputs = vec![Tensor::from_vec(&[len], x.clone())];
+    let mut ran = 0;
+    for op in ["Log", "Softplus", "Mish", "Pow"] {
+        // Pow: the cube, `(x * x) * x`.
+        let (ins, consts): (&[&str], _) = if op == "Pow" {
+            (&["x", "c"], vec![("c", vec![], Some(vec![3.0]))])
+        } else {
+            (&["x"], vec![])
+        };
+        let case = graph(
+            format!("{op}_inline"),
+            &[("x", vec![len])],
+            consts,
+            vec![node(op, ins, &["y"])],
+            &[len],
+        );
+        let want = reference(&case, &inputs, scratch.path()).to_f64().unwrap();
+        let targets = ["x86_64-avx512", "x86_64-sse4", "aarch64-neon"];
+        for exact in [true, false] {
+            ran += on_targets(
+                &case,
+                &inputs,
+                scratch.path(),
+                &targets,
+                exact,
+                |target, got| {
+                    for (i, (g, w)) in got.to_f64().unwrap().iter().zip(want.iter()).enumerate() {
+                        let (g, w) = (*g as f32, *w as f32);
+                        let ok = (g.is_nan() && w.is_nan())
+                            || g == w
+                            || (g - w).abs() <= 2.0 * f32::EPSILON * w.abs();
+                        assert!(
+                        ok,
+                        "{op} on {target} (exact {exact}): x = {:?} gives {g:?}, the reference {w:?}",
+                        x[i]
+                    );
+                    }
+                },
+            );
+        }
+    }
+    if ran == 0 {
+        eprintln!("skip: this CPU runs none of the targets");
     }
 }

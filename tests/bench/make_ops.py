@@ -51,6 +51,12 @@ def main(out):
     save(out, "groupnorm", [h.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=8)],
          [("x", S)], [("y", S)], [w((64,), "s", 1), w((64,), "b", 1)], opset=21)
     save(out, "pow_2", [h.make_node("Pow", ["x", "e"], ["y"])], [("x", S)], [("y", S)], [c(2.0, "e")])
+    save(out, "softplus", [h.make_node("Softplus", ["x"], ["y"])], [("x", S)], [("y", S)])
+    save(out, "mish", [h.make_node("Mish", ["x"], ["y"])], [("x", S)], [("y", S)], opset=18)
+    save(out, "log_abs", [h.make_node("Abs", ["x"], ["a"]), h.make_node("Log", ["a"], ["y"])],
+         [("x", S)], [("y", S)])
+    save(out, "pow_3", [h.make_node("Pow", ["x", "e"], ["y"])], [("x", S)], [("y", S)], [c(3.0, "e")])
+    save(out, "pow_05", [h.make_node("Pow", ["x", "e"], ["y"])], [("x", S)], [("y", S)], [c(0.5, "e")])
     save(out, "max_scalar", [h.make_node("Max", ["x", "m"], ["y"])], [("x", S)], [("y", S)], [c(0.5, "m")])
     save(out, "softmax_last", [h.make_node("Softmax", ["x"], ["y"], axis=-1)],
          [("x", [1, 12, 128, 128])], [("y", [1, 12, 128, 128])])

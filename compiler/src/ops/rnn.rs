@@ -505,7 +505,7 @@ mod lower {
                 mul(fl(a), sub(call(MathFn::Exp, x), fl(1.0))),
             ),
             Act::Softsign => div(x.clone(), add(fl(1.0), Expr::un(UnOp::Abs, x))),
-            Act::Softplus => call(MathFn::Log, add(fl(1.0), call(MathFn::Exp, x))),
+            Act::Softplus => crate::ops::elementwise::lower::softplus(x, F),
         }
     }
     /// `x.clamp(lo, hi)` (NaN stays NaN).

@@ -1,5 +1,5 @@
-//! Inline f32 `exp`, `erf` and `tanh` for scalars and f32x4 vectors, so vectorised loops
-//! (softmax, GELU, sigmoid, SiLU, tanh) do not call libm lane by lane. The same code
+//! Inline f32 `exp`, `log`, `erf` and `tanh` for scalars and f32x4 vectors, so vectorised
+//! loops (softmax, GELU, sigmoid, SiLU, tanh, softplus, Mish) do not call libm lane by lane. The same code
 //! serves scalar remainders, so every lane of a loop gets the same answer.
 //!
 //! Only plain arithmetic, compare-and-select and integer bit operations are used (no FMA, no
@@ -10,6 +10,10 @@
 //!   the exponent bits as two factors, so results from the smallest normal up
 //!   to overflow come out right. About 1 ulp on the normal range; results that would be
 //!   subnormal flush to 0 (so `exp(-inf) = 0`), `exp(inf) = inf`, NaN stays NaN.
+//! - `log`: Cephes' `logf`: `x = m 2^e` with `m` in `[sqrt(1/2), sqrt(2))` (taken from
+//!   the bits; subnormals are scaled by 2^23 first), `log(m)` as `m - m^2/2 + m^3 P(m)`
+//!   for `m - 1`, plus `e ln 2` in two parts. About 1 ulp; `log(0) = -inf`,
+//!   `log(inf) = inf`, negative arguments give NaN, NaN stays NaN.
 //! - `erf`: the rational approximation of Eigen and XLA on `[-4, 4]` (beyond it erf is
 //!   +-1 in f32), a few ulp.
 //! - `tanh`: Eigen's rational approximation on `[-7.905, 7.905]` (beyond it tanh is
@@ -22,7 +26,7 @@ use cranelift_frontend::FunctionBuilder;
 
 /// Whether `f` on f32 is generated inline (by [`emit`]) instead of calling libm.
 pub fn is_inline(f: MathFn) -> bool {
-    matches!(f, MathFn::Exp | MathFn::Erf | MathFn::Tanh)
+    matches!(f, MathFn::Exp | MathFn::Log | MathFn::Erf | MathFn::Tanh)
 }
 
 /// `f(x)` for an f32 or f32x4 `x`; `None` when `f` is not generated inline.
@@ -32,6 +36,7 @@ pub fn emit(b: &mut FunctionBuilder, f: MathFn, x: Value) -> Option<Value> {
     let mut m = M { b, ty };
     Some(match f {
         MathFn::Exp => m.exp(x),
+        MathFn::Log => m.log(x),
         MathFn::Erf => m.erf(x),
         MathFn::Tanh => m.tanh(x),
         _ => return None,
@@ -59,6 +64,25 @@ pub(super) const LN2_LO: f32 = -2.121_944_4e-4;
 pub(super) const EXP_MIN: f32 = -87.336_54;
 /// 1.5 * 2^23: adding it rounds to an integer, kept in the low mantissa bits.
 pub(super) const MAGIC: f32 = 12_582_912.0;
+
+/// Cephes `logf` polynomial `P` (for `m` in `[sqrt(1/2) - 1, sqrt(2) - 1)`,
+/// `log(1 + m) = m - m^2 / 2 + m^3 P(m)`), highest power first.
+pub(super) const LOG_P: [f32; 9] = [
+    0.070_376_836,
+    -0.115_146_1,
+    0.116_769_984,
+    -0.124_201_41,
+    0.142_493_23,
+    -0.166_680_57,
+    0.200_007_14,
+    -0.249_999_94,
+    0.333_333_3,
+];
+/// Mantissas below this are doubled (and the exponent lowered), so `m - 1` stays small.
+pub(super) const SQRT_HALF: f32 = std::f32::consts::FRAC_1_SQRT_2;
+/// `MAGIC + 126`: a biased exponent `E` added to `MAGIC`'s bits reads as `MAGIC + E`;
+/// subtracting this leaves `E - 126`, the exponent of a mantissa in `[1/2, 1)`.
+pub(super) const LOG_EXP_BIAS: f32 = 12_583_038.0;
 
 /// erf(x) = x P(x^2) / Q(x^2) on [-4, 4] (Eigen, XLA), highest power first.
 pub(super) const ERF_P: [f32; 7] = [
@@ -215,6 +239,70 @@ impl M<'_, '_> {
         let y = self.mul(y, s2);
         let zero = self.c(0.0);
         self.select(tiny, zero, y)
+    }
+
+    fn log(&mut self, x: Value) -> Value {
+        // Subnormals: scaled into the normal range (the exponent corrected below).
+        let min = self.c(f32::MIN_POSITIVE);
+        let tiny = self.b.ins().fcmp(FloatCC::LessThan, x, min);
+        let scale = self.c(8_388_608.0);
+        let xs = self.mul(x, scale);
+        let xn = self.select(tiny, xs, x);
+        // The biased exponent E and the mantissa with exponent -1 (in [1/2, 1)), from
+        // the bits of a positive float (other arguments are replaced at the end).
+        let bits = self.as_int(xn);
+        let sh = self.b.ins().iconst(types::I32, 23);
+        let big_e = self.b.ins().sshr(bits, sh);
+        let top = self.b.ins().ishl(big_e, sh);
+        let mant = self.b.ins().isub(bits, top);
+        let half = self.ci(0x3f00_0000);
+        let mb = self.b.ins().iadd(mant, half);
+        let m = self.as_float(mb);
+        let magic = self.ci(MAGIC.to_bits() as i32);
+        let ef = self.b.ins().iadd(big_e, magic);
+        let ef = self.as_float(ef);
+        let bias = self.c(LOG_EXP_BIAS);
+        let e = self.b.ins().fsub(ef, bias);
+        let t23 = self.c(23.0);
+        let zero = self.c(0.0);
+        let adj = self.select(tiny, t23, zero);
+        let e = self.b.ins().fsub(e, adj);
+        // m in [sqrt(1/2), sqrt(2)), less 1.
+        let sq = self.c(SQRT_HALF);
+        let small = self.b.ins().fcmp(FloatCC::LessThan, m, sq);
+        let one = self.c(1.0);
+        let e1 = self.b.ins().fsub(e, one);
+        let e = self.select(small, e1, e);
+        let m2 = self.add(m, m);
+        let m = self.select(small, m2, m);
+        let m = self.b.ins().fsub(m, one);
+        // log(1 + m) + e ln 2 = m + (m^3 P(m) + e LN2_LO - m^2 / 2) + e LN2_HI.
+        let z = self.mul(m, m);
+        let p = self.poly(m, &LOG_P);
+        let y = self.mul(p, m);
+        let y = self.mul(y, z);
+        let lo = self.c(LN2_LO);
+        let t = self.mul(e, lo);
+        let y = self.add(y, t);
+        let mhalf = self.c(-0.5);
+        let t = self.mul(z, mhalf);
+        let y = self.add(y, t);
+        let r = self.add(m, y);
+        let hi = self.c(LN2_HI);
+        let t = self.mul(e, hi);
+        let r = self.add(r, t);
+        // inf -> inf, +-0 -> -inf, negative -> NaN, NaN -> NaN.
+        let inf = self.c(f32::INFINITY);
+        let is_inf = self.b.ins().fcmp(FloatCC::Equal, x, inf);
+        let r = self.select(is_inf, inf, r);
+        let is_zero = self.b.ins().fcmp(FloatCC::Equal, x, zero);
+        let ninf = self.c(f32::NEG_INFINITY);
+        let r = self.select(is_zero, ninf, r);
+        let neg = self.b.ins().fcmp(FloatCC::LessThan, x, zero);
+        let nan = self.c(f32::NAN);
+        let r = self.select(neg, nan, r);
+        let is_nan = self.b.ins().fcmp(FloatCC::Unordered, x, x);
+        self.select(is_nan, x, r)
     }
 
     fn erf(&mut self, x: Value) -> Value {

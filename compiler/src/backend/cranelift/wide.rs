@@ -366,6 +366,73 @@ impl Tr {
         self.b.select(tiny, zero, y)
     }
 
+    /// vmath's `log`, operation for operation (with `fast`, its polynomial and sums as
+    /// fused multiply-adds).
+    fn log(&mut self, v: V, fast: bool) -> V {
+        use crate::backend::cranelift::vmath::{
+            LN2_HI, LN2_LO, LOG_EXP_BIAS, LOG_P, MAGIC, SQRT_HALF,
+        };
+        let min = self.b.c(f32::MIN_POSITIVE);
+        let tiny = self.b.cmp(x::Cmp::Lt, v, min);
+        let scale = self.b.c(8_388_608.0);
+        let xs = self.b.mul(v, scale);
+        let xn = self.b.select(tiny, xs, v);
+        let big_e = self.b.push(Inst::Sra(xn, 23));
+        let top = self.b.push(Inst::Shl(big_e, 23));
+        let mant = self.b.push(Inst::ISub(xn, top));
+        let half = self.b.ci(0x3f00_0000);
+        let m = self.b.push(Inst::IAdd(mant, half));
+        let magic = self.b.ci(MAGIC.to_bits() as i32);
+        let ef = self.b.push(Inst::IAdd(big_e, magic));
+        let bias = self.b.c(LOG_EXP_BIAS);
+        let e = self.b.sub(ef, bias);
+        let t23 = self.b.c(23.0);
+        let zero = self.b.c(0.0);
+        let adj = self.b.select(tiny, t23, zero);
+        let e = self.b.sub(e, adj);
+        let sq = self.b.c(SQRT_HALF);
+        let small = self.b.cmp(x::Cmp::Lt, m, sq);
+        let one = self.b.c(1.0);
+        let e1 = self.b.sub(e, one);
+        let e = self.b.select(small, e1, e);
+        let m2 = self.b.add(m, m);
+        let m = self.b.select(small, m2, m);
+        let m = self.b.sub(m, one);
+        let z = self.b.mul(m, m);
+        let (lo, mhalf, hi) = (self.b.c(LN2_LO), self.b.c(-0.5), self.b.c(LN2_HI));
+        let r = if fast {
+            let p = self.poly_fast(m, &LOG_P);
+            let pm = self.b.mul(p, m);
+            let y = self.b.mul(e, lo);
+            let y = self.b.push(Inst::Fma(x::FmaKind::Add, pm, z, y));
+            let y = self.b.push(Inst::Fma(x::FmaKind::Add, z, mhalf, y));
+            let r = self.b.add(m, y);
+            self.b.push(Inst::Fma(x::FmaKind::Add, e, hi, r))
+        } else {
+            let p = self.poly(m, &LOG_P);
+            let y = self.b.mul(p, m);
+            let y = self.b.mul(y, z);
+            let t = self.b.mul(e, lo);
+            let y = self.b.add(y, t);
+            let t = self.b.mul(z, mhalf);
+            let y = self.b.add(y, t);
+            let r = self.b.add(m, y);
+            let t = self.b.mul(e, hi);
+            self.b.add(r, t)
+        };
+        let inf = self.b.c(f32::INFINITY);
+        let is_inf = self.b.cmp(x::Cmp::Eq, v, inf);
+        let r = self.b.select(is_inf, inf, r);
+        let is_zero = self.b.cmp(x::Cmp::Eq, v, zero);
+        let ninf = self.b.c(f32::NEG_INFINITY);
+        let r = self.b.select(is_zero, ninf, r);
+        let neg = self.b.cmp(x::Cmp::Lt, v, zero);
+        let nan = self.b.c(f32::NAN);
+        let r = self.b.select(neg, nan, r);
+        let is_nan = self.b.cmp(x::Cmp::Ne, v, v);
+        self.b.select(is_nan, v, r)
+    }
+
     /// `x` clamped to `[lo, hi]` in two instructions; a NaN `x` stays NaN.
     fn clamp_fast(&mut self, v: V, lo: f32, hi: f32) -> V {
         let h = self.b.c(hi);
@@ -1001,6 +1068,7 @@ impl Gen<'_, '_> {
                 match (f, t.exact) {
                     (MathFn::Exp, true) => t.exp(v),
                     (MathFn::Exp, false) => t.exp_fast(v),
+                    (MathFn::Log, exact) => t.log(v, !exact),
                     (MathFn::Erf, true) => t.rational(v, 4.0, &ERF_P, &ERF_Q),
                     (MathFn::Erf, false) => t.rational_fast(v, 4.0, &ERF_P, &ERF_Q),
                     (MathFn::Tanh, true) => t.rational(v, TANH_CLAMP, &TANH_P, &TANH_Q),
