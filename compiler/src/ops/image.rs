@@ -2495,6 +2495,157 @@ mod lower {
         lw.push(k);
     }
 
+    /// One phase of an axis upsampled by an integer factor `f` with two taps per output:
+    /// outputs `f i + ph` for `i` in `lo..hi` read inputs `i + a` and `i + b` with
+    /// weights `w`.
+    struct Phase {
+        lo: usize,
+        hi: usize,
+        a: i64,
+        b: i64,
+        w: [f64; 2],
+    }
+
+    /// The factor and phases when an axis's two-tap table (no extrapolation) is, away
+    /// from the edges, the same taps shifted by one input per `f` outputs (linear
+    /// upsampling by an integer factor, any coordinate mode); outputs outside the phases'
+    /// runs are the edges.
+    fn periodic(taps: &super::Taps, inw: usize) -> Option<(usize, Vec<Phase>)> {
+        let f = taps.len() / inw;
+        if f == 0 || f * inw != taps.len() || taps.iter().any(|t| t.2 || t.0.len() != 2) {
+            return None;
+        }
+        let key = |i: usize, ph: usize| {
+            let (idx, w, _) = &taps[f * i + ph];
+            let off = |k: usize| idx[k] as i64 - i as i64;
+            (off(0), off(1), [w[0], w[1]])
+        };
+        // Weights equal to far below f32's precision (coordinates like `(o + 0.5) / 3`
+        // round differently from one output to the next).
+        let same = |a: &(i64, i64, [f64; 2]), b: &(i64, i64, [f64; 2])| {
+            a.0 == b.0 && a.1 == b.1 && (0..2).all(|j| (a.2[j] - b.2[j]).abs() <= 1e-12)
+        };
+        let mid = inw / 2;
+        let mut phases = Vec::with_capacity(f);
+        for ph in 0..f {
+            let k = key(mid, ph);
+            let run = |i: &usize| same(&key(*i, ph), &k);
+            let lo = (0..mid).rev().take_while(run).last().unwrap_or(mid);
+            let hi = (mid..inw).take_while(run).last()? + 1;
+            // Mostly interior (a row of edges runs one element at a time).
+            if 2 * (hi - lo) < inw {
+                return None;
+            }
+            phases.push(Phase {
+                lo,
+                hi,
+                a: k.0,
+                b: k.1,
+                w: k.2,
+            });
+        }
+        Some((f, phases))
+    }
+
+    /// Linear upsampling of the last two axes of an f32 `[n, c, h, w]` tensor with two
+    /// taps per axis, the columns by an integer factor (see [`periodic`]): per output row,
+    /// its two input rows and weights read from tables, then per phase a unit-stride loop
+    /// `out[f i + ph] = w0 (wy0 x[y0][i + a] + wy1 x[y1][i + a]) + w1 (wy0 x[y0][i + b] +
+    /// wy1 x[y1][i + b])` stored every `f`-th element (the loops vectorise it), the edge
+    /// columns one by one. In f32 (the reference sums in f64: within a few ulp), no
+    /// intermediate plane: the separable f64 tables took 2.66 ms for a 2x upsampling of
+    /// `[1, 64, 56, 56]` (ONNX Runtime 1.6).
+    fn bilinear(
+        lw: &mut LowerCtx,
+        x: &crate::ops::lowering::TensorRef,
+        out: &crate::ops::lowering::TensorRef,
+        ytaps: &super::Taps,
+        (f, phases): (usize, Vec<Phase>),
+        xtaps: &super::Taps,
+    ) -> OpResult<()> {
+        let planes = x.shape[0] * x.shape[1];
+        let (ih, iw) = (x.shape[2], x.shape[3]);
+        let (oh, ow) = (out.shape[2], out.shape[3]);
+        let yidx: Vec<i32> = ytaps
+            .iter()
+            .flat_map(|t| t.0.iter().map(|&i| i as i32))
+            .collect();
+        let yw: Vec<f32> = ytaps
+            .iter()
+            .flat_map(|t| t.1.iter().map(|&w| w as f32))
+            .collect();
+        let yidx_b = lw.constant("yidx", &Tensor::from_vec(&[yidx.len()], yidx))?;
+        let yw_b = lw.constant("yw", &Tensor::from_vec(&[yw.len()], yw))?;
+        let mut k = lw.kernel("bilinear");
+        let (pv, oy, iv) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+        let (y0, y1) = (k.var(Ty::I64), k.var(Ty::I64));
+        let (wy0, wy1) = (k.var(Ty::F32), k.var(Ty::F32));
+        let f32c = |w: f64| Expr::f(w, Ty::F32);
+        // w0 (wy0 x[y0][c0] + wy1 x[y1][c0]) + w1 (wy0 x[y0][c1] + wy1 x[y1][c1]).
+        let value = |c0: Expr, c1: Expr, w: [f64; 2]| {
+            let col = |c: Expr| {
+                let at = |y: usize| {
+                    let i = lin(vec![(v(pv), ih * iw), (v(y), iw)]);
+                    Expr::load(x.buf, Expr::add(i, c.clone()))
+                };
+                Expr::add(Expr::mul(v(wy0), at(y0)), Expr::mul(v(wy1), at(y1)))
+            };
+            Expr::add(
+                Expr::mul(f32c(w[0]), col(c0)),
+                Expr::mul(f32c(w[1]), col(c1)),
+            )
+        };
+        let row = lin(vec![(v(pv), oh * ow), (v(oy), ow)]);
+        let tap = |t: i64| Expr::add(Expr::mul(v(oy), Expr::Int(2)), Expr::Int(t));
+        let mut body = vec![
+            Stmt::Set {
+                var: y0,
+                value: Expr::cast(Ty::I64, Expr::load(yidx_b, tap(0))),
+            },
+            Stmt::Set {
+                var: y1,
+                value: Expr::cast(Ty::I64, Expr::load(yidx_b, tap(1))),
+            },
+            Stmt::Set {
+                var: wy0,
+                value: Expr::load(yw_b, tap(0)),
+            },
+            Stmt::Set {
+                var: wy1,
+                value: Expr::load(yw_b, tap(1)),
+            },
+        ];
+        for (ph, p) in phases.iter().enumerate() {
+            // i = iv + lo.
+            let i = Expr::add(v(iv), Expr::Int(p.lo as i64));
+            let dst = Expr::add(
+                row.clone(),
+                Expr::add(
+                    Expr::mul(i.clone(), Expr::Int(f as i64)),
+                    Expr::Int(ph as i64),
+                ),
+            );
+            let val = value(
+                Expr::add(i.clone(), Expr::Int(p.a)),
+                Expr::add(i, Expr::Int(p.b)),
+                p.w,
+            );
+            body.push(for_(iv, p.hi - p.lo, vec![store(out.buf, dst, val)]));
+        }
+        for (ox, (idx, w, _)) in xtaps.iter().enumerate() {
+            let (i, ph) = (ox / f, ox % f);
+            if (phases[ph].lo..phases[ph].hi).contains(&i) {
+                continue;
+            }
+            let c = |k: usize| Expr::Int(idx[k] as i64);
+            let dst = Expr::add(row.clone(), Expr::Int(ox as i64));
+            body.push(store(out.buf, dst, value(c(0), c(1), [w[0], w[1]])));
+        }
+        k.body = loops(&[(pv, planes), (oy, oh)], body);
+        lw.push(k);
+        Ok(())
+    }
+
     /// How a resize op derives its per-axis setup from the input shape and inputs.
     type SetupFn = fn(&OpCtx, &[usize], &[Option<&Value>]) -> OpResult<Setup>;
 
@@ -2589,6 +2740,18 @@ mod lower {
             if all {
                 replicate(lw, &x, &out, factor);
                 return Ok(());
+            }
+            // Two-tap (linear) upsampling of both axes, the columns by an integer factor.
+            if let [(2, ylo, yhi), (3, xlo, xhi)] = steps[..] {
+                let ytaps = resize_taps(x.shape[2], scales[2], sizes[2], (ylo, yhi), &p)?;
+                let xtaps = resize_taps(x.shape[3], scales[3], sizes[3], (xlo, xhi), &p)?;
+                let two =
+                    |t: &super::Taps| t.iter().all(|(i, w, e)| !e && i.len() == 2 && w.len() == 2);
+                if two(&ytaps) {
+                    if let Some(per) = periodic(&xtaps, x.shape[3]) {
+                        return bilinear(lw, &x, &out, &ytaps, per, &xtaps);
+                    }
+                }
             }
         }
         let nsteps = steps.len();
