@@ -1282,23 +1282,25 @@ mod lower {
             return vec![];
         }
         let (mut s, m) = lane_max32(k, at, n, j);
-        let sum = k.var(Ty::F32);
+        let (sum, e) = (k.var(Ty::F32), k.var(Ty::F32));
         let f = |x: f64| Expr::f(x, Ty::F32);
         s.extend([
-            for_(
-                j,
-                n,
-                vec![Stmt::Store {
-                    buf: ob,
-                    index: pos(v(j)),
-                    value: Expr::call(MathFn::Exp, vec![bin(BinOp::Sub, at(v(j)), v(m))]),
-                }],
-            ),
             set(sum, f(0.0)),
             for_(
                 j,
                 n,
-                vec![set(sum, Expr::add(v(sum), Expr::load(ob, pos(v(j)))))],
+                vec![
+                    set(
+                        e,
+                        Expr::call(MathFn::Exp, vec![bin(BinOp::Sub, at(v(j)), v(m))]),
+                    ),
+                    Stmt::Store {
+                        buf: ob,
+                        index: pos(v(j)),
+                        value: v(e),
+                    },
+                    set(sum, Expr::add(v(sum), v(e))),
+                ],
             ),
             set(sum, bin(BinOp::Div, f(1.0), v(sum))),
             for_(
