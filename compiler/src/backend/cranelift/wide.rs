@@ -14,8 +14,8 @@ use super::vectorize::{at_zero, count_reads, split_const, stride, varies, Plan, 
 use super::Gen;
 use crate::backend::x86::wide::{self as x, Builder, Inst, V};
 use crate::kir::{BinOp, BufId, CmpOp, Expr, MathFn, Stmt, Ty, UnOp, VarId};
+use cranelift_codegen::ir::StackSlotKind;
 use cranelift_codegen::ir::{types, AbiParam, InstBuilder, Signature, StackSlotData};
-use cranelift_codegen::ir::{StackSlotKind, Value};
 use cranelift_module::{FuncId, Linkage, Module};
 use cranelift_object::ObjectModule;
 use std::collections::HashMap;
@@ -681,31 +681,14 @@ impl Gen<'_, '_> {
         let args = self.b.ins().stack_addr(ptr, ss, 0);
         let fr = self.module.declare_func_in_func(func, self.b.func);
         self.b.ins().call(fr, &[args]);
-        // Fold each reduction's 16 partial accumulators into its variable.
+        // Each reduction's lanes, folded by the loop into lane 0, into its variable.
         for (r, red) in plan.reds.iter().enumerate() {
-            let lanes: Vec<Value> = (0..x::LANES as i32)
-                .map(|l| {
-                    self.b
-                        .ins()
-                        .stack_load(ptr, types::F32, ss, lay.red(r) as i32 + 4 * l)
-                })
-                .collect();
-            let mut acc = self.b.use_var(self.vars[red.acc]);
-            if red.kind == RedKind::Add {
-                // Pairwise, then into the incoming value.
-                let mut level = lanes;
-                while level.len() > 1 {
-                    level = level
-                        .chunks(2)
-                        .map(|p| self.b.ins().fadd(p[0], p[1]))
-                        .collect();
-                }
-                acc = self.b.ins().fadd(acc, level[0]);
-            } else {
-                for l in lanes {
-                    acc = self.combine(red.kind, acc, l);
-                }
-            }
+            let lane = self
+                .b
+                .ins()
+                .stack_load(ptr, types::F32, ss, lay.red(r) as i32);
+            let acc = self.b.use_var(self.vars[red.acc]);
+            let acc = self.combine(red.kind, acc, lane);
             self.b.def_var(self.vars[red.acc], acc);
         }
         Ok(())
