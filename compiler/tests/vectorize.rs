@@ -1389,10 +1389,12 @@ fn bilinear_resize_by_integer_column_factors() {
 }
 
 /// The AVX-512 loops fold a reduction's 16 lanes in registers (a tree, the lower lane
-/// the accumulator) where the caller folded them lane by lane after the call: Softmax
-/// and LogSoftmax rows (a NaN-skipping max, then a sum) and ReduceSum rows holding NaNs,
-/// infinities and zeros of both signs stay within 1e-6 of the reference, NaN where it
-/// is NaN, on AVX-512 and the 128-bit code.
+/// the accumulator) where the caller folded them lane by lane after the call: on rows
+/// holding NaNs, infinities and zeros of both signs (as the max, row 0, and the min,
+/// row 1), Softmax and LogSoftmax (a NaN-skipping max, then a sum) and ReduceSum stay
+/// within 1e-6 (sums 1e-4) of the reference, and f32 ReduceMax and ReduceMin (in f32: a
+/// NaN-skipping select and a NaN flag) give its values, NaN where it is NaN, on AVX-512
+/// and the 128-bit code.
 #[test]
 fn reductions_fold_lanes_in_registers() {
     let scratch = tempfile::tempdir().unwrap();
@@ -1401,9 +1403,10 @@ fn reductions_fold_lanes_in_registers() {
         .map(|i| {
             let v = rand(1, i as u64)[0];
             match (i / len, i % len) {
-                (0, 5) => -0.0,
-                (0, 40) => 0.0,
-                (1, 30) => -0.0,
+                // Equal zeros as the min (row 0) and the max (row 1).
+                (0, 5) | (1, 30) => 0.0,
+                (0, 40) | (1, 10) => -0.0,
+                (0, _) => v.abs(),
                 (1, _) => -v.abs(),
                 (2, 17) => f32::NAN,
                 (3, 50) => f32::INFINITY,
@@ -1415,9 +1418,15 @@ fn reductions_fold_lanes_in_registers() {
         .collect();
     let inputs = vec![Tensor::from_vec(&[rows, len], x)];
     let mut ran = 0;
-    for op in ["Softmax", "LogSoftmax", "ReduceSum"] {
-        // (ReduceSum: opset 21, the axes an input.)
-        let (ins, shape): (&[&str], _) = if op == "ReduceSum" {
+    for op in [
+        "Softmax",
+        "LogSoftmax",
+        "ReduceSum",
+        "ReduceMax",
+        "ReduceMin",
+    ] {
+        // (Reductions: opset 21, the axes an input.)
+        let (ins, shape): (&[&str], _) = if op.starts_with("Reduce") {
             (&["x", "axes"], vec![rows, 1])
         } else {
             (&["x"], vec![rows, len])
@@ -1450,11 +1459,13 @@ fn reductions_fold_lanes_in_registers() {
             true,
             |target, got| {
                 for (a, b) in got.to_f64().unwrap().iter().zip(want.iter()) {
-                    // (Sums of up to 53 values below 80 in f32: within 1e-4.)
-                    let tol = if op == "ReduceSum" {
-                        1e-4
-                    } else {
-                        1e-6 * b.abs().max(1.0)
+                    // (Sums of up to 53 values below 80 in f32: within 1e-4; max and min:
+                    // the reference's values, a zero of either sign where equal zeros are
+                    // the extreme: the lanes see the elements in another order.)
+                    let tol = match op {
+                        "ReduceSum" => 1e-4,
+                        "ReduceMax" | "ReduceMin" => 0.0,
+                        _ => 1e-6 * b.abs().max(1.0),
                     };
                     let ok = (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= tol;
                     assert!(ok, "{op} on {target}: {a} vs the reference's {b}");

@@ -44,6 +44,8 @@ def main(out):
          [("x", [1, 128, 32, 32])], [("y", [1, 64, 64, 64])], [w((128, 64, 4, 4), "w"), w((64,), "b", 1)])
     save(out, "reducemean_last", [h.make_node("ReduceMean", ["x"], ["y"], axes=[-1])],
          [("x", [1, 128, 768])], [("y", [1, 128, 1])])
+    save(out, "reducemax_last", [h.make_node("ReduceMax", ["x"], ["y"], axes=[-1])],
+         [("x", [1, 128, 768])], [("y", [1, 128, 1])])
     save(out, "logsoftmax", [h.make_node("LogSoftmax", ["x"], ["y"], axis=-1)],
          [("x", [128, 1000])], [("y", [128, 1000])])
     save(out, "instancenorm", [h.make_node("InstanceNormalization", ["x", "s", "b"], ["y"])],

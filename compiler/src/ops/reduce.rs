@@ -908,7 +908,13 @@ mod lower {
                 Kind::Sum | Kind::Mean | Kind::SumSquare | Kind::L1 | Kind::L2
             )
             && count <= F32_SUM_MOST;
-        let at = if sum32 {
+        // Max and min of f32 in f32 (the same values as in f64): a NaN-skipping select
+        // the loops vectorise, and a flag of NaNs seen (the f64 form, `x > m || x != x`,
+        // ran one element at a time).
+        let minmax32 = x.dtype == DType::F32
+            && out.dtype == DType::F32
+            && matches!(kind, Kind::Max | Kind::Min);
+        let at = if sum32 || minmax32 {
             Ty::F32
         } else if float || !int_kind {
             Ty::F64
@@ -931,7 +937,8 @@ mod lower {
         let mx = k.var(at);
         let (lo, hi) = int_range(x.dtype);
         let init = match kind {
-            Kind::Max if at == Ty::F64 => f64c(f64::NEG_INFINITY),
+            Kind::Max if at.is_float() => Expr::f(f64::NEG_INFINITY, at),
+            Kind::Min if at.is_float() => Expr::f(f64::INFINITY, at),
             Kind::Min if at == Ty::F64 => f64c(f64::INFINITY),
             Kind::Max => ic(lo, at),
             Kind::Min => ic(hi, at),
@@ -942,14 +949,14 @@ mod lower {
         };
         let body = nest(&mut k, &kshape, |k, kv| {
             let mut s = vec![set(acc, init.clone())];
-            let load = |k: &mut Kernel, s: &mut Vec<Stmt>, f: &dyn Fn(Expr) -> Stmt| {
+            let load = |k: &mut Kernel, s: &mut Vec<Stmt>, f: &dyn Fn(Expr) -> Vec<Stmt>| {
                 let inner = nest(k, &rshape, |_, rv| {
                     let mut vars = kv.to_vec();
                     vars.extend_from_slice(rv);
                     let mut st = kstr.clone();
                     st.extend_from_slice(&rstr);
                     let e = Expr::cast(at, Expr::load(x.buf, index(&vars, &st)));
-                    vec![f(e)]
+                    f(e)
                 });
                 s.extend(inner);
             };
@@ -959,7 +966,10 @@ mod lower {
                     s.push(set(mx, f64c(f64::NEG_INFINITY)));
                     // f64::max ignores NaN.
                     load(k, &mut s, &|e| {
-                        set(mx, Expr::select(cmp(CmpOp::Gt, e.clone(), v(mx)), e, v(mx)))
+                        vec![set(
+                            mx,
+                            Expr::select(cmp(CmpOp::Gt, e.clone(), v(mx)), e, v(mx)),
+                        )]
                     });
                     // Shift by the max when it is finite.
                     let d = bin(BinOp::Sub, v(mx), v(mx));
@@ -968,13 +978,39 @@ mod lower {
                         Expr::select(cmp(CmpOp::Eq, d, f64c(0.0)), v(mx), f64c(0.0)),
                     ));
                     load(k, &mut s, &|e| {
-                        set(
+                        vec![set(
                             acc,
                             Expr::add(
                                 v(acc),
                                 Expr::call(MathFn::Exp, vec![bin(BinOp::Sub, e, v(mx))]),
                             ),
-                        )
+                        )]
+                    });
+                }
+                Kind::Max | Kind::Min if minmax32 => {
+                    // `mx` counts as 1 once a NaN was seen.
+                    let one = |x: f64| Expr::f(x, Ty::F32);
+                    s.push(set(mx, one(0.0)));
+                    let op = if kind == Kind::Max {
+                        CmpOp::Gt
+                    } else {
+                        CmpOp::Lt
+                    };
+                    load(k, &mut s, &|e| {
+                        vec![
+                            set(
+                                acc,
+                                Expr::select(cmp(op, e.clone(), a.clone()), e.clone(), a.clone()),
+                            ),
+                            set(
+                                mx,
+                                bin(
+                                    BinOp::Max,
+                                    v(mx),
+                                    Expr::select(is_nan(e), one(1.0), one(0.0)),
+                                ),
+                            ),
+                        ]
                     });
                 }
                 _ => {
@@ -1001,11 +1037,16 @@ mod lower {
                             }
                             Kind::LogSumExp => unreachable!(),
                         };
-                        set(acc, nv)
+                        vec![set(acc, nv)]
                     });
                 }
             }
             let r = match kind {
+                Kind::Max | Kind::Min if minmax32 => Expr::select(
+                    cmp(CmpOp::Gt, v(mx), Expr::f(0.0, Ty::F32)),
+                    Expr::f(f64::NAN, Ty::F32),
+                    a.clone(),
+                ),
                 Kind::Mean => bin(BinOp::Div, a.clone(), Expr::f(count as f64, at)),
                 Kind::L2 => Expr::un(UnOp::Sqrt, a.clone()),
                 Kind::LogSum => Expr::call(MathFn::Log, vec![a.clone()]),
