@@ -1,8 +1,7 @@
-//! The inline f32 `exp`, `erf`, `tanh` (and `Sigmoid`, built on `exp`) of the native back
-//! end (backend/cranelift/vmath.rs, and the AVX-512 loops' versions in
-//! backend/cranelift/wide.rs), compiled for the host, x86_64-avx512, x86_64-sse4 and
-//! aarch64-neon
-//! (under qemu), element by element against the reference evaluator (f64 math rounded to
+//! The inline f32 `exp`, `log`, `erf`, `tanh` (and `Sigmoid` and `Softplus`, built on
+//! them) of the native back end (backend/cranelift/vmath.rs, and the AVX-512 loops'
+//! versions in backend/cranelift/wide.rs), compiled for the host, x86_64-avx512,
+//! x86_64-sse4 and aarch64-neon (under qemu), element by element against the reference evaluator (f64 math rounded to
 //! f32) over a sweep from -120 to 120 plus special values: within 4 ulp-ish relative
 //! error (8e-7) on normal results, exact on infinities, NaN where the reference is NaN,
 //! and within 1e-37 absolutely where the result is subnormal. SiLU too, fused, as a GEMM
@@ -46,7 +45,7 @@ fn inputs() -> Vec<f32> {
     v
 }
 
-const OPS: [&str; 4] = ["Exp", "Erf", "Tanh", "Sigmoid"];
+const OPS: [&str; 6] = ["Exp", "Log", "Erf", "Tanh", "Sigmoid", "Softplus"];
 /// Also SiLU, `x * Sigmoid(x)`: fused into one elementwise loop, as the epilogue of a 1x1
 /// convolution (weight 1, bias 0: a GEMM computing x exactly) where the back end has a
 /// GEMM microkernel, and as the epilogue of a depthwise one (one channel per element,
