@@ -375,6 +375,32 @@ fn cases() -> Vec<Case> {
 }
 
 /// max|got - want| / max|want|.
+/// A string attribute.
+fn str_attr(n: &str, v: &str) -> onnxc::onnx::proto::AttributeProto {
+    onnxc::onnx::proto::AttributeProto {
+        name: Some(n.into()),
+        r#type: Some(3),
+        s: Some(v.as_bytes().to_vec()),
+        ..Default::default()
+    }
+}
+
+/// Asserts each f32 of `got` within `ulps` relative ulps of the reference's `want` (0:
+/// the same bits), NaN where it is NaN; `what` and the input `x[i]` name a failure.
+fn assert_elements(what: &str, x: &[f32], got: &Tensor, want: &ndarray::ArrayD<f64>, ulps: f32) {
+    for (i, (g, w)) in got.to_f64().unwrap().iter().zip(want).enumerate() {
+        let (g, w) = (*g as f32, *w as f32);
+        let ok = (g.is_nan() && w.is_nan())
+            || g.to_bits() == w.to_bits()
+            || (ulps > 0.0 && (g == w || (g - w).abs() <= ulps * f32::EPSILON * w.abs()));
+        assert!(
+            ok,
+            "{what}: x = {:?} gives {g:?}, the reference {w:?}",
+            x[i]
+        );
+    }
+}
+
 fn rel_err(got: &Tensor, want: &Tensor) -> f64 {
     let (g, w) = (got.to_f64().unwrap(), want.to_f64().unwrap());
     assert_eq!(g.shape(), w.shape());
@@ -1038,15 +1064,7 @@ fn scalar_operand_ops_run_as_avx512_loops() {
             &targets,
             true,
             |target, got| {
-                for (i, (g, w)) in got.to_f64().unwrap().iter().zip(want.iter()).enumerate() {
-                    let (g, w) = (*g as f32, *w as f32);
-                    assert!(
-                        (g.is_nan() && w.is_nan()) || g.to_bits() == w.to_bits(),
-                        "{} on {target}: x = {:?} gives {g:?}, the reference {w:?}",
-                        case.name,
-                        x[i]
-                    );
-                }
+                assert_elements(&format!("{} on {target}", case.name), &x, got, &want, 0.0)
             },
         );
     }
@@ -1173,12 +1191,6 @@ fn instance_and_group_norms_in_f32() {
 fn nearest_resize_by_integer_factors() {
     let scratch = tempfile::tempdir().unwrap();
     let xs = vec![2usize, 3, 5, 7];
-    let str_attr = |n: &str, v: &str| onnxc::onnx::proto::AttributeProto {
-        name: Some(n.into()),
-        r#type: Some(3),
-        s: Some(v.as_bytes().to_vec()),
-        ..Default::default()
-    };
     let cases = [
         ("default_2x", [2.0f32, 2.0], vec![]),
         (
@@ -1301,17 +1313,8 @@ fn log_softplus_mish_and_cube_inline() {
                 &targets,
                 exact,
                 |target, got| {
-                    for (i, (g, w)) in got.to_f64().unwrap().iter().zip(want.iter()).enumerate() {
-                        let (g, w) = (*g as f32, *w as f32);
-                        let ok = (g.is_nan() && w.is_nan())
-                            || g == w
-                            || (g - w).abs() <= 2.0 * f32::EPSILON * w.abs();
-                        assert!(
-                        ok,
-                        "{op} on {target} (exact {exact}): x = {:?} gives {g:?}, the reference {w:?}",
-                        x[i]
-                    );
-                    }
+                    let what = format!("{op} on {target} (exact {exact})");
+                    assert_elements(&what, &x, got, &want, 2.0)
                 },
             );
         }
@@ -1331,12 +1334,6 @@ fn log_softplus_mish_and_cube_inline() {
 fn bilinear_resize_by_integer_column_factors() {
     let scratch = tempfile::tempdir().unwrap();
     let xs = vec![2usize, 3, 5, 40];
-    let str_attr = |n: &str, v: &str| onnxc::onnx::proto::AttributeProto {
-        name: Some(n.into()),
-        r#type: Some(3),
-        s: Some(v.as_bytes().to_vec()),
-        ..Default::default()
-    };
     let ctm = |v: &str| vec![str_attr("coordinate_transformation_mode", v)];
     let cases = [
         ("default_2x", [2.0f32, 2.0], vec![], true),

@@ -1,11 +1,11 @@
-//! The inline f32 `exp`, `log`, `erf`, `tanh` (and `Sigmoid` and `Softplus`, built on
-//! them) of the native back end (backend/cranelift/vmath.rs, and the AVX-512 loops'
-//! versions in backend/cranelift/wide.rs), compiled for the host, x86_64-avx512,
-//! x86_64-sse4 and aarch64-neon (under qemu), element by element against the reference evaluator (f64 math rounded to
-//! f32) over a sweep from -120 to 120 plus special values: within 4 ulp-ish relative
-//! error (8e-7) on normal results, exact on infinities, NaN where the reference is NaN,
-//! and within 1e-37 absolutely where the result is subnormal. SiLU too, fused, as a GEMM
-//! epilogue and as a depthwise conv's, to the same bounds (within 1e-35 where it is
+//! The inline f32 `exp`, `log`, `erf`, `tanh` (and `Sigmoid` and `Softplus`, built on them)
+//! of the native back end (backend/cranelift/vmath.rs, and the AVX-512 loops' versions in
+//! backend/cranelift/wide.rs), compiled for the host, x86_64-avx512, x86_64-sse4 and
+//! aarch64-neon (under qemu), element by element against the reference evaluator (f64 math
+//! rounded to f32) over a sweep from -120 to 120 plus special values: within 4 ulp-ish
+//! relative error (8e-7) on normal results, exact on infinities, NaN where the reference is
+//! NaN, and within 1e-37 absolutely where the result is subnormal. SiLU too, fused, as a
+//! GEMM epilogue and as a depthwise conv's, to the same bounds (within 1e-35 where it is
 //! below 1e-30).
 
 mod common;
