@@ -401,6 +401,32 @@ fn assert_elements(what: &str, x: &[f32], got: &Tensor, want: &ndarray::ArrayD<f
     }
 }
 
+/// A Resize of `xs` (4-D) by `sh` and `sw` on its last two axes in `mode`, with `attrs`.
+fn resize_case(
+    name: &str,
+    mode: &str,
+    xs: &[usize],
+    [sh, sw]: [f32; 2],
+    mut attrs: Vec<onnxc::onnx::proto::AttributeProto>,
+) -> Case {
+    let ys = vec![
+        xs[0],
+        xs[1],
+        (xs[2] as f32 * sh) as usize,
+        (xs[3] as f32 * sw) as usize,
+    ];
+    let mut n = node("Resize", &["x", "", "sc"], &["y"]);
+    attrs.push(str_attr("mode", mode));
+    n.attribute = attrs;
+    graph(
+        name.into(),
+        &[("x", xs.to_vec())],
+        vec![("sc", vec![4], Some(vec![1.0, 1.0, sh, sw]))],
+        vec![n],
+        &ys,
+    )
+}
+
 fn rel_err(got: &Tensor, want: &Tensor) -> f64 {
     let (g, w) = (got.to_f64().unwrap(), want.to_f64().unwrap());
     assert_eq!(g.shape(), w.shape());
@@ -1209,22 +1235,7 @@ fn nearest_resize_by_integer_factors() {
         ("default_1_5x", [1.5, 1.5], vec![]),
     ];
     for (ci, (name, [sh, sw], attrs)) in cases.into_iter().enumerate() {
-        let ys = vec![
-            xs[0],
-            xs[1],
-            (xs[2] as f32 * sh) as usize,
-            (xs[3] as f32 * sw) as usize,
-        ];
-        let mut n = node("Resize", &["x", "", "sc"], &["y"]);
-        n.attribute = attrs;
-        n.attribute.push(str_attr("mode", "nearest"));
-        let case = graph(
-            format!("resize_{name}"),
-            &[("x", xs.clone())],
-            vec![("sc", vec![4], Some(vec![1.0, 1.0, sh, sw]))],
-            vec![n],
-            &ys,
-        );
+        let case = resize_case(&format!("resize_{name}"), "nearest", &xs, [sh, sw], attrs);
         let inputs = inputs_of(&case, 800 + ci);
         let want = reference(&case, &inputs, scratch.path()).to_f64().unwrap();
         let targets: &[&str] = if name == "default_2x" {
@@ -1345,22 +1356,7 @@ fn bilinear_resize_by_integer_column_factors() {
         ("down_half", [0.5, 0.5], vec![], false),
     ];
     for (ci, (name, [sh, sw], attrs, fast)) in cases.into_iter().enumerate() {
-        let ys = vec![
-            xs[0],
-            xs[1],
-            (xs[2] as f32 * sh) as usize,
-            (xs[3] as f32 * sw) as usize,
-        ];
-        let mut n = node("Resize", &["x", "", "sc"], &["y"]);
-        n.attribute = attrs;
-        n.attribute.push(str_attr("mode", "linear"));
-        let case = graph(
-            format!("linear_{name}"),
-            &[("x", xs.clone())],
-            vec![("sc", vec![4], Some(vec![1.0, 1.0, sh, sw]))],
-            vec![n],
-            &ys,
-        );
+        let case = resize_case(&format!("linear_{name}"), "linear", &xs, [sh, sw], attrs);
         let inputs = inputs_of(&case, 900 + ci);
         let want = reference(&case, &inputs, scratch.path());
         let targets: &[&str] = if name == "default_2x" {
