@@ -939,7 +939,6 @@ mod lower {
         let init = match kind {
             Kind::Max if at.is_float() => Expr::f(f64::NEG_INFINITY, at),
             Kind::Min if at.is_float() => Expr::f(f64::INFINITY, at),
-            Kind::Min if at == Ty::F64 => f64c(f64::INFINITY),
             Kind::Max => ic(lo, at),
             Kind::Min => ic(hi, at),
             Kind::Prod if at == Ty::F64 => f64c(1.0),
@@ -988,9 +987,9 @@ mod lower {
                     });
                 }
                 Kind::Max | Kind::Min if minmax32 => {
-                    // `mx` counts as 1 once a NaN was seen.
-                    let one = |x: f64| Expr::f(x, Ty::F32);
-                    s.push(set(mx, one(0.0)));
+                    // `mx` is 1 once a NaN was seen.
+                    let c = |x: f64| Expr::f(x, Ty::F32);
+                    s.push(set(mx, c(0.0)));
                     let op = if kind == Kind::Max {
                         CmpOp::Gt
                     } else {
@@ -1004,11 +1003,7 @@ mod lower {
                             ),
                             set(
                                 mx,
-                                bin(
-                                    BinOp::Max,
-                                    v(mx),
-                                    Expr::select(is_nan(e), one(1.0), one(0.0)),
-                                ),
+                                bin(BinOp::Max, v(mx), Expr::select(is_nan(e), c(1.0), c(0.0))),
                             ),
                         ]
                     });
@@ -1308,9 +1303,9 @@ mod lower {
         Ok(())
     }
 
-    /// Softmax of an f32 lane in f32: the max, then `out[j] = exp(x[j] - max)` and
-    /// `out[j] *= 1 / sum` as two loops the vectoriser takes (with the inline exp), and the
-    /// sum between them. A max of +-inf or NaN is replaced by 0, as in the f64 path.
+    /// Softmax of an f32 lane in f32: the max, then `out[j] = exp(x[j] - max)` summed in
+    /// the same loop, then `out[j] *= 1 / sum`: loops the vectoriser takes (with the inline
+    /// exp). A max of +-inf or NaN is replaced by 0, as in the f64 path.
     fn softmax32(
         k: &mut Kernel,
         at: &dyn Fn(Expr) -> Expr,
