@@ -2726,13 +2726,18 @@ mod lower {
             lw.push(k);
             return Ok(());
         }
+        // Each resized axis's tap table (a step changes only its own axis, so its input
+        // length is the input's).
+        let tables = steps
+            .iter()
+            .map(|&(ax, lo, hi)| resize_taps(x.shape[ax], scales[ax], sizes[ax], (lo, hi), &p))
+            .collect::<OpResult<Vec<_>>>()?;
         // Integer-factor nearest upsampling of the last two axes: one copy kernel.
         if x.shape.len() == 4 && x.ty() == Ty::F32 && ot == x.ty() {
             let mut factor = [1usize; 2];
             let mut all = true;
-            for &(ax, lo, hi) in &steps {
-                let taps = resize_taps(x.shape[ax], scales[ax], sizes[ax], (lo, hi), &p)?;
-                match (ax >= 2).then(|| replication(&taps, x.shape[ax])).flatten() {
+            for (&(ax, _, _), taps) in steps.iter().zip(&tables) {
+                match (ax >= 2).then(|| replication(taps, x.shape[ax])).flatten() {
                     Some(k) => factor[ax - 2] = k,
                     None => all = false,
                 }
@@ -2742,24 +2747,21 @@ mod lower {
                 return Ok(());
             }
             // Two-tap (linear) upsampling of both axes, the columns by an integer factor.
-            if let [(2, ylo, yhi), (3, xlo, xhi)] = steps[..] {
-                let ytaps = resize_taps(x.shape[2], scales[2], sizes[2], (ylo, yhi), &p)?;
-                let xtaps = resize_taps(x.shape[3], scales[3], sizes[3], (xlo, xhi), &p)?;
+            if let ([(2, ..), (3, ..)], [ytaps, xtaps]) = (&steps[..], &tables[..]) {
                 let two =
                     |t: &super::Taps| t.iter().all(|(i, w, e)| !e && i.len() == 2 && w.len() == 2);
-                if two(&ytaps) {
-                    if let Some(per) = periodic(&xtaps, x.shape[3]) {
-                        return bilinear(lw, &x, &out, &ytaps, per, &xtaps);
+                if two(ytaps) {
+                    if let Some(per) = periodic(xtaps, x.shape[3]) {
+                        return bilinear(lw, &x, &out, ytaps, per, xtaps);
                     }
                 }
             }
         }
         let nsteps = steps.len();
-        for (si, &(ax, lo, hi)) in steps.iter().enumerate() {
+        for (si, (&(ax, _, _), taps)) in steps.iter().zip(&tables).enumerate() {
             let (src, st, shape) = cur.clone();
             let inw = shape[ax];
             let olen = sizes[ax];
-            let taps = resize_taps(inw, scales[ax], olen, (lo, hi), &p)?;
             let n = taps[0].0.len();
             ensure!(
                 taps.iter().all(|t| t.0.len() == n && t.1.len() == n),
