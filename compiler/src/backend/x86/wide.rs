@@ -1250,9 +1250,26 @@ impl Gen<'_> {
                 let io = self.pool_slice(&EVEN);
                 let (lo, hi) = (ZMM[tmp[0]], ZMM[tmp[1]]);
                 let (m0, m1) = (self.stream_at2(s, disp), self.stream_at2(s, disp + 60));
-                if masked {
+                let rem = (self.lp.n % LANES) as u32;
+                if masked && (1..=8).contains(&rem) {
+                    // At most 8 valid lanes: their elements all lie in the first vector,
+                    // so one masked load and a permute of it within the vector (the lanes
+                    // past the valid ones zeroed, as the two-vector form leaves them).
+                    // Short rows (a Winograd F(2x2) transform's 7 tiles) took a second,
+                    // fully masked load, two mask loads and a copy of the index.
+                    let oa = self.pool_off(elems_up_to(0, 2 * rem - 2));
+                    self.a.kmovw(k6, word_ptr(r11 + oa)).map_err(e)?;
+                    self.a.vmovups(lo.k6().z(), m0).map_err(e)?;
+                    let idx = match self.perm {
+                        Some(r) => ZMM[r],
+                        None => {
+                            self.a.vmovups(d, zmmword_ptr(r11 + io)).map_err(e)?;
+                            d
+                        }
+                    };
+                    self.a.vpermps(d.k7().z(), idx, lo).map_err(e)?;
+                } else if masked {
                     // Only the even elements of the valid lanes are read.
-                    let rem = (self.lp.n % LANES) as u32;
                     let last = 2 * rem - 2;
                     let (ma, mb) = (elems_up_to(0, last), elems_up_to(15, last));
                     let oa = self.pool_off(ma);
