@@ -509,6 +509,21 @@ fn cases() -> Vec<Case> {
         vec![ints_attr("pads", &[1, 1, 1, 1])],
         &["residual", "Relu"],
     ));
+    // Dilated 3x3 convs run undilated over the input's phase planes (stacked in the
+    // batch, `split_dilated_conv`): dilation 2 with "same" pads and Relu on 32x32; two
+    // images with dilations (2, 3) and uneven pads (multiples of each).
+    v.push(dilated_case());
+    v.push(one_node(
+        "wino_dilated_2x3_two_images",
+        "Conv",
+        &[("x", &[2, 8, 16, 24], false), ("w", &[8, 8, 3, 3], true)],
+        &[2, 8, 14, 21],
+        vec![
+            ints_attr("pads", &[0, 3, 2, 0]),
+            ints_attr("dilations", &[2, 3]),
+        ],
+        &[],
+    ));
     // Winograd F(4x4, 3x3) (planes of at least 32 4x4 tiles): a residual block's
     // epilogue on a plane whose last tile row has 3 output rows and last tile column 3
     // columns; two images, no bias and uneven pads with a last tile of 2 rows and 1
@@ -1340,6 +1355,42 @@ fn compile_case(case: &Case, min_program_work: u64) -> onnxc::driver::Compiled {
         ..Default::default()
     };
     onnxc::driver::compile_graph(m.graph, "model", &opts).unwrap()
+}
+
+/// A 16 -> 16 3x3 conv with dilation 2, "same" pads, bias and Relu on 32x32.
+fn dilated_case() -> Case {
+    one_node(
+        "wino_dilated2_phases",
+        "Conv",
+        &[
+            ("x", &[1, 16, 32, 32], false),
+            ("w", &[16, 16, 3, 3], true),
+            ("bias", &[16], true),
+        ],
+        &[1, 16, 32, 32],
+        vec![
+            ints_attr("pads", &[2, 2, 2, 2]),
+            ints_attr("dilations", &[2, 2]),
+        ],
+        &["Relu"],
+    )
+}
+
+/// The dilated conv of [`dilated_case`] compiles to an undilated one over four phase
+/// planes (the cases above check its values on every target).
+#[test]
+fn dilated_conv_splits_into_phase_planes() {
+    let c = compile_case(&dilated_case(), 0);
+    let convs: Vec<_> = c
+        .graph
+        .nodes
+        .node_weights()
+        .filter(|n| n.op_type.starts_with("Conv"))
+        .map(|n| (n.name.clone(), n.attrs.ints("dilations", &[1, 1]).unwrap()))
+        .collect();
+    assert_eq!(convs.len(), 1, "{convs:?}");
+    assert!(convs[0].0.contains("dilation_phases"), "{convs:?}");
+    assert_eq!(convs[0].1, vec![1, 1]);
 }
 
 /// The GEMMs in `s` and the statements inside it.
