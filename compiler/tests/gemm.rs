@@ -509,6 +509,29 @@ fn cases() -> Vec<Case> {
         vec![ints_attr("pads", &[1, 1, 1, 1])],
         &["residual", "Relu"],
     ));
+    // Grouped convs with enough channels per group run one conv per group between a
+    // Split and a Concat (`split_grouped_conv`): 3x3 in 4 groups with bias and Relu
+    // (Winograd per group), 1x1 stride 2 in 2 groups of two images (GEMM per group).
+    v.push(one_node(
+        "conv3x3_4_groups",
+        "Conv",
+        &[
+            ("x", &[1, 16, 12, 12], false),
+            ("w", &[32, 4, 3, 3], true),
+            ("bias", &[32], true),
+        ],
+        &[1, 32, 12, 12],
+        vec![ints_attr("pads", &[1, 1, 1, 1]), int_attr("group", 4)],
+        &["Relu"],
+    ));
+    v.push(one_node(
+        "conv1x1_2_groups_stride2",
+        "Conv",
+        &[("x", &[2, 8, 9, 9], false), ("w", &[16, 4, 1, 1], true)],
+        &[2, 16, 5, 5],
+        vec![ints_attr("strides", &[2, 2]), int_attr("group", 2)],
+        &[],
+    ));
     // Dilated 3x3 convs run undilated over the input's phase planes (stacked in the
     // batch, `split_dilated_conv`): dilation 2 with "same" pads and Relu on 32x32; two
     // images with dilations (2, 3) and uneven pads (multiples of each).

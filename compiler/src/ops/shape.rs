@@ -315,12 +315,15 @@ fn split(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
     };
     let parts: Vec<usize> = match given {
         Some(v) => {
-            let p = dims(&v)?;
-            ensure!(
-                p.iter().sum::<usize>() == dim,
-                "Split: sizes {v:?} do not add up to {dim}"
-            );
-            p
+            // Sizes, not a shape: their product means nothing (16 parts of 16 are fine),
+            // but each must lie in 0..=dim so that the sum cannot overflow.
+            let p: Option<Vec<usize>> = v
+                .iter()
+                .map(|&d| usize::try_from(d).ok().filter(|&d| d <= dim))
+                .collect();
+            let p = p.filter(|p| p.iter().sum::<usize>() == dim);
+            ensure!(p.is_some(), "Split: sizes {v:?} do not add up to {dim}");
+            p.expect("checked")
         }
         None => {
             let n = match ctx.attrs.get_int("num_outputs")? {

@@ -8,7 +8,7 @@
 //! Level 1 (cleanup): `fold_shape_ops`, `fold_constants`, `remove_noops`,
 //! `eliminate_common_subexpressions`, `eliminate_dead_code`. Level 2 (algebraic folding
 //! into weights, then fusion): `fold_batchnorm`, `matmul_add_to_gemm`, `fold_scale_bias`,
-//! `fold_input_scale`, `split_dilated_conv`, `fuse_patterns`, `fuse_epilogue`, `fuse_elementwise`, `eliminate_dead_code`.
+//! `fold_input_scale`, `split_grouped_conv`, `split_dilated_conv`, `fuse_patterns`, `fuse_epilogue`, `fuse_elementwise`, `eliminate_dead_code`.
 //! No pass changes the graph's inputs or outputs (names and types), and every value it
 //! creates is typed.
 
@@ -30,6 +30,7 @@ mod inline_util;
 pub mod matmul_add_to_gemm;
 pub mod remove_noops;
 pub mod split_dilated_conv;
+pub mod split_grouped_conv;
 #[cfg(test)]
 mod testutil;
 pub mod unroll_loops;
@@ -103,6 +104,11 @@ pub const PIPELINE: &[Pass] = &[
         name: "fold_input_scale",
         level: 2,
         run: fold_input_scale::run,
+    },
+    Pass {
+        name: "split_grouped_conv",
+        level: 2,
+        run: split_grouped_conv::run,
     },
     Pass {
         name: "split_dilated_conv",
