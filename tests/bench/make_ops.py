@@ -72,6 +72,9 @@ def main(out):
          [("x", S)], [("y", S)], [w((64, 64, 3, 3), "w")])
     save(out, "conv3x3_8_groups", [h.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], group=8)],
          [("x", S)], [("y", S)], [w((64, 8, 3, 3), "w")])
+    # ShuffleNet-style grouped pointwise conv.
+    save(out, "conv1x1_3_groups", [h.make_node("Conv", ["x", "w"], ["y"], group=3)],
+         [("x", [1, 240, 28, 28])], [("y", [1, 240, 28, 28])], [w((240, 80, 1, 1), "w")])
 
 
 if __name__ == "__main__":
