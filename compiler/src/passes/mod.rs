@@ -7,8 +7,10 @@
 //!
 //! Level 1 (cleanup): `fold_shape_ops`, `fold_constants`, `remove_noops`,
 //! `eliminate_common_subexpressions`, `eliminate_dead_code`. Level 2 (algebraic folding
-//! into weights, then fusion): `fold_batchnorm`, `matmul_add_to_gemm`, `fold_scale_bias`,
-//! `fold_input_scale`, `split_grouped_conv`, `split_dilated_conv`, `fuse_patterns`, `fuse_epilogue`, `fuse_elementwise`, `eliminate_dead_code`.
+//! into weights, convs split into the forms the GEMM lowerings take, then fusion):
+//! `fold_batchnorm`, `matmul_add_to_gemm`, `fold_scale_bias`, `fold_input_scale`,
+//! `split_grouped_conv`, `split_dilated_conv`, `fuse_patterns`, `fuse_epilogue`,
+//! `fuse_elementwise`, `eliminate_dead_code`.
 //! No pass changes the graph's inputs or outputs (names and types), and every value it
 //! creates is typed.
 
@@ -105,6 +107,8 @@ pub const PIPELINE: &[Pass] = &[
         level: 2,
         run: fold_input_scale::run,
     },
+    // Level 2: convs into the forms the GEMM lowerings take (after the folds, so that a
+    // BatchNormalization is already in the weights).
     Pass {
         name: "split_grouped_conv",
         level: 2,
