@@ -17,19 +17,13 @@
 //! of the reference).
 
 use super::util::{
-    add_const, derived_name, dtype_of, is_op, new_node, order, shape_of, shape_tensor,
+    add_const, derived_name, dtype_of, fold_each, is_op, new_node, shape_of, shape_tensor,
 };
 use crate::error::Result;
 use crate::ir::{Attr, Attrs, DType, Graph, NodeId, Source, ValueId, ValueType};
 
 pub fn run(g: &mut Graph) -> Result<()> {
-    for n in order(g)? {
-        if g.nodes.contains_node(n) {
-            split(g, n)?;
-        }
-    }
-    g.rewire();
-    Ok(())
+    fold_each(g, split)
 }
 
 /// The phase-plane geometry of a conv the rewrite takes: `(dh, dw)` and the undilated
