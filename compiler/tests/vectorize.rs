@@ -1335,6 +1335,83 @@ fn log_softplus_mish_and_cube_inline() {
     }
 }
 
+/// Atan on f32 computes inline (vmath's Cephes `atanf`, the same operations in the
+/// AVX-512 loops), not by a libm call per element: within 2 ulp of the reference's f64
+/// values on every target, exact math or not, across its three ranges and their bounds,
+/// with `atan(+-inf) = +-pi/2`, signed zeros kept and NaN; Sign's comparisons turn into
+/// 1.0 or 0.0 in vector code: bit for bit the reference's (NaN stays NaN, zeros keep
+/// their sign).
+#[test]
+fn atan_and_sign_inline() {
+    let scratch = tempfile::tempdir().unwrap();
+    let len = 77usize;
+    let specials = [
+        0.0,
+        -0.0,
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1.0,
+        -1.0,
+        0.414_213_57,
+        0.414_213_6,
+        2.414_213_6,
+        -2.414_213_4,
+        1e-40,
+        -1e-30,
+        f32::MAX,
+        -f32::MAX,
+        1e20,
+    ];
+    let x: Vec<f32> = (0..len)
+        .map(|i| match specials.get(i) {
+            Some(&s) => s,
+            // Magnitudes from 1e-6 to 1e6, both signs.
+            None => {
+                let r = rand(1, 50 + i as u64)[0];
+                let sign = if i % 3 == 0 { -1.0 } else { 1.0 };
+                sign * 10f32.powf(12.0 * (r + 0.5).clamp(0.0, 1.0) - 6.0)
+            }
+        })
+        .collect();
+    let inputs = vec![Tensor::from_vec(&[len], x.clone())];
+    let mut ran = 0;
+    for (op, ulps) in [("Atan", 2.0), ("Sign", 0.0)] {
+        let case = graph(
+            format!("{op}_inline"),
+            &[("x", vec![len])],
+            vec![],
+            vec![node(op, &["x"], &["y"])],
+            &[len],
+        );
+        let want = reference(&case, &inputs, scratch.path()).to_f64().unwrap();
+        let targets = ["x86_64-avx512", "x86_64-sse4", "aarch64-neon"];
+        for exact in [true, false] {
+            ran += on_targets(
+                &case,
+                &inputs,
+                scratch.path(),
+                &targets,
+                exact,
+                |target, got| {
+                    let what = format!("{op} on {target} (exact {exact})");
+                    assert_elements(&what, &x, got, &want, ulps);
+                    let got = got.to_f64().unwrap();
+                    for (i, &xi) in x.iter().enumerate() {
+                        if xi == 0.0 {
+                            let g = got[i] as f32;
+                            assert_eq!(g.to_bits(), xi.to_bits(), "{what}: x = {xi:?} gives {g:?}");
+                        }
+                    }
+                },
+            );
+        }
+    }
+    if ran == 0 {
+        eprintln!("skip: this CPU runs none of the targets");
+    }
+}
+
 /// Linear Resize of both last axes with the columns upsampled by an integer factor runs
 /// as one f32 kernel (`bilinear`: each output row's two input rows, a unit-stride loop
 /// per column phase, edge columns one by one): within 1e-6 of the reference's f64 sums

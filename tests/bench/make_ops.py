@@ -22,11 +22,11 @@ def w(shape, name, scale=0.05):
     return nh.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
 
 
-def save(out, name, nodes, ins, outs, inits=(), opset=17):
+def save(out, name, nodes, ins, outs, inits=(), opset=17, out_type=T.FLOAT):
     g = h.make_graph(
         nodes, name,
         [h.make_tensor_value_info(n, T.FLOAT, s) for n, s in ins],
-        [h.make_tensor_value_info(n, T.FLOAT, s) for n, s in outs],
+        [h.make_tensor_value_info(n, out_type, s) for n, s in outs],
         list(inits),
     )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
@@ -75,6 +75,17 @@ def main(out):
     # ShuffleNet-style grouped pointwise conv.
     save(out, "conv1x1_3_groups", [h.make_node("Conv", ["x", "w"], ["y"], group=3)],
          [("x", [1, 240, 28, 28])], [("y", [1, 240, 28, 28])], [w((240, 80, 1, 1), "w")])
+
+    for op in ["Sin", "Cos", "Atan", "Sign"]:
+        save(out, op.lower(), [h.make_node(op, ["x"], ["y"])], [("x", S)], [("y", S)])
+    save(out, "argmax_channels", [h.make_node("ArgMax", ["x"], ["y"], axis=1, keepdims=0)],
+         [("x", S)], [("y", [1, 56, 56])], out_type=T.INT64)
+    save(out, "argmax_last", [h.make_node("ArgMax", ["x"], ["y"], axis=-1, keepdims=0)],
+         [("x", [128, 1000])], [("y", [128])], out_type=T.INT64)
+    save(out, "globalmaxpool_7x7", [h.make_node("GlobalMaxPool", ["x"], ["y"])],
+         [("x", [1, 512, 7, 7])], [("y", [1, 512, 1, 1])])
+    save(out, "reducelogsumexp_last", [h.make_node("ReduceLogSumExp", ["x"], ["y"], axes=[-1])],
+         [("x", [128, 1000])], [("y", [128, 1])])
 
 
 if __name__ == "__main__":

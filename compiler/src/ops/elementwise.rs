@@ -1087,7 +1087,13 @@ pub(crate) mod lower {
                     let neg = Expr::cast(t, Expr::cmp(CmpOp::Lt, x.clone(), l(0.0)));
                     let s = bin(BinOp::Sub, pos, neg);
                     if f {
-                        Expr::select(is_nan(x.clone()), x, s)
+                        // Zeros (of either sign) and NaN as they are, as the reference.
+                        let same = Expr::bin(
+                            BinOp::Or,
+                            Expr::cmp(CmpOp::Eq, x.clone(), l(0.0)),
+                            is_nan(x.clone()),
+                        );
+                        Expr::select(same, x, s)
                     } else {
                         s
                     }

@@ -737,6 +737,20 @@ impl Gen<'_, '_> {
                 }
             }
             Expr::Cast(Ty::F32, a) if self.ty(a)? == Ty::F32 => self.vexpr(cx, a)?,
+            Expr::Cast(Ty::F32, a) if self.ty(a)? == Ty::U8 && is_mask(a, &cx.vals) => {
+                // A comparison as 1.0 or 0.0 (Sign's `(x > 0) - (x < 0)`).
+                match self.vexpr(cx, a)? {
+                    V::Mask(m) => {
+                        let one = self.b.ins().f32const(1.0);
+                        let one = self.b.ins().splat(types::F32X4, one);
+                        let zero = self.b.ins().f32const(0.0);
+                        let zero = self.b.ins().splat(types::F32X4, zero);
+                        let m = self.b.ins().bitcast(types::F32X4, MemFlagsData::new(), m);
+                        V::Vec(self.b.ins().bitselect(m, one, zero))
+                    }
+                    _ => self.per_lane(cx, e)?,
+                }
+            }
             Expr::Call(f, args) if f32 && crate::backend::cranelift::vmath::is_inline(*f) => {
                 let x = self.vexpr(cx, &args[0])?;
                 let x = self.vec4(x)?;

@@ -18,6 +18,10 @@
 //!   +-1 in f32), a few ulp.
 //! - `tanh`: Eigen's rational approximation on `[-7.905, 7.905]` (beyond it tanh is
 //!   +-1 in f32), a few ulp; odd, so small arguments keep their relative accuracy.
+//! - `atan`: Cephes' `atanf`: `|x|` above `tan(3 pi / 8)` as `pi/2 + atan(-1/|x|)`,
+//!   above `tan(pi / 8)` as `pi/4 + atan((|x| - 1) / (|x| + 1))` (one division either
+//!   way), then `t + t z P(z)` for `z = t^2`, the sign restored; about 2 ulp over the
+//!   whole range, `atan(+-inf) = +-pi/2`, zeros keep their sign, NaN stays NaN.
 
 use crate::kir::MathFn;
 use cranelift_codegen::ir::condcodes::FloatCC;
@@ -26,7 +30,10 @@ use cranelift_frontend::FunctionBuilder;
 
 /// Whether `f` on f32 is generated inline (by [`emit`]) instead of calling libm.
 pub fn is_inline(f: MathFn) -> bool {
-    matches!(f, MathFn::Exp | MathFn::Log | MathFn::Erf | MathFn::Tanh)
+    matches!(
+        f,
+        MathFn::Exp | MathFn::Log | MathFn::Erf | MathFn::Tanh | MathFn::Atan
+    )
 }
 
 /// `f(x)` for an f32 or f32x4 `x`; `None` when `f` is not generated inline.
@@ -39,6 +46,7 @@ pub fn emit(b: &mut FunctionBuilder, f: MathFn, x: Value) -> Option<Value> {
         MathFn::Log => m.log(x),
         MathFn::Erf => m.erf(x),
         MathFn::Tanh => m.tanh(x),
+        MathFn::Atan => m.atan(x),
         _ => return None,
     })
 }
@@ -114,6 +122,18 @@ pub(super) const TANH_P: [f32; 7] = [
 ];
 pub(super) const TANH_Q: [f32; 4] = [1.198_258_4e-6, 1.185_347_1e-4, 2.268_434_6e-3, 4.893_525e-3];
 pub(super) const TANH_CLAMP: f32 = 7.905_311;
+
+/// Cephes `atanf`: `atan(t) = t + t z P(z)`, `z = t^2`, for `|t| <= tan(pi / 8)`,
+/// highest power first.
+pub(super) const ATAN_P: [f32; 4] = [
+    8.053_744_5e-2,
+    -1.387_768_6e-1,
+    1.997_771_1e-1,
+    -3.333_295e-1,
+];
+/// `tan(3 pi / 8)` and `tan(pi / 8)`: the bounds of `atan`'s three ranges.
+pub(super) const ATAN_HI: f32 = 2.414_213_6;
+pub(super) const ATAN_MID: f32 = 0.414_213_57;
 
 impl M<'_, '_> {
     fn ity(&self) -> Type {
@@ -303,6 +323,41 @@ impl M<'_, '_> {
         let r = self.select(neg, nan, r);
         let is_nan = self.b.ins().fcmp(FloatCC::Unordered, x, x);
         self.select(is_nan, x, r)
+    }
+
+    fn atan(&mut self, x: Value) -> Value {
+        let a = self.b.ins().fabs(x);
+        let hi = self.c(ATAN_HI);
+        let big = self.b.ins().fcmp(FloatCC::GreaterThan, a, hi);
+        let mid_c = self.c(ATAN_MID);
+        let mid = self.b.ins().fcmp(FloatCC::GreaterThan, a, mid_c);
+        // t = -1 / a, (a - 1) / (a + 1) or a: one division.
+        let one = self.c(1.0);
+        let am1 = self.b.ins().fsub(a, one);
+        let num = self.select(mid, am1, a);
+        let mone = self.c(-1.0);
+        let num = self.select(big, mone, num);
+        let ap1 = self.add(a, one);
+        let den = self.select(mid, ap1, one);
+        let den = self.select(big, a, den);
+        let t = self.b.ins().fdiv(num, den);
+        let zero = self.c(0.0);
+        let q = self.c(std::f32::consts::FRAC_PI_4);
+        let base = self.select(mid, q, zero);
+        let h = self.c(std::f32::consts::FRAC_PI_2);
+        let base = self.select(big, h, base);
+        let z = self.mul(t, t);
+        let p = self.poly(z, &ATAN_P);
+        let y = self.mul(p, z);
+        let y = self.mul(y, t);
+        let y = self.add(y, t);
+        let r = self.add(base, y);
+        // The sign of x; zeros as they are.
+        let nr = self.b.ins().fneg(r);
+        let neg = self.b.ins().fcmp(FloatCC::LessThan, x, zero);
+        let r = self.select(neg, nr, r);
+        let is_zero = self.b.ins().fcmp(FloatCC::Equal, x, zero);
+        self.select(is_zero, x, r)
     }
 
     fn erf(&mut self, x: Value) -> Value {

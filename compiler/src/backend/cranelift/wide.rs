@@ -534,6 +534,41 @@ impl Tr {
         self.clamp_fast(y, -1.0, 1.0)
     }
 
+    /// vmath's `atan`, operation for operation.
+    fn atan(&mut self, x: V) -> V {
+        use crate::backend::cranelift::vmath::{ATAN_HI, ATAN_MID, ATAN_P};
+        let a = self.b.push(Inst::Un(x::Un::Abs, x));
+        let hi = self.b.c(ATAN_HI);
+        let big = self.b.cmp(x::Cmp::Gt, a, hi);
+        let mid_c = self.b.c(ATAN_MID);
+        let mid = self.b.cmp(x::Cmp::Gt, a, mid_c);
+        let one = self.b.c(1.0);
+        let am1 = self.b.sub(a, one);
+        let num = self.b.select(mid, am1, a);
+        let mone = self.b.c(-1.0);
+        let num = self.b.select(big, mone, num);
+        let ap1 = self.b.add(a, one);
+        let den = self.b.select(mid, ap1, one);
+        let den = self.b.select(big, a, den);
+        let t = self.b.bin(x::Bin::Div, num, den);
+        let zero = self.b.c(0.0);
+        let q = self.b.c(std::f32::consts::FRAC_PI_4);
+        let base = self.b.select(mid, q, zero);
+        let h = self.b.c(std::f32::consts::FRAC_PI_2);
+        let base = self.b.select(big, h, base);
+        let z = self.b.mul(t, t);
+        let p = self.poly(z, &ATAN_P);
+        let y = self.b.mul(p, z);
+        let y = self.b.mul(y, t);
+        let y = self.b.add(y, t);
+        let r = self.b.add(base, y);
+        let nr = self.b.push(Inst::Un(x::Un::Neg, r));
+        let neg = self.b.cmp(x::Cmp::Lt, x, zero);
+        let r = self.b.select(neg, nr, r);
+        let is_zero = self.b.cmp(x::Cmp::Eq, x, zero);
+        self.b.select(is_zero, x, r)
+    }
+
     /// vmath's `erf` / `tanh`: `x (P(x^2) / Q(x^2))` on the clamped argument, clamped.
     fn rational(&mut self, v: V, lim: f32, p: &[f32], q: &[f32]) -> V {
         let v = self.clamp(v, -lim, lim);
@@ -1042,6 +1077,16 @@ impl Gen<'_, '_> {
                 t.b.select(vc, va, vb)
             }
             Expr::Cast(Ty::F32, a) if self.ty(a).ok()? == Ty::F32 => self.wexpr(t, a)?,
+            Expr::Cast(Ty::F32, a) if self.ty(a).ok()? == Ty::U8 => {
+                // A comparison as 1.0 or 0.0 (Sign's `(x > 0) - (x < 0)`).
+                let m = self.wexpr(t, a)?;
+                if !t.is_mask(m) {
+                    return None;
+                }
+                let one = t.b.c(1.0);
+                let zero = t.b.c(0.0);
+                t.b.select(m, one, zero)
+            }
             Expr::Call(f, args) if ty == Ty::F32 && args.len() == 1 => {
                 use crate::backend::cranelift::vmath::{ERF_P, ERF_Q, TANH_CLAMP, TANH_P, TANH_Q};
                 let v = self.wexpr(t, &args[0])?;
@@ -1056,6 +1101,7 @@ impl Gen<'_, '_> {
                     (MathFn::Erf, false) => t.rational_fast(v, 4.0, &ERF_P, &ERF_Q),
                     (MathFn::Tanh, true) => t.rational(v, TANH_CLAMP, &TANH_P, &TANH_Q),
                     (MathFn::Tanh, false) => t.rational_fast(v, TANH_CLAMP, &TANH_P, &TANH_Q),
+                    (MathFn::Atan, _) => t.atan(v),
                     _ => return None,
                 }
             }
