@@ -1335,6 +1335,109 @@ fn log_softplus_mish_and_cube_inline() {
     }
 }
 
+/// GlobalMaxPool of f32 planes under 64 elements runs as one f32 loop of two vector
+/// reductions (the NaN-skipping maximum, and whether any element is a number): bit for
+/// bit the reference's on every target, exact math or not, for a plane of NaN (NaN), NaN
+/// among numbers (skipped), -inf alone, equal zeros, and random planes, at 5x5 and 7x7.
+#[test]
+fn global_max_pool_of_small_planes() {
+    let scratch = tempfile::tempdir().unwrap();
+    let mut ran = 0;
+    for side in [5usize, 7] {
+        let il = side * side;
+        let planes = 6;
+        let mut x = rand(planes * il, 77 + side as u64);
+        for j in 0..il {
+            x[il + j] = f32::NAN;
+            if j % 3 == 0 {
+                x[2 * il + j] = f32::NAN;
+            }
+            x[3 * il + j] = f32::NEG_INFINITY;
+            x[4 * il + j] = if j % 2 == 0 { -0.0 } else { -1.0 };
+        }
+        x[3 * il + il / 2] = f32::NAN;
+        x[5 * il + il - 1] = 7.0;
+        let shape = vec![2usize, 3, side, side];
+        let case = graph(
+            format!("GlobalMaxPool_{side}x{side}"),
+            &[("x", shape.clone())],
+            vec![],
+            vec![node("GlobalMaxPool", &["x"], &["y"])],
+            &[2, 3, 1, 1],
+        );
+        let inputs = vec![Tensor::from_vec(&shape, x.clone())];
+        let want = reference(&case, &inputs, scratch.path()).to_f64().unwrap();
+        let firsts: Vec<f32> = (0..planes).map(|p| x[p * il]).collect();
+        let targets = ["x86_64-avx512", "x86_64-sse4", "aarch64-neon"];
+        for exact in [true, false] {
+            ran += on_targets(
+                &case,
+                &inputs,
+                scratch.path(),
+                &targets,
+                exact,
+                |target, got| {
+                    let what = format!("{side}x{side} on {target} (exact {exact})");
+                    assert_elements(&what, &firsts, got, &want, 0.0);
+                },
+            );
+        }
+    }
+    if ran == 0 {
+        eprintln!("skip: this CPU runs none of the targets");
+    }
+}
+
+/// ReduceLogSumExp of f32 runs in f32 (the maximum by the NaN-skipping select, the sum
+/// of `exp(x - max)` by the inline vector exp): within 8 ulp of the reference's f64
+/// values on every target, exact math or not, for random rows, rows whose exponentials
+/// would overflow unshifted (80-90), a NaN among numbers (NaN), +inf (inf) and a row of
+/// -inf (-inf), over rows of 40.
+#[test]
+fn reduce_log_sum_exp_in_f32() {
+    let scratch = tempfile::tempdir().unwrap();
+    let (rows, cols) = (5usize, 40usize);
+    let mut x: Vec<f32> = rand(rows * cols, 91).iter().map(|v| v * 10.0).collect();
+    for j in 0..cols {
+        x[4 * cols + j] = 85.0 + x[4 * cols + j] / 2.0;
+        x[3 * cols + j] = f32::NEG_INFINITY;
+    }
+    x[cols + 7] = f32::NAN;
+    x[2 * cols + 30] = f32::INFINITY;
+    let inputs = vec![Tensor::from_vec(&[rows, cols], x.clone())];
+    let mut ran = 0;
+    let mut n = node("ReduceLogSumExp", &["x"], &["y"]);
+    n.attribute = vec![ints_attr("axes", &[-1])];
+    let mut case = graph(
+        "ReduceLogSumExp_rows".into(),
+        &[("x", vec![rows, cols])],
+        vec![],
+        vec![n],
+        &[rows, 1],
+    );
+    // axes as an attribute: opset 17.
+    case.model.opset_import[0].version = Some(17);
+    let want = reference(&case, &inputs, scratch.path()).to_f64().unwrap();
+    let firsts: Vec<f32> = (0..rows).map(|r| x[r * cols]).collect();
+    let targets = ["x86_64-avx512", "x86_64-sse4", "aarch64-neon"];
+    for exact in [true, false] {
+        ran += on_targets(
+            &case,
+            &inputs,
+            scratch.path(),
+            &targets,
+            exact,
+            |target, got| {
+                let what = format!("rows on {target} (exact {exact})");
+                assert_elements(&what, &firsts, got, &want, 8.0);
+            },
+        );
+    }
+    if ran == 0 {
+        eprintln!("skip: this CPU runs none of the targets");
+    }
+}
+
 /// Atan on f32 computes inline (vmath's Cephes `atanf`, the same operations in the
 /// AVX-512 loops), not by a libm call per element: within 2 ulp of the reference's f64
 /// values on every target, exact math or not, across its three ranges and their bounds,

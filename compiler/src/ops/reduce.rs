@@ -914,7 +914,14 @@ mod lower {
         let minmax32 = x.dtype == DType::F32
             && out.dtype == DType::F32
             && matches!(kind, Kind::Max | Kind::Min);
-        let at = if sum32 || minmax32 {
+        // LogSumExp of f32 in f32 likewise: the maximum by the NaN-skipping select, the
+        // sum of exponentials by the inline vector exp (the f64 form called libm's exp
+        // per element: rows of 1000, 1.08 ms against ONNX Runtime's 0.70).
+        let lse32 = x.dtype == DType::F32
+            && out.dtype == DType::F32
+            && kind == Kind::LogSumExp
+            && count <= F32_SUM_MOST;
+        let at = if sum32 || minmax32 || lse32 {
             Ty::F32
         } else if float || !int_kind {
             Ty::F64
@@ -962,8 +969,8 @@ mod lower {
             let a = v(acc);
             match kind {
                 Kind::LogSumExp => {
-                    s.push(set(mx, f64c(f64::NEG_INFINITY)));
-                    // f64::max ignores NaN.
+                    s.push(set(mx, Expr::f(f64::NEG_INFINITY, at)));
+                    // The select skips NaN (the sum below makes it the result).
                     load(k, &mut s, &|e| {
                         vec![set(
                             mx,
@@ -974,7 +981,7 @@ mod lower {
                     let d = bin(BinOp::Sub, v(mx), v(mx));
                     s.push(set(
                         mx,
-                        Expr::select(cmp(CmpOp::Eq, d, f64c(0.0)), v(mx), f64c(0.0)),
+                        Expr::select(cmp(CmpOp::Eq, d, Expr::f(0.0, at)), v(mx), Expr::f(0.0, at)),
                     ));
                     load(k, &mut s, &|e| {
                         vec![set(
