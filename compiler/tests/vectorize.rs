@@ -1438,6 +1438,99 @@ fn reduce_log_sum_exp_in_f32() {
     }
 }
 
+/// ArgMax and ArgMin of f32 in vector lanes (over a contiguous axis of 40: the best by
+/// a NaN-skipping reduction, then the first or last index holding it or a NaN; over an
+/// axis of 5 with 20 positions beside it: each position's best and index in lanes):
+/// exactly the reference's indices on every target, with and without
+/// `select_last_index`, on values with many ties, NaN (it wins: the first or last
+/// NaN), a row of -inf, one of +inf and equal zeros of both signs.
+#[test]
+fn arg_max_min_in_vector_lanes() {
+    let scratch = tempfile::tempdir().unwrap();
+    let mut ran = 0;
+    // (name, shape, axis): rows (inner 1) and lanes (inner 20).
+    let layouts: [(&str, Vec<usize>, i64); 2] =
+        [("rows", vec![6, 40], 1), ("lanes", vec![6, 5, 20], 1)];
+    for (name, shape, axis) in layouts {
+        let len: usize = shape.iter().product();
+        // Quarters in [-1, 1]: many ties.
+        let mut x: Vec<f32> = rand(len, 123)
+            .iter()
+            .map(|v| (v * 4.0).round() / 4.0)
+            .collect();
+        if name == "rows" {
+            // Rows 1 .. 4: two NaNs, -inf, +inf, equal zeros.
+            for e in 0..40 {
+                if e == 3 || e == 38 {
+                    x[40 + e] = f32::NAN;
+                }
+                x[80 + e] = f32::NEG_INFINITY;
+                x[120 + e] = f32::INFINITY;
+                x[160 + e] = if e % 2 == 0 { 0.0 } else { -0.0 };
+            }
+        } else {
+            // Position 0 of images 1 .. 4 of the lanes layout (stride 20 along the axis).
+            let per = 5 * 20;
+            for (img, e) in (1..5).flat_map(|i| (0..5).map(move |e| (i, e))) {
+                let at = img * per + e * 20 + img;
+                x[at] = match img {
+                    1 if e == 1 || e == 3 => f32::NAN,
+                    1 => x[at],
+                    2 => f32::NEG_INFINITY,
+                    3 => f32::INFINITY,
+                    _ => {
+                        if e % 2 == 0 {
+                            0.0
+                        } else {
+                            -0.0
+                        }
+                    }
+                };
+            }
+        }
+        let mut out = shape.clone();
+        out.remove(axis as usize);
+        let inputs = vec![Tensor::from_vec(&shape, x.clone())];
+        for op in ["ArgMax", "ArgMin"] {
+            for last in [0, 1] {
+                let mut n = node(op, &["x"], &["y"]);
+                n.attribute = vec![
+                    int_attr("axis", axis),
+                    int_attr("keepdims", 0),
+                    int_attr("select_last_index", last),
+                ];
+                let mut case = graph(
+                    format!("{op}_{name}_{last}"),
+                    &[("x", shape.clone())],
+                    vec![],
+                    vec![n],
+                    &out,
+                );
+                case.model.graph.as_mut().unwrap().output[0] =
+                    value_info("y", DataType::Int64, &dims(&out));
+                let want = reference(&case, &inputs, scratch.path());
+                ran += on_targets(
+                    &case,
+                    &inputs,
+                    scratch.path(),
+                    &["x86_64-avx512", "x86_64-sse4", "aarch64-neon"],
+                    false,
+                    |target, got| {
+                        assert_eq!(
+                            got.to_f64().unwrap(),
+                            want.to_f64().unwrap(),
+                            "{op} {name} select_last_index {last} on {target}"
+                        );
+                    },
+                );
+            }
+        }
+    }
+    if ran == 0 {
+        eprintln!("skip: this CPU runs none of the targets");
+    }
+}
+
 /// Atan on f32 computes inline (vmath's Cephes `atanf`, the same operations in the
 /// AVX-512 loops), not by a libm call per element: within 2 ulp of the reference's f64
 /// values on every target, exact math or not, across its three ranges and their bounds,

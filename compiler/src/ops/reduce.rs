@@ -1134,6 +1134,14 @@ mod lower {
         let (outer, n, inner) = split3(&x.shape, ax);
         ensure!(n > 0, "cannot take ArgMax/ArgMin over an empty axis");
         let t = x.ty().compute();
+        if x.dtype == DType::F32 && n <= ARG_F32_MOST {
+            if inner == 1 && n >= ARG_LANES_MIN {
+                return arg_rows(lw, &x, &out, (outer, n), max, last);
+            }
+            if inner >= ARG_LANES_MIN && n >= 2 {
+                return arg_lanes(lw, &x, &out, (outer, n, inner), max, last);
+            }
+        }
         let mut k = lw.kernel("");
         let body = nest(&mut k, &[outer, inner], |k, lv| {
             let (o, i) = (lv[0], lv[1]);
@@ -1152,6 +1160,200 @@ mod lower {
             s
         });
         k.body = body;
+        lw.push(k);
+        Ok(())
+    }
+
+    /// Least count of elements an f32 ArgMax/ArgMin runs in vector lanes: the
+    /// reduced axis when it is contiguous ([`arg_rows`]), the positions beside it
+    /// otherwise ([`arg_lanes`]).
+    const ARG_LANES_MIN: usize = 16;
+    /// Most elements of the reduced axis: indices are f32 in the vector loops, exact up
+    /// to 2^24.
+    const ARG_F32_MOST: usize = 1 << 24;
+
+    /// `(x != x)`, `(x > b)` or `(x < b)`, `(x >= b)` or `(x <= b)` for [`pick_stmts`]'s
+    /// choice as masks: whether `x` (the element at a later index) replaces `b`. Without
+    /// `last`, `(b == b) & (x is NaN | x beats b)`: the first NaN, else the first of the
+    /// best; with it, `x is NaN | (b == b & x ties or beats b)`: the last of either.
+    fn take_mask(x: Expr, b: Expr, max: bool, last: bool) -> Expr {
+        let beats = match (max, last) {
+            (true, false) => CmpOp::Gt,
+            (false, false) => CmpOp::Lt,
+            (true, true) => CmpOp::Ge,
+            (false, true) => CmpOp::Le,
+        };
+        let nan = is_nan(x.clone());
+        let num = cmp(CmpOp::Eq, b.clone(), b.clone());
+        let wins = cmp(beats, x, b);
+        if last {
+            bin(BinOp::Or, nan, and(num, wins))
+        } else {
+            and(num, bin(BinOp::Or, nan, wins))
+        }
+    }
+
+    /// ArgMax / ArgMin of f32 over a contiguous axis of `n`, per row in vector
+    /// reductions: the NaN-skipping best (`x > m ? x : m`) and whether a NaN was seen;
+    /// then the first (or, with `last`, the last) index holding a NaN if one was seen,
+    /// else the best, as the least (greatest) of `hit ? j : n` (`-1`) over an f32 table
+    /// of the indices. The same choice as [`pick_stmts`] (which ran one element at a time
+    /// behind a chain of branches: 128 rows of 1000, 0.37 ms against ONNX Runtime's 0.18).
+    fn arg_rows(
+        lw: &mut LowerCtx,
+        x: &TensorRef,
+        out: &TensorRef,
+        (outer, n): (usize, usize),
+        max: bool,
+        last: bool,
+    ) -> OpResult<()> {
+        let data: Vec<u8> = (0..n).flat_map(|j| (j as f32).to_le_bytes()).collect();
+        let iota = lw.program.add_buffer(
+            format!("{}/indices", lw.name),
+            crate::kir::BufKind::Const { data },
+            Ty::F32,
+            n as u64,
+        );
+        let mut k = lw.kernel("");
+        let (o, j) = (k.var(Ty::I64), k.var(Ty::I64));
+        let (m, nan, idx) = (k.var(Ty::F32), k.var(Ty::F32), k.var(Ty::F32));
+        let c = |x: f64| Expr::f(x, Ty::F32);
+        let xj = Expr::load(x.buf, add(mul(v(o), int(n)), v(j)));
+        let (better, start) = if max {
+            (CmpOp::Gt, f64::NEG_INFINITY)
+        } else {
+            (CmpOp::Lt, f64::INFINITY)
+        };
+        let (none, fold) = if last {
+            (-1.0, BinOp::Max)
+        } else {
+            (n as f64, BinOp::Min)
+        };
+        let find = |hit: Expr| {
+            vec![
+                set(idx, c(none)),
+                for_(
+                    j,
+                    n,
+                    vec![set(
+                        idx,
+                        bin(
+                            fold,
+                            v(idx),
+                            Expr::select(hit, Expr::load(iota, v(j)), c(none)),
+                        ),
+                    )],
+                ),
+            ]
+        };
+        let body = vec![
+            set(m, c(start)),
+            set(nan, c(0.0)),
+            for_(
+                j,
+                n,
+                vec![
+                    set(
+                        m,
+                        Expr::select(cmp(better, xj.clone(), v(m)), xj.clone(), v(m)),
+                    ),
+                    set(
+                        nan,
+                        bin(
+                            BinOp::Max,
+                            v(nan),
+                            Expr::select(is_nan(xj.clone()), c(1.0), c(0.0)),
+                        ),
+                    ),
+                ],
+            ),
+            Stmt::If {
+                cond: cmp(CmpOp::Gt, v(nan), c(0.0)),
+                then: find(is_nan(xj.clone())),
+                els: find(cmp(CmpOp::Eq, xj.clone(), v(m))),
+            },
+            store(out.buf, v(o), Expr::cast(Ty::I64, v(idx))),
+        ];
+        k.body = vec![for_(o, outer, body)];
+        lw.push(k);
+        Ok(())
+    }
+
+    /// ArgMax / ArgMin of f32 over an axis of `n` with `inner` positions beside it, the
+    /// positions in vector lanes: per outer index, the best value and its index (f32) of
+    /// each position in scratch rows, updated by one unit-stride loop per element of the
+    /// axis ([`take_mask`]), then the indices converted. The axis loop ran innermost one
+    /// element at a time, strided (64 channels of 56x56: 0.81 ms against ONNX Runtime's
+    /// 0.21).
+    fn arg_lanes(
+        lw: &mut LowerCtx,
+        x: &TensorRef,
+        out: &TensorRef,
+        (outer, n, inner): (usize, usize, usize),
+        max: bool,
+        last: bool,
+    ) -> OpResult<()> {
+        let scratch = |lw: &mut LowerCtx, what: &str| {
+            lw.program.add_buffer(
+                format!("{}/{what}", lw.name),
+                crate::kir::BufKind::Arena { offset: 0 },
+                Ty::F32,
+                inner as u64,
+            )
+        };
+        let (best, bidx) = (scratch(lw, "best"), scratch(lw, "index"));
+        let mut k = lw.kernel("");
+        let (o, j, i) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+        let (xv, bv) = (k.var(Ty::F32), k.var(Ty::F32));
+        let at = |j: Expr| {
+            Expr::load(
+                x.buf,
+                add(mul(v(o), int(n * inner)), add(mul(j, int(inner)), v(i))),
+            )
+        };
+        let take = take_mask(v(xv), v(bv), max, last);
+        let body = vec![
+            for_(
+                i,
+                inner,
+                vec![
+                    store(best, v(i), at(int(0))),
+                    store(bidx, v(i), Expr::f(0.0, Ty::F32)),
+                ],
+            ),
+            Stmt::For {
+                var: j,
+                extent: (n - 1) as u64,
+                body: vec![for_(
+                    i,
+                    inner,
+                    vec![
+                        set(xv, at(add(v(j), int(1)))),
+                        set(bv, Expr::load(best, v(i))),
+                        store(best, v(i), Expr::select(take.clone(), v(xv), v(bv))),
+                        store(
+                            bidx,
+                            v(i),
+                            Expr::select(
+                                take,
+                                Expr::cast(Ty::F32, add(v(j), int(1))),
+                                Expr::load(bidx, v(i)),
+                            ),
+                        ),
+                    ],
+                )],
+            },
+            for_(
+                i,
+                inner,
+                vec![store(
+                    out.buf,
+                    add(mul(v(o), int(inner)), v(i)),
+                    Expr::cast(Ty::I64, Expr::load(bidx, v(i))),
+                )],
+            ),
+        ];
+        k.body = vec![for_(o, outer, body)];
         lw.push(k);
         Ok(())
     }
