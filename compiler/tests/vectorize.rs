@@ -1531,6 +1531,114 @@ fn arg_max_min_in_vector_lanes() {
     }
 }
 
+/// Sin and Cos on f32 compute inline (vmath's Cephes `sinf` / `cosf`) for `|x| <= 8192`,
+/// and take libm's `sinf` / `cosf` for the lanes of a value or vector with a larger
+/// magnitude: within 4 ulp of the reference's f64 values (or, near a zero of the result,
+/// 2^-44 |x|) on every target, exact math or not, over octant bounds, multiples of pi/2, 8191-8193, 1e5, 1e30, `f32::MAX` and
+/// random magnitudes from 1e-6 to 1e4; zeros keep their sign in sin, infinities and NaN
+/// give NaN.
+#[test]
+fn sin_cos_inline() {
+    let scratch = tempfile::tempdir().unwrap();
+    let len = 93usize;
+    let pi = std::f32::consts::PI;
+    let specials = [
+        0.0,
+        -0.0,
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1e-30,
+        -1e-6,
+        pi / 4.0,
+        pi / 2.0,
+        -pi,
+        3.0 * pi / 4.0,
+        1.5 * pi,
+        2.0 * pi,
+        100.0 * pi,
+        8191.0,
+        -8192.0,
+        8193.0,
+        1e5,
+        -1e30,
+        f32::MAX,
+        0.785_398_1,
+        2.356_194_5,
+    ];
+    let x: Vec<f32> = (0..len)
+        .map(|i| match specials.get(i) {
+            Some(&s) => s,
+            // Magnitudes from 1e-6 to 1e4, both signs.
+            None => {
+                let r = rand(1, 150 + i as u64)[0];
+                let sign = if i % 3 == 0 { -1.0 } else { 1.0 };
+                sign * 10f32.powf(10.0 * (r + 0.5).clamp(0.0, 1.0) - 6.0)
+            }
+        })
+        .collect();
+    // Also: past 8192 without infinities, NaN or f32::MAX (whose magnitude alone trips
+    // the AVX-512 loop's guard), the rest random.
+    let big = [8193.0f32, -2e4, 1e5, -1e6, 12_345.678, 54_321.5, 3e7];
+    let x2: Vec<f32> = (0..len)
+        .map(|i| {
+            big.get(i / 9)
+                .copied()
+                .filter(|_| i % 9 == 4)
+                .unwrap_or(x[specials.len() + i % 50])
+        })
+        .collect();
+    let mut ran = 0;
+    for (k, (op, x)) in [("Sin", &x), ("Cos", &x), ("Sin", &x2), ("Cos", &x2)]
+        .into_iter()
+        .enumerate()
+    {
+        let inputs = vec![Tensor::from_vec(&[len], x.clone())];
+        let case = graph(
+            format!("{op}_inline_{k}"),
+            &[("x", vec![len])],
+            vec![],
+            vec![node(op, &["x"], &["y"])],
+            &[len],
+        );
+        let want = reference(&case, &inputs, scratch.path()).to_f64().unwrap();
+        let targets = ["x86_64-avx512", "x86_64-sse4", "aarch64-neon"];
+        for exact in [true, false] {
+            ran += on_targets(
+                &case,
+                &inputs,
+                scratch.path(),
+                &targets,
+                exact,
+                |target, got| {
+                    let what = format!("{op} on {target} (exact {exact})");
+                    let got = got.to_f64().unwrap();
+                    for (i, &xi) in x.iter().enumerate() {
+                        let (g, w) = (got[i] as f32, want[i] as f32);
+                        // 4 ulp, or near a zero of the result the inline reduction's
+                        // absolute error (its last product's rounding, about 2^-48 |x|);
+                        // past 8192, libm's.
+                        let near = if xi.abs() <= 8192.0 {
+                            2f32.powi(-44) * xi.abs().max(1.0)
+                        } else {
+                            0.0
+                        };
+                        let tol = 4.0 * f32::EPSILON * w.abs() + near;
+                        let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= tol;
+                        assert!(ok, "{what}: x = {xi:?} gives {g:?}, the reference {w:?}");
+                        if xi == 0.0 && op == "Sin" {
+                            assert_eq!(g.to_bits(), xi.to_bits(), "{what}: x = {xi:?} gives {g:?}");
+                        }
+                    }
+                },
+            );
+        }
+    }
+    if ran == 0 {
+        eprintln!("skip: this CPU runs none of the targets");
+    }
+}
+
 /// Atan on f32 computes inline (vmath's Cephes `atanf`, the same operations in the
 /// AVX-512 loops), not by a libm call per element: within 2 ulp of the reference's f64
 /// values on every target, exact math or not, across its three ranges and their bounds,

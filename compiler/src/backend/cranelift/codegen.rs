@@ -432,6 +432,16 @@ impl Gen<'_, '_> {
         if self.wide_rows(var, extent, body)? {
             return Ok(());
         }
+        self.serial_loop(var, extent, body)
+    }
+
+    /// [`Gen::serial_for`] without the rows of a nest as one AVX-512 call.
+    pub(super) fn serial_loop(
+        &mut self,
+        var: VarId,
+        extent: u64,
+        body: &[Stmt],
+    ) -> Result<(), String> {
         // Innermost loops that qualify run four lanes at a time; the scalar loop below
         // finishes the remainder.
         let start = self.vectorize_for(var, extent, body)?;
@@ -1183,10 +1193,65 @@ impl Gen<'_, '_> {
 
     fn call(&mut self, f: MathFn, t: Ty, args: &[Value]) -> Result<Value, String> {
         if t == Ty::F32 && crate::backend::cranelift::vmath::is_inline(f) {
-            if let Some(v) = crate::backend::cranelift::vmath::emit(&mut self.b, f, args[0]) {
-                return Ok(v);
-            }
+            return self.inline_math(f, args[0]);
         }
+        self.libm(f, t, args)
+    }
+
+    /// vmath's inline `f` of an f32 or f32x4 `x`; for sin and cos, guarded
+    /// ([`Gen::guarded_trig`]).
+    pub(super) fn inline_math(&mut self, f: MathFn, x: Value) -> Result<Value, String> {
+        if matches!(f, MathFn::Sin | MathFn::Cos) {
+            return self.guarded_trig(f, x);
+        }
+        crate::backend::cranelift::vmath::emit(&mut self.b, f, x)
+            .ok_or_else(|| format!("vmath: no inline {f:?}"))
+    }
+
+    /// vmath's inline sin / cos of an f32 or f32x4 `x`, and a branch (taken when some
+    /// `|x|` exceeds `vmath::SINCOS_MAX`, infinities included) to libm's `sinf` /
+    /// `cosf` of each lane instead: the inline reduction loses accuracy there.
+    fn guarded_trig(&mut self, f: MathFn, x: Value) -> Result<Value, String> {
+        use crate::backend::cranelift::vmath::{emit, SINCOS_MAX};
+        let ty = self.b.func.dfg.value_type(x);
+        let fast = emit(&mut self.b, f, x).ok_or("vmath: no inline sin/cos")?;
+        let a = self.b.ins().fabs(x);
+        let lim = self.b.ins().f32const(SINCOS_MAX);
+        let lim = if ty == types::F32 {
+            lim
+        } else {
+            self.b.ins().splat(ty, lim)
+        };
+        let big = self.b.ins().fcmp(FloatCC::GreaterThan, a, lim);
+        let any = if ty == types::F32 {
+            big
+        } else {
+            self.b.ins().vany_true(big)
+        };
+        let slow = self.b.create_block();
+        let join = self.b.create_block();
+        self.b.append_block_param(join, ty);
+        self.b.ins().brif(any, slow, &[], join, &[fast.into()]);
+        self.b.switch_to_block(slow);
+        let y = if ty == types::F32 {
+            self.libm(f, Ty::F32, &[x])?
+        } else {
+            let lanes = ty.lane_count() as u8;
+            let mut y = fast;
+            for l in 0..lanes {
+                let xl = self.b.ins().extractlane(x, l);
+                let yl = self.libm(f, Ty::F32, &[xl])?;
+                y = self.b.ins().insertlane(y, yl, l);
+            }
+            y
+        };
+        self.b.ins().jump(join, &[y.into()]);
+        self.b.switch_to_block(join);
+        Ok(self.b.block_params(join)[0])
+    }
+
+    /// A call of libm's `f` on `t` (f32 or f64).
+    fn libm(&mut self, f: MathFn, t: Ty, args: &[Value]) -> Result<Value, String> {
         let name = f.symbol(t);
         let ct = clty(t);
         let fid = match self.libm.get(name) {

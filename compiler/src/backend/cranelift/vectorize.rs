@@ -754,10 +754,7 @@ impl Gen<'_, '_> {
             Expr::Call(f, args) if f32 && crate::backend::cranelift::vmath::is_inline(*f) => {
                 let x = self.vexpr(cx, &args[0])?;
                 let x = self.vec4(x)?;
-                match crate::backend::cranelift::vmath::emit(&mut self.b, *f, x) {
-                    Some(y) => V::Vec(y),
-                    None => return Err("vectorize: no inline math function".into()),
-                }
+                V::Vec(self.inline_math(*f, x)?)
             }
             Expr::Call(f, args) if f32 => {
                 let xs = args

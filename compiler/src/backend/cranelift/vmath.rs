@@ -18,13 +18,20 @@
 //!   +-1 in f32), a few ulp.
 //! - `tanh`: Eigen's rational approximation on `[-7.905, 7.905]` (beyond it tanh is
 //!   +-1 in f32), a few ulp; odd, so small arguments keep their relative accuracy.
+//! - `sin`, `cos`: Cephes' `sinf` / `cosf`: `|x| = j pi/4 + r` with `j` even (`|x| 4/pi`
+//!   truncated, rounded up to even) and `r` by three-part Cody-Waite subtraction (exact
+//!   products for `|x| <=` [`SINCOS_MAX`]), the sine or cosine polynomial of `r` by the
+//!   octant, the sign from the octant (and, for sin, `x`). A few ulp up to
+//!   [`SINCOS_MAX`] (sin keeps its relative accuracy near 0); beyond it the products lose
+//!   bits, so callers take libm's `sinf` / `cosf` there (`Gen::guarded_trig`: a branch
+//!   per value or vector, not taken on ordinary arguments). NaN stays NaN.
 //! - `atan`: Cephes' `atanf`: `|x|` above `tan(3 pi / 8)` as `pi/2 + atan(-1/|x|)`,
 //!   above `tan(pi / 8)` as `pi/4 + atan((|x| - 1) / (|x| + 1))` (one division either
 //!   way), then `t + t z P(z)` for `z = t^2`, the sign restored; about 2 ulp over the
 //!   whole range, `atan(+-inf) = +-pi/2`, zeros keep their sign, NaN stays NaN.
 
 use crate::kir::MathFn;
-use cranelift_codegen::ir::condcodes::FloatCC;
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{types, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::FunctionBuilder;
 
@@ -32,7 +39,13 @@ use cranelift_frontend::FunctionBuilder;
 pub fn is_inline(f: MathFn) -> bool {
     matches!(
         f,
-        MathFn::Exp | MathFn::Log | MathFn::Erf | MathFn::Tanh | MathFn::Atan
+        MathFn::Exp
+            | MathFn::Log
+            | MathFn::Erf
+            | MathFn::Tanh
+            | MathFn::Atan
+            | MathFn::Sin
+            | MathFn::Cos
     )
 }
 
@@ -47,6 +60,8 @@ pub fn emit(b: &mut FunctionBuilder, f: MathFn, x: Value) -> Option<Value> {
         MathFn::Erf => m.erf(x),
         MathFn::Tanh => m.tanh(x),
         MathFn::Atan => m.atan(x),
+        MathFn::Sin => m.sincos(x, false),
+        MathFn::Cos => m.sincos(x, true),
         _ => return None,
     })
 }
@@ -122,6 +137,16 @@ pub(super) const TANH_P: [f32; 7] = [
 ];
 pub(super) const TANH_Q: [f32; 4] = [1.198_258_4e-6, 1.185_347_1e-4, 2.268_434_6e-3, 4.893_525e-3];
 pub(super) const TANH_CLAMP: f32 = 7.905_311;
+
+/// The largest `|x|` for which the inline `sin` / `cos` hold their accuracy (Cephes'
+/// `lossth`): `j DP1` and `j DP2` are exact products up to it.
+pub const SINCOS_MAX: f32 = 8192.0;
+/// `pi/4` in three parts (Cephes `DP1`, `DP2`, `DP3`).
+pub(super) const SINCOS_DP: [f32; 3] = [0.785_156_25, 2.418_756_5e-4, 3.774_895e-8];
+/// Cephes `sinf`: `sin(r) = r + r z P(z)`, `z = r^2`, highest power first.
+pub(super) const SIN_P: [f32; 3] = [-1.951_529_6e-4, 8.332_161e-3, -1.666_665_5e-1];
+/// Cephes `cosf`: `cos(r) = 1 - z/2 + z^2 P(z)`, highest power first.
+pub(super) const COS_P: [f32; 3] = [2.443_315_7e-5, -1.388_731_6e-3, 4.166_664_6e-2];
 
 /// Cephes `atanf`: `atan(t) = t + t z P(z)`, `z = t^2`, for `|t| <= tan(pi / 8)`,
 /// highest power first.
@@ -323,6 +348,66 @@ impl M<'_, '_> {
         let r = self.select(neg, nan, r);
         let is_nan = self.b.ins().fcmp(FloatCC::Unordered, x, x);
         self.select(is_nan, x, r)
+    }
+
+    /// `sin(x)` or, with `cos`, `cos(x)`, for `|x| <=` [`SINCOS_MAX`] (see the module
+    /// doc).
+    fn sincos(&mut self, x: Value, cos: bool) -> Value {
+        let a = self.b.ins().fabs(x);
+        let fopi = self.c(std::f32::consts::FRAC_PI_4.recip());
+        let t = self.mul(a, fopi);
+        // j = trunc(|x| 4/pi), rounded up to even (NaN: 0, and r below is NaN).
+        let it = self.ity();
+        let j = self.b.ins().fcvt_to_sint_sat(it, t);
+        let one = self.ci(1);
+        let odd = self.b.ins().band(j, one);
+        let j = self.b.ins().iadd(j, odd);
+        let y = self.b.ins().fcvt_from_sint(self.ty, j);
+        let mut r = a;
+        for dp in SINCOS_DP {
+            let d = self.c(dp);
+            let p = self.mul(y, d);
+            r = self.b.ins().fsub(r, p);
+        }
+        let z = self.mul(r, r);
+        // r + r z P(z).
+        let p = self.poly(z, &SIN_P);
+        let p = self.mul(p, z);
+        let p = self.mul(p, r);
+        let ps = self.add(p, r);
+        // 1 - z/2 + z^2 P(z).
+        let p = self.poly(z, &COS_P);
+        let p = self.mul(p, z);
+        let p = self.mul(p, z);
+        let mhalf = self.c(-0.5);
+        let h = self.mul(z, mhalf);
+        let p = self.add(p, h);
+        let one_f = self.c(1.0);
+        let pc = self.add(p, one_f);
+        // Octant j (even): the other polynomial at j = 2, 6 (mod 8); the sign flips for
+        // sin at j = 4, 6 (and with x's sign), for cos at j = 2, 4.
+        let two = self.ci(2);
+        let q = self.b.ins().band(j, two);
+        let zero_i = self.ci(0);
+        let swap = self.b.ins().icmp(IntCC::NotEqual, q, zero_i);
+        let v = if cos {
+            self.select(swap, ps, pc)
+        } else {
+            self.select(swap, pc, ps)
+        };
+        let js = if cos { self.b.ins().iadd(j, two) } else { j };
+        let sh = self.b.ins().iconst(types::I32, 29);
+        let sign = self.b.ins().ishl(js, sh);
+        let top = self.ci(i32::MIN);
+        let mut sign = self.b.ins().band(sign, top);
+        if !cos {
+            let xb = self.as_int(x);
+            let xs = self.b.ins().band(xb, top);
+            sign = self.b.ins().bxor(sign, xs);
+        }
+        let vb = self.as_int(v);
+        let vb = self.b.ins().bxor(vb, sign);
+        self.as_float(vb)
     }
 
     fn atan(&mut self, x: Value) -> Value {

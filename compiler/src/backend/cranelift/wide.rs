@@ -111,6 +111,9 @@ struct Tr {
     /// (buffer, loop-invariant part of the index) per stream.
     streams: Vec<(BufId, Expr)>,
     unis: Vec<Expr>,
+    /// Arguments of the inline sin and cos, which hold only up to `vmath::SINCOS_MAX`
+    /// (see [`Gen::wide_for`]).
+    trig: Vec<V>,
 }
 
 /// `e` with each variable defined in `defs` replaced by its definition.
@@ -534,6 +537,79 @@ impl Tr {
         self.clamp_fast(y, -1.0, 1.0)
     }
 
+    /// vmath's `sin` / `cos` (for `|x| <= SINCOS_MAX`): the same reduction and
+    /// polynomials, so the same bits; the octant's integer tests as float arithmetic on
+    /// the even integer `j` (exact below 2^22), the sign by negations.
+    fn sincos(&mut self, x: V, cos: bool) -> V {
+        use crate::backend::cranelift::vmath::{COS_P, SINCOS_DP, SIN_P};
+        let a = self.b.push(Inst::Un(x::Un::Abs, x));
+        let fopi = self.b.c(std::f32::consts::FRAC_PI_4.recip());
+        let t = self.b.mul(a, fopi);
+        let j = self.b.push(Inst::Un(x::Un::Trunc, t));
+        // h = j / 2 rounded up: the octant pair; y = 2 h.
+        let half = self.b.c(0.5);
+        let h = self.b.mul(j, half);
+        let h = self.b.push(Inst::Un(x::Un::Ceil, h));
+        let y = self.b.add(h, h);
+        let mut r = a;
+        for dp in SINCOS_DP {
+            let d = self.b.c(dp);
+            let p = self.b.mul(y, d);
+            r = self.b.sub(r, p);
+        }
+        let z = self.b.mul(r, r);
+        let p = self.poly(z, &SIN_P);
+        let p = self.b.mul(p, z);
+        let p = self.b.mul(p, r);
+        let ps = self.b.add(p, r);
+        let p = self.poly(z, &COS_P);
+        let p = self.b.mul(p, z);
+        let p = self.b.mul(p, z);
+        let mhalf = self.b.c(-0.5);
+        let hz = self.b.mul(z, mhalf);
+        let p = self.b.add(p, hz);
+        let one = self.b.c(1.0);
+        let pc = self.b.add(p, one);
+        // q = h mod 4 (j / 2 mod 4 in vmath's integers).
+        let quarter = self.b.c(0.25);
+        let f = self.b.mul(h, quarter);
+        let f = self.b.push(Inst::Un(x::Un::Floor, f));
+        let four = self.b.c(4.0);
+        let f4 = self.b.mul(f, four);
+        let q = self.b.sub(h, f4);
+        let two = self.b.c(2.0);
+        let odd = {
+            let g = self.b.mul(q, half);
+            let g = self.b.push(Inst::Un(x::Un::Floor, g));
+            let g2 = self.b.add(g, g);
+            self.b.sub(q, g2)
+        };
+        let swap = self.b.cmp(x::Cmp::Eq, odd, one);
+        let v = if cos {
+            self.b.select(swap, ps, pc)
+        } else {
+            self.b.select(swap, pc, ps)
+        };
+        let nv = self.b.push(Inst::Un(x::Un::Neg, v));
+        if cos {
+            // Negative in octant pairs 1 and 2.
+            let q1 = self.b.cmp(x::Cmp::Eq, q, one);
+            let q2 = self.b.cmp(x::Cmp::Eq, q, two);
+            let flip = self.b.push(Inst::MOr(q1, q2));
+            self.b.select(flip, nv, v)
+        } else {
+            // Negative in pairs 2 and 3, and again for a negative x; zeros as they are.
+            let upper = self.b.cmp(x::Cmp::Ge, q, two);
+            let v = self.b.select(upper, nv, v);
+            let nv = self.b.push(Inst::Un(x::Un::Neg, v));
+            let zero = self.b.c(0.0);
+            let neg = self.b.cmp(x::Cmp::Lt, x, zero);
+            let v = self.b.select(neg, nv, v);
+            let is_zero = self.b.cmp(x::Cmp::Eq, x, zero);
+            self.b.select(is_zero, x, v)
+        }
+    }
+
     /// vmath's `atan`, operation for operation.
     fn atan(&mut self, x: V) -> V {
         use crate::backend::cranelift::vmath::{ATAN_HI, ATAN_MID, ATAN_P};
@@ -595,15 +671,69 @@ impl Gen<'_, '_> {
         if !self.wide.enabled || extent < MIN_EXTENT {
             return Ok(false);
         }
-        let Some(tr) = self.wide_translate(var, extent, body, plan) else {
+        let Some(mut tr) = self.wide_translate(var, extent, body, plan) else {
             return Ok(false);
         };
+        // Inline sin and cos: one more reduction, the largest magnitude of their
+        // arguments; where it exceeds vmath::SINCOS_MAX (or is NaN), the loop runs again
+        // in 128-bit code, whose sin and cos take libm's for such lanes. Only where a
+        // second run computes the same: no reductions, and no buffer both read and
+        // written (kernels' buffers never overlap in the arena otherwise).
+        let guard = !tr.trig.is_empty();
+        if guard {
+            let stored: Vec<u16> =
+                tr.b.lp
+                    .insts
+                    .iter()
+                    .filter_map(|i| match i {
+                        Inst::Store { s, .. } => Some(*s),
+                        _ => None,
+                    })
+                    .collect();
+            let loaded = tr.b.lp.insts.iter().any(|i| match i {
+                Inst::Load { s, .. } | Inst::Load2 { s, .. } | Inst::LoadS { s, .. } => stored
+                    .iter()
+                    .any(|&w| tr.streams[w as usize].0 == tr.streams[*s as usize].0),
+                _ => false,
+            });
+            if !plan.reds.is_empty() || loaded {
+                return Ok(false);
+            }
+            let mut m = None;
+            for v in tr.trig.clone() {
+                let av = tr.b.push(Inst::Un(x::Un::Abs, v));
+                m = Some(match m {
+                    None => av,
+                    Some(m) => tr.b.bin(x::Bin::Max, m, av),
+                });
+            }
+            let r = tr.b.lp.reds.len();
+            tr.b.lp.reds.push(x::Red::Max);
+            let v = m.expect("a trig argument");
+            tr.b.push(Inst::Reduce { r: r as u16, v });
+        }
         // A body the generator cannot take (too many registers live, say) stays narrow.
         let Some(code) = generate_logged(&self.fname, &tr.b.lp) else {
             return Ok(false);
         };
         let func = self.wide.func(self.module, code, &self.fname)?;
-        self.wide_call(func, &tr.b.lp, &tr.streams, &tr.unis, plan)?;
+        let extra = self.wide_call(func, &tr.b.lp, &tr.streams, &tr.unis, plan, guard)?;
+        if let Some(m) = extra {
+            use crate::backend::cranelift::vmath::SINCOS_MAX;
+            use cranelift_codegen::ir::condcodes::FloatCC;
+            let lim = self.b.ins().f32const(SINCOS_MAX);
+            let ok = self.b.ins().fcmp(FloatCC::LessThanOrEqual, m, lim);
+            let again = self.b.create_block();
+            let done = self.b.create_block();
+            self.b.ins().brif(ok, done, &[], again, &[]);
+            self.b.switch_to_block(again);
+            self.wide.enabled = false;
+            let r = self.serial_loop(var, extent, body);
+            self.wide.enabled = true;
+            r?;
+            self.b.ins().jump(done, &[]);
+            self.b.switch_to_block(done);
+        }
         Ok(true)
     }
 
@@ -651,6 +781,10 @@ impl Gen<'_, '_> {
         let Some(mut tr) = self.wide_translate(*q, *n, inner, &plan) else {
             return Ok(false);
         };
+        // Inline sin and cos need their guard (one row at a time, `wide_for`).
+        if !tr.trig.is_empty() {
+            return Ok(false);
+        }
         let mut steps = Vec::new();
         for (_, key) in tr.streams.iter_mut() {
             let k = inline(key, &defs);
@@ -676,12 +810,14 @@ impl Gen<'_, '_> {
             return Ok(false);
         };
         let func = self.wide.func(self.module, code, &self.fname)?;
-        self.wide_call(func, &tr.b.lp, &tr.streams, &tr.unis, &plan)?;
+        self.wide_call(func, &tr.b.lp, &tr.streams, &tr.unis, &plan, false)?;
         Ok(true)
     }
 
     /// Calls `func` (made for `lp`) with its args block: the streams' base addresses, the
-    /// uniforms, the reductions' starting values; then folds the reductions.
+    /// uniforms, the reductions' starting values; then folds the reductions. With
+    /// `guard`, `lp` has one reduction past the plan's (a maximum from 0), whose result
+    /// it returns.
     fn wide_call(
         &mut self,
         func: FuncId,
@@ -689,7 +825,8 @@ impl Gen<'_, '_> {
         streams: &[(BufId, Expr)],
         unis: &[Expr],
         plan: &Plan,
-    ) -> Result<(), String> {
+        guard: bool,
+    ) -> Result<Option<cranelift_codegen::ir::Value>, String> {
         let lay = lp.layout();
         let ptr = self.module.isa().pointer_type();
         let ss = self.b.create_sized_stack_slot(StackSlotData::new(
@@ -713,6 +850,11 @@ impl Gen<'_, '_> {
             };
             self.b.ins().stack_store(ptr, init, ss, lay.red(r) as i32);
         }
+        let g = plan.reds.len();
+        if guard {
+            let zero = self.b.ins().f32const(0.0);
+            self.b.ins().stack_store(ptr, zero, ss, lay.red(g) as i32);
+        }
         let args = self.b.ins().stack_addr(ptr, ss, 0);
         let fr = self.module.declare_func_in_func(func, self.b.func);
         self.b.ins().call(fr, &[args]);
@@ -726,7 +868,11 @@ impl Gen<'_, '_> {
             let acc = self.combine(red.kind, acc, lane);
             self.b.def_var(self.vars[red.acc], acc);
         }
-        Ok(())
+        Ok(guard.then(|| {
+            self.b
+                .ins()
+                .stack_load(ptr, types::F32, ss, lay.red(g) as i32)
+        }))
     }
 
     fn wide_translate(&self, var: VarId, extent: u64, body: &[Stmt], plan: &Plan) -> Option<Tr> {
@@ -744,6 +890,7 @@ impl Gen<'_, '_> {
             },
             streams: Vec::new(),
             unis: Vec::new(),
+            trig: Vec::new(),
         };
         for s in body {
             match s {
@@ -1102,6 +1249,10 @@ impl Gen<'_, '_> {
                     (MathFn::Tanh, true) => t.rational(v, TANH_CLAMP, &TANH_P, &TANH_Q),
                     (MathFn::Tanh, false) => t.rational_fast(v, TANH_CLAMP, &TANH_P, &TANH_Q),
                     (MathFn::Atan, _) => t.atan(v),
+                    (MathFn::Sin | MathFn::Cos, _) => {
+                        t.trig.push(v);
+                        t.sincos(v, *f == MathFn::Cos)
+                    }
                     _ => return None,
                 }
             }
