@@ -1531,14 +1531,14 @@ fn arg_max_min_in_vector_lanes() {
     }
 }
 
-/// Sin and Cos on f32 compute inline (vmath's Cephes `sinf` / `cosf`) for `|x| <= 8192`,
-/// and take libm's `sinf` / `cosf` for the lanes of a value or vector with a larger
-/// magnitude: within 4 ulp of the reference's f64 values (or, near a zero of the result,
-/// 2^-44 |x|) on every target, exact math or not, over octant bounds, multiples of pi/2, 8191-8193, 1e5, 1e30, `f32::MAX` and
-/// random magnitudes from 1e-6 to 1e4; zeros keep their sign in sin, infinities and NaN
-/// give NaN.
+/// Sin, Cos and Tan on f32 compute inline (vmath's Cephes `sinf` / `cosf`, tan as their
+/// quotient) for `|x| <= 8192`, and take libm's for the lanes of a value or vector with a
+/// larger magnitude: within 4 ulp of the reference's f64 values (or, near a zero of the
+/// result, 2^-44 |x|, times 1 + tan^2 for tan) on every target, exact math or not, over octant bounds, multiples of pi/2, 8191-8193, 1e5, 1e30, `f32::MAX` and
+/// random magnitudes from 1e-6 to 1e4; zeros keep their sign in sin and tan, infinities
+/// and NaN give NaN.
 #[test]
-fn sin_cos_inline() {
+fn sin_cos_tan_inline() {
     let scratch = tempfile::tempdir().unwrap();
     let len = 93usize;
     let pi = std::f32::consts::PI;
@@ -1589,10 +1589,15 @@ fn sin_cos_inline() {
         })
         .collect();
     let mut ran = 0;
-    for (k, (op, x)) in [("Sin", &x), ("Cos", &x), ("Sin", &x2), ("Cos", &x2)]
-        .into_iter()
-        .enumerate()
-    {
+    let cases = [
+        ("Sin", &x),
+        ("Cos", &x),
+        ("Tan", &x),
+        ("Sin", &x2),
+        ("Cos", &x2),
+        ("Tan", &x2),
+    ];
+    for (k, (op, x)) in cases.into_iter().enumerate() {
         let inputs = vec![Tensor::from_vec(&[len], x.clone())];
         let case = graph(
             format!("{op}_inline_{k}"),
@@ -1619,14 +1624,16 @@ fn sin_cos_inline() {
                         // absolute error (its last product's rounding, about 2^-48 |x|);
                         // past 8192, libm's.
                         let near = if xi.abs() <= 8192.0 {
-                            2f32.powi(-44) * xi.abs().max(1.0)
+                            // tan = sin / cos: the cosine's error times 1 + tan^2.
+                            let pole = if op == "Tan" { 1.0 + w * w } else { 1.0 };
+                            2f32.powi(-44) * xi.abs().max(1.0) * pole
                         } else {
                             0.0
                         };
                         let tol = 4.0 * f32::EPSILON * w.abs() + near;
                         let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= tol;
                         assert!(ok, "{what}: x = {xi:?} gives {g:?}, the reference {w:?}");
-                        if xi == 0.0 && op == "Sin" {
+                        if xi == 0.0 && op != "Cos" {
                             assert_eq!(g.to_bits(), xi.to_bits(), "{what}: x = {xi:?} gives {g:?}");
                         }
                     }

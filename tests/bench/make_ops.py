@@ -76,7 +76,7 @@ def main(out):
     save(out, "conv1x1_3_groups", [h.make_node("Conv", ["x", "w"], ["y"], group=3)],
          [("x", [1, 240, 28, 28])], [("y", [1, 240, 28, 28])], [w((240, 80, 1, 1), "w")])
 
-    for op in ["Sin", "Cos", "Atan", "Sign"]:
+    for op in ["Sin", "Cos", "Tan", "Atan", "Sign"]:
         save(out, op.lower(), [h.make_node(op, ["x"], ["y"])], [("x", S)], [("y", S)])
     save(out, "argmax_channels", [h.make_node("ArgMax", ["x"], ["y"], axis=1, keepdims=0)],
          [("x", S)], [("y", [1, 56, 56])], out_type=T.INT64)

@@ -1201,20 +1201,20 @@ impl Gen<'_, '_> {
     /// vmath's inline `f` of an f32 or f32x4 `x`; for sin and cos, guarded
     /// ([`Gen::guarded_trig`]).
     pub(super) fn inline_math(&mut self, f: MathFn, x: Value) -> Result<Value, String> {
-        if matches!(f, MathFn::Sin | MathFn::Cos) {
+        if matches!(f, MathFn::Sin | MathFn::Cos | MathFn::Tan) {
             return self.guarded_trig(f, x);
         }
         crate::backend::cranelift::vmath::emit(&mut self.b, f, x)
             .ok_or_else(|| format!("vmath: no inline {f:?}"))
     }
 
-    /// vmath's inline sin / cos of an f32 or f32x4 `x`, and a branch (taken when some
-    /// `|x|` exceeds `vmath::SINCOS_MAX`, infinities included) to libm's `sinf` /
-    /// `cosf` of each lane instead: the inline reduction loses accuracy there.
+    /// vmath's inline sin / cos / tan of an f32 or f32x4 `x`, and a branch (taken when
+    /// some `|x|` exceeds `vmath::SINCOS_MAX`, infinities included) to libm's `sinf` /
+    /// `cosf` / `tanf` of each lane instead: the inline reduction loses accuracy there.
     fn guarded_trig(&mut self, f: MathFn, x: Value) -> Result<Value, String> {
         use crate::backend::cranelift::vmath::{emit, SINCOS_MAX};
         let ty = self.b.func.dfg.value_type(x);
-        let fast = emit(&mut self.b, f, x).ok_or("vmath: no inline sin/cos")?;
+        let fast = emit(&mut self.b, f, x).ok_or("vmath: no inline sin/cos/tan")?;
         let a = self.b.ins().fabs(x);
         let lim = self.b.ins().f32const(SINCOS_MAX);
         let lim = if ty == types::F32 {

@@ -18,12 +18,12 @@
 //!   +-1 in f32), a few ulp.
 //! - `tanh`: Eigen's rational approximation on `[-7.905, 7.905]` (beyond it tanh is
 //!   +-1 in f32), a few ulp; odd, so small arguments keep their relative accuracy.
-//! - `sin`, `cos`: Cephes' `sinf` / `cosf`: `|x| = j pi/4 + r` with `j` even (`|x| 4/pi`
+//! - `sin`, `cos`, `tan`: Cephes' `sinf` / `cosf` (tan as their quotient): `|x| = j pi/4 + r` with `j` even (`|x| 4/pi`
 //!   truncated, rounded up to even) and `r` by three-part Cody-Waite subtraction (exact
 //!   products for `|x| <=` [`SINCOS_MAX`]), the sine or cosine polynomial of `r` by the
 //!   octant, the sign from the octant (and, for sin, `x`). A few ulp up to
 //!   [`SINCOS_MAX`] (sin keeps its relative accuracy near 0); beyond it the products lose
-//!   bits, so callers take libm's `sinf` / `cosf` there (`Gen::guarded_trig`: a branch
+//!   bits, so callers take libm's `sinf` / `cosf` / `tanf` there (`Gen::guarded_trig`: a branch
 //!   per value or vector, not taken on ordinary arguments). NaN stays NaN.
 //! - `atan`: Cephes' `atanf`: `|x|` above `tan(3 pi / 8)` as `pi/2 + atan(-1/|x|)`,
 //!   above `tan(pi / 8)` as `pi/4 + atan((|x| - 1) / (|x| + 1))` (one division either
@@ -46,6 +46,7 @@ pub fn is_inline(f: MathFn) -> bool {
             | MathFn::Atan
             | MathFn::Sin
             | MathFn::Cos
+            | MathFn::Tan
     )
 }
 
@@ -60,8 +61,7 @@ pub fn emit(b: &mut FunctionBuilder, f: MathFn, x: Value) -> Option<Value> {
         MathFn::Erf => m.erf(x),
         MathFn::Tanh => m.tanh(x),
         MathFn::Atan => m.atan(x),
-        MathFn::Sin => m.sincos(x, false),
-        MathFn::Cos => m.sincos(x, true),
+        MathFn::Sin | MathFn::Cos | MathFn::Tan => m.trig(x, f),
         _ => return None,
     })
 }
@@ -350,9 +350,9 @@ impl M<'_, '_> {
         self.select(is_nan, x, r)
     }
 
-    /// `sin(x)` or, with `cos`, `cos(x)`, for `|x| <=` [`SINCOS_MAX`] (see the module
-    /// doc).
-    fn sincos(&mut self, x: Value, cos: bool) -> Value {
+    /// `f(x)` for `f` sin, cos or tan, for `|x| <=` [`SINCOS_MAX`] (see the module doc).
+    fn trig(&mut self, x: Value, f: MathFn) -> Value {
+        let cos = f == MathFn::Cos;
         let a = self.b.ins().fabs(x);
         let fopi = self.c(std::f32::consts::FRAC_PI_4.recip());
         let t = self.mul(a, fopi);
@@ -390,6 +390,20 @@ impl M<'_, '_> {
         let q = self.b.ins().band(j, two);
         let zero_i = self.ci(0);
         let swap = self.b.ins().icmp(IntCC::NotEqual, q, zero_i);
+        if f == MathFn::Tan {
+            // sin / cos, or -cos / sin in the odd octant pairs; odd in x.
+            let num = self.select(swap, pc, ps);
+            let den = self.select(swap, ps, pc);
+            let t = self.b.ins().fdiv(num, den);
+            let nt = self.b.ins().fneg(t);
+            let t = self.select(swap, nt, t);
+            let top = self.ci(i32::MIN);
+            let xb = self.as_int(x);
+            let xs = self.b.ins().band(xb, top);
+            let tb = self.as_int(t);
+            let tb = self.b.ins().bxor(tb, xs);
+            return self.as_float(tb);
+        }
         let v = if cos {
             self.select(swap, ps, pc)
         } else {

@@ -111,7 +111,7 @@ struct Tr {
     /// (buffer, loop-invariant part of the index) per stream.
     streams: Vec<(BufId, Expr)>,
     unis: Vec<Expr>,
-    /// Arguments of the inline sin and cos, which hold only up to `vmath::SINCOS_MAX`
+    /// Arguments of the inline sin, cos and tan, which hold only up to `vmath::SINCOS_MAX`
     /// (see [`Gen::wide_for`]).
     trig: Vec<V>,
 }
@@ -537,10 +537,11 @@ impl Tr {
         self.clamp_fast(y, -1.0, 1.0)
     }
 
-    /// vmath's `sin` / `cos` (for `|x| <= SINCOS_MAX`): the same reduction and
+    /// vmath's `sin` / `cos` / `tan` (for `|x| <= SINCOS_MAX`): the same reduction and
     /// polynomials, so the same bits; the octant's integer tests as float arithmetic on
     /// the even integer `j` (exact below 2^22), the sign by negations.
-    fn sincos(&mut self, x: V, cos: bool) -> V {
+    fn trig_fn(&mut self, x: V, f: MathFn) -> V {
+        let cos = f == MathFn::Cos;
         use crate::backend::cranelift::vmath::{COS_P, SINCOS_DP, SIN_P};
         let a = self.b.push(Inst::Un(x::Un::Abs, x));
         let fopi = self.b.c(std::f32::consts::FRAC_PI_4.recip());
@@ -572,10 +573,10 @@ impl Tr {
         let pc = self.b.add(p, one);
         // q = h mod 4 (j / 2 mod 4 in vmath's integers).
         let quarter = self.b.c(0.25);
-        let f = self.b.mul(h, quarter);
-        let f = self.b.push(Inst::Un(x::Un::Floor, f));
+        let fl = self.b.mul(h, quarter);
+        let fl = self.b.push(Inst::Un(x::Un::Floor, fl));
         let four = self.b.c(4.0);
-        let f4 = self.b.mul(f, four);
+        let f4 = self.b.mul(fl, four);
         let q = self.b.sub(h, f4);
         let two = self.b.c(2.0);
         let odd = {
@@ -585,6 +586,19 @@ impl Tr {
             self.b.sub(q, g2)
         };
         let swap = self.b.cmp(x::Cmp::Eq, odd, one);
+        let zero = self.b.c(0.0);
+        if f == MathFn::Tan {
+            let num = self.b.select(swap, pc, ps);
+            let den = self.b.select(swap, ps, pc);
+            let t = self.b.bin(x::Bin::Div, num, den);
+            let nt = self.b.push(Inst::Un(x::Un::Neg, t));
+            let t = self.b.select(swap, nt, t);
+            let nt = self.b.push(Inst::Un(x::Un::Neg, t));
+            let neg = self.b.cmp(x::Cmp::Lt, x, zero);
+            let t = self.b.select(neg, nt, t);
+            let is_zero = self.b.cmp(x::Cmp::Eq, x, zero);
+            return self.b.select(is_zero, x, t);
+        }
         let v = if cos {
             self.b.select(swap, ps, pc)
         } else {
@@ -602,7 +616,6 @@ impl Tr {
             let upper = self.b.cmp(x::Cmp::Ge, q, two);
             let v = self.b.select(upper, nv, v);
             let nv = self.b.push(Inst::Un(x::Un::Neg, v));
-            let zero = self.b.c(0.0);
             let neg = self.b.cmp(x::Cmp::Lt, x, zero);
             let v = self.b.select(neg, nv, v);
             let is_zero = self.b.cmp(x::Cmp::Eq, x, zero);
@@ -674,9 +687,9 @@ impl Gen<'_, '_> {
         let Some(mut tr) = self.wide_translate(var, extent, body, plan) else {
             return Ok(false);
         };
-        // Inline sin and cos: one more reduction, the largest magnitude of their
+        // Inline sin, cos and tan: one more reduction, the largest magnitude of their
         // arguments; where it exceeds vmath::SINCOS_MAX (or is NaN), the loop runs again
-        // in 128-bit code, whose sin and cos take libm's for such lanes. Only where a
+        // in 128-bit code, whose sin, cos and tan take libm's for such lanes. Only where a
         // second run computes the same: no reductions, and no buffer both read and
         // written (kernels' buffers never overlap in the arena otherwise).
         let guard = !tr.trig.is_empty();
@@ -781,7 +794,7 @@ impl Gen<'_, '_> {
         let Some(mut tr) = self.wide_translate(*q, *n, inner, &plan) else {
             return Ok(false);
         };
-        // Inline sin and cos need their guard (one row at a time, `wide_for`).
+        // Inline sin, cos and tan need their guard (one row at a time, `wide_for`).
         if !tr.trig.is_empty() {
             return Ok(false);
         }
@@ -1249,9 +1262,9 @@ impl Gen<'_, '_> {
                     (MathFn::Tanh, true) => t.rational(v, TANH_CLAMP, &TANH_P, &TANH_Q),
                     (MathFn::Tanh, false) => t.rational_fast(v, TANH_CLAMP, &TANH_P, &TANH_Q),
                     (MathFn::Atan, _) => t.atan(v),
-                    (MathFn::Sin | MathFn::Cos, _) => {
+                    (MathFn::Sin | MathFn::Cos | MathFn::Tan, _) => {
                         t.trig.push(v);
-                        t.sincos(v, *f == MathFn::Cos)
+                        t.trig_fn(v, *f)
                     }
                     _ => return None,
                 }
