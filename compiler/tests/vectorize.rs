@@ -1588,15 +1588,16 @@ fn sin_cos_tan_inline() {
                 .unwrap_or(x[specials.len() + i % 50])
         })
         .collect();
+    // And only magnitudes the inline code takes (the AVX-512 loop's own results: either
+    // input above has it run again in 128-bit code).
+    let x3: Vec<f32> = x
+        .iter()
+        .map(|&v| if v.abs() <= 8192.0 { v } else { 0.5 })
+        .collect();
     let mut ran = 0;
-    let cases = [
-        ("Sin", &x),
-        ("Cos", &x),
-        ("Tan", &x),
-        ("Sin", &x2),
-        ("Cos", &x2),
-        ("Tan", &x2),
-    ];
+    let cases = ["Sin", "Cos", "Tan"]
+        .into_iter()
+        .flat_map(|op| [(op, &x), (op, &x2), (op, &x3)]);
     for (k, (op, x)) in cases.into_iter().enumerate() {
         let inputs = vec![Tensor::from_vec(&[len], x.clone())];
         let case = graph(
