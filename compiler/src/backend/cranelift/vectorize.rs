@@ -13,7 +13,8 @@
 //!
 //! A loop may also carry f32 reductions (`acc = acc + e`, `max`/`min`, or the NaN-skipping
 //! `e > acc ? e : acc`): four partial accumulators run in an f32x4 and are folded into
-//! `acc` after the vector loop. f32 exp, erf and tanh are inline vector code (vmath.rs).
+//! `acc` after the vector loop. f32 exp, log, erf, tanh, atan, sin, cos and tan are inline
+//! vector code (vmath.rs; sin, cos and tan with a branch to libm past `SINCOS_MAX`).
 
 use super::Gen;
 use crate::kir::{BinOp, BufKind, CmpOp, Expr, Stmt, Ty, UnOp, VarId};

@@ -1,6 +1,7 @@
-//! Inline f32 `exp`, `log`, `erf` and `tanh` for scalars and f32x4 vectors, so vectorised
-//! loops (softmax, GELU, sigmoid, SiLU, tanh, softplus, Mish) do not call libm lane by lane. The same code
-//! serves scalar remainders, so every lane of a loop gets the same answer.
+//! Inline f32 `exp`, `log`, `erf`, `tanh`, `atan`, `sin`, `cos` and `tan` for scalars and
+//! f32x4 vectors, so vectorised loops (softmax, GELU, sigmoid, SiLU, tanh, softplus, Mish,
+//! trigonometry) do not call libm lane by lane. The same code serves scalar remainders, so
+//! every lane of a loop gets the same answer.
 //!
 //! Only plain arithmetic, compare-and-select and integer bit operations are used (no FMA, no
 //! rounding instructions), so the results are identical on every target.
