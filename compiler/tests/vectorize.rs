@@ -977,6 +977,36 @@ fn reference(case: &Case, inputs: &[Tensor], scratch: &std::path::Path) -> Tenso
         .unwrap()
 }
 
+/// `case` on x86_64-avx512, x86_64-sse4 and aarch64-neon (those this CPU runs), exact
+/// math and not, each output within `ulps` of the reference's ([`assert_elements`]; `x`
+/// names a failing element's input) and, with `zeros`, the output of each zero input
+/// that zero, sign included; how many runs there were.
+fn within_ulps_on_targets(
+    case: &Case,
+    inputs: &[Tensor],
+    scratch: &std::path::Path,
+    x: &[f32],
+    (ulps, zeros): (f32, bool),
+) -> usize {
+    let want = reference(case, inputs, scratch).to_f64().unwrap();
+    let targets = ["x86_64-avx512", "x86_64-sse4", "aarch64-neon"];
+    let mut ran = 0;
+    for exact in [true, false] {
+        ran += on_targets(case, inputs, scratch, &targets, exact, |target, got| {
+            let what = format!("{} on {target} (exact {exact})", case.name);
+            assert_elements(&what, x, got, &want, ulps);
+            let got = got.to_f64().unwrap();
+            for (&xi, g) in x.iter().zip(got.iter()) {
+                let g = *g as f32;
+                if zeros && xi == 0.0 {
+                    assert_eq!(g.to_bits(), xi.to_bits(), "{what}: x = {xi:?} gives {g:?}");
+                }
+            }
+        });
+    }
+    ran
+}
+
 /// `case` compiled for each of `targets` this CPU runs and run on `inputs` (the
 /// x86_64-avx512 object must hold an AVX-512 loop), each first output handed to `check`
 /// with its target; how many targets ran.
@@ -1366,22 +1396,8 @@ fn global_max_pool_of_small_planes() {
             &[2, 3, 1, 1],
         );
         let inputs = vec![Tensor::from_vec(&shape, x.clone())];
-        let want = reference(&case, &inputs, scratch.path()).to_f64().unwrap();
         let firsts: Vec<f32> = (0..planes).map(|p| x[p * il]).collect();
-        let targets = ["x86_64-avx512", "x86_64-sse4", "aarch64-neon"];
-        for exact in [true, false] {
-            ran += on_targets(
-                &case,
-                &inputs,
-                scratch.path(),
-                &targets,
-                exact,
-                |target, got| {
-                    let what = format!("{side}x{side} on {target} (exact {exact})");
-                    assert_elements(&what, &firsts, got, &want, 0.0);
-                },
-            );
-        }
+        ran += within_ulps_on_targets(&case, &inputs, scratch.path(), &firsts, (0.0, false));
     }
     if ran == 0 {
         eprintln!("skip: this CPU runs none of the targets");
@@ -1405,7 +1421,6 @@ fn reduce_log_sum_exp_in_f32() {
     x[cols + 7] = f32::NAN;
     x[2 * cols + 30] = f32::INFINITY;
     let inputs = vec![Tensor::from_vec(&[rows, cols], x.clone())];
-    let mut ran = 0;
     let mut n = node("ReduceLogSumExp", &["x"], &["y"]);
     n.attribute = vec![ints_attr("axes", &[-1])];
     let mut case = graph(
@@ -1417,23 +1432,8 @@ fn reduce_log_sum_exp_in_f32() {
     );
     // axes as an attribute: opset 17.
     case.model.opset_import[0].version = Some(17);
-    let want = reference(&case, &inputs, scratch.path()).to_f64().unwrap();
     let firsts: Vec<f32> = (0..rows).map(|r| x[r * cols]).collect();
-    let targets = ["x86_64-avx512", "x86_64-sse4", "aarch64-neon"];
-    for exact in [true, false] {
-        ran += on_targets(
-            &case,
-            &inputs,
-            scratch.path(),
-            &targets,
-            exact,
-            |target, got| {
-                let what = format!("rows on {target} (exact {exact})");
-                assert_elements(&what, &firsts, got, &want, 8.0);
-            },
-        );
-    }
-    if ran == 0 {
+    if within_ulps_on_targets(&case, &inputs, scratch.path(), &firsts, (8.0, false)) == 0 {
         eprintln!("skip: this CPU runs none of the targets");
     }
 }
@@ -1696,28 +1696,7 @@ fn atan_and_sign_inline() {
             vec![node(op, &["x"], &["y"])],
             &[len],
         );
-        let want = reference(&case, &inputs, scratch.path()).to_f64().unwrap();
-        let targets = ["x86_64-avx512", "x86_64-sse4", "aarch64-neon"];
-        for exact in [true, false] {
-            ran += on_targets(
-                &case,
-                &inputs,
-                scratch.path(),
-                &targets,
-                exact,
-                |target, got| {
-                    let what = format!("{op} on {target} (exact {exact})");
-                    assert_elements(&what, &x, got, &want, ulps);
-                    let got = got.to_f64().unwrap();
-                    for (i, &xi) in x.iter().enumerate() {
-                        if xi == 0.0 {
-                            let g = got[i] as f32;
-                            assert_eq!(g.to_bits(), xi.to_bits(), "{what}: x = {xi:?} gives {g:?}");
-                        }
-                    }
-                },
-            );
-        }
+        ran += within_ulps_on_targets(&case, &inputs, scratch.path(), &x, (ulps, true));
     }
     if ran == 0 {
         eprintln!("skip: this CPU runs none of the targets");
