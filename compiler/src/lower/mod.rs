@@ -4,6 +4,7 @@
 
 pub mod alias;
 pub mod bands;
+pub mod collapse;
 pub mod gemm;
 pub mod plan;
 
@@ -325,7 +326,7 @@ pub fn lower(g: &Graph, known: &HashMap<ValueId, Value>) -> Result<Lowered> {
         }
     }
     for k in &mut p.kernels {
-        k.body = unit_leaves(&k.body);
+        k.body = collapse::collapse(&unit_leaves(&k.body));
     }
     let plan = plan::plan(&mut p);
     if let Err(e) = crate::kir::verify::verify_program(&p) {
