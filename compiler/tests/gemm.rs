@@ -547,6 +547,29 @@ fn cases() -> Vec<Case> {
         ],
         &[],
     ));
+    v.push(wino5_case());
+    // Winograd F(2x2, 5x5) with "same" pads on an odd plane (the last tile row and
+    // column one wide), two images, no bias; and uneven pads (output 18 x 17).
+    v.push(one_node(
+        "wino5x5_odd_two_images",
+        "Conv",
+        &[("x", &[2, 6, 19, 15], false), ("w", &[16, 6, 5, 5], true)],
+        &[2, 16, 19, 15],
+        vec![ints_attr("pads", &[2, 2, 2, 2])],
+        &[],
+    ));
+    v.push(one_node(
+        "wino5x5_uneven_pads",
+        "Conv",
+        &[
+            ("x", &[1, 8, 20, 18], false),
+            ("w", &[12, 8, 5, 5], true),
+            ("bias", &[12], true),
+        ],
+        &[1, 12, 18, 17],
+        vec![ints_attr("pads", &[0, 1, 2, 2])],
+        &["Relu"],
+    ));
     // Winograd F(4x4, 3x3) (planes of at least 32 4x4 tiles): a residual block's
     // epilogue on a plane whose last tile row has 3 output rows and last tile column 3
     // columns; two images, no bias and uneven pads with a last tile of 2 rows and 1
@@ -991,6 +1014,20 @@ fn split_cases() -> Vec<Case> {
         vec![ints_attr("pads", &[1, 1, 1, 1])],
         &["Relu"],
     ));
+    // Winograd F(2x2, 5x5) on 14 tile rows, the last of one output row: two halves of
+    // 7, each a parallel task.
+    v.push(one_node(
+        "split_wino5x5_tail",
+        "Conv",
+        &[
+            ("x", &[1, 16, 27, 27], false),
+            ("w", &[32, 16, 5, 5], true),
+            ("bias", &[32], true),
+        ],
+        &[1, 32, 27, 27],
+        vec![ints_attr("pads", &[2, 2, 2, 2])],
+        &["Relu"],
+    ));
     // A max pool separable over whole planes: parts of consecutive planes, each in its
     // own scratch slot, the last part short (99 planes).
     v.push(one_node(
@@ -1272,8 +1309,8 @@ fn pointwise_lanes_panels_threads_x86_64_avx512() {
 
 /// A convolution whose blocks of output rows run in slots, one parallel task each, with
 /// a GEMM inside every task (Cranelift's f32x4 tiles on aarch64), one through padded
-/// planes in runs of panels, on 1-3 threads under qemu, Winograd F(2x2) and F(4x4)
-/// convs (strided stores, GEMMs and transforms in tasks), and depthwise convs in bands
+/// planes in runs of panels, on 1-3 threads under qemu, Winograd F(2x2), F(4x4) and
+/// F(2x2, 5x5) convs (strided stores, GEMMs and transforms in tasks), and depthwise convs in bands
 /// of output rows (f32x4 loops): every run against the reference, threaded runs bit for
 /// bit against the serial.
 #[test]
@@ -1286,7 +1323,7 @@ fn gemm_conv_blocks_threads_aarch64_neon_qemu() {
                 || c.name.starts_with("split_dw_bands")
         })
         .collect();
-    assert_eq!(conv.len(), 10);
+    assert_eq!(conv.len(), 11);
     check_tasks("aarch64-neon", conv, &[1, 2, 3], b"_task0");
 }
 
@@ -1397,6 +1434,55 @@ fn dilated_case() -> Case {
         ],
         &["Relu"],
     )
+}
+
+/// A 96 -> 96 5x5 conv with bias, a residual and Relu on 21x21 ("same" pads): Winograd
+/// F(2x2, 5x5) in blocks of tile rows (11 of them, the last one output row high; 3 to a
+/// block within the budget), its epilogue in the output transform.
+fn wino5_case() -> Case {
+    one_node(
+        "wino5x5_residual_blocks",
+        "Conv",
+        &[
+            ("x", &[1, 96, 21, 21], false),
+            ("w", &[96, 96, 5, 5], true),
+            ("bias", &[96], true),
+        ],
+        &[1, 96, 21, 21],
+        vec![ints_attr("pads", &[2, 2, 2, 2])],
+        &["residual", "Relu"],
+    )
+}
+
+/// The 5x5 conv of [`wino5_case`] runs through Winograd F(2x2, 5x5): 36 transformed
+/// weight matrices, one GEMM over the 96 input channels for each in every block, and no
+/// im2col buffer (the cases above check its values on every target).
+#[test]
+fn conv5x5_runs_through_winograd() {
+    let c = compile_case(&wino5_case(), 0);
+    let names: Vec<&str> = c
+        .lowered
+        .program
+        .buffers
+        .iter()
+        .map(|b| b.name.as_str())
+        .collect();
+    let u = names.iter().filter(|n| n.contains("wino_u")).count();
+    assert_eq!(u, 36, "{names:?}");
+    assert!(!names.iter().any(|n| n.contains("im2col")), "{names:?}");
+    let gemms: Vec<_> = c
+        .lowered
+        .program
+        .kernels
+        .iter()
+        .flat_map(|k| k.body.iter().flat_map(s_gemms))
+        .collect();
+    assert!(
+        !gemms.is_empty() && gemms.len() % 36 == 0,
+        "{} GEMMs",
+        gemms.len()
+    );
+    assert!(gemms.iter().all(|g| g.k == 96 && g.m == 96));
 }
 
 /// The dilated conv of [`dilated_case`] compiles to an undilated one over four phase

@@ -1,9 +1,10 @@
-//! 3x3 stride-1 convolutions by Winograd's minimal filtering F(2x2, 3x3) and F(4x4, 3x3)
-//! (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks", 2016).
+//! 3x3 and 5x5 stride-1 convolutions by Winograd's minimal filtering F(2x2, 3x3),
+//! F(4x4, 3x3) and F(2x2, 5x5) (Lavin and Gray, "Fast Algorithms for Convolutional
+//! Neural Networks", 2016).
 //!
 //! The output is cut into `r x r` tiles (`r` 2 or 4); tile `(th, tw)` reads the `a x a`
-//! input patch at `(r th - ph, r tw - pw)`, `a = r + 2`. With `d` the patch, `g` a 3x3
-//! filter and, for F(2x2, 3x3),
+//! input patch at `(r th - ph, r tw - pw)`, `a = r + k - 1` for a `k x k` filter. With
+//! `d` the patch, `g` the filter and, for F(2x2, 3x3),
 //!
 //! ```text
 //! B^T = [1  0 -1  0]    G = [1    0    0  ]    A^T = [1 1  1  0]
@@ -23,15 +24,28 @@
 //!       [0  4  0 -5  0  1]        [   0     0     1 ]
 //! ```
 //!
+//! or, for F(2x2, 5x5), on the same six points (0, 1, -1, 2, -2 and infinity) and so
+//! with the same `B^T`,
+//!
+//! ```text
+//! G = [ 1/4     0     0     0     0 ]    A^T = [1 1  1 1  1 0]
+//!     [-1/6  -1/6  -1/6  -1/6  -1/6 ]          [0 1 -1 2 -2 1]
+//!     [-1/6   1/6  -1/6   1/6  -1/6 ]
+//!     [1/24  1/12   1/6   1/3   2/3 ]
+//!     [1/24 -1/12   1/6  -1/3   2/3 ]
+//!     [   0     0     0     0     1 ]
+//! ```
+//!
 //! the tile is `Y = A^T [sum over ci of (G g G^T) . (B^T d B)] A`. The sum over input
 //! channels of each of the `a^2` elementwise products is a matrix product, so a conv is
 //! `a^2` GEMMs `M_k[co, t] = U_k[co, ci] V_k[ci, t]` over the tiles `t`, with
 //! `U = G g G^T` computed at compile time: F(2x2) does 16 multiply-adds per tile and
 //! channel pair for 4 outputs instead of 36 (2.25x fewer), F(4x4) 36 for 16 outputs
-//! instead of 144 (4x fewer), plus an input transform (`V = B^T d B`) and an output
-//! transform (`A^T M A`) of additions and multiplications by small constants. F(4x4)'s
-//! larger constants cost accuracy (a relative error of a few 1e-6 against 1e-7), still
-//! far inside the 1e-4 the models are held to.
+//! instead of 144 (4x fewer), F(2x2, 5x5) 36 for 4 instead of 100 (2.8x fewer), plus
+//! an input transform (`V = B^T d B`) and an output transform (`A^T M A`) of additions
+//! and multiplications by small constants. The six-point algorithms' larger constants
+//! cost accuracy (a relative error of a few 1e-6 against 1e-7), still far inside the
+//! 1e-4 the models are held to.
 //!
 //! Per image: the input is copied into zero-padded planes, one plane at a time (so that
 //! no patch needs a bounds test; a parallel job of its own where it is large enough),
@@ -78,16 +92,22 @@ const MIN_TILES: usize = 32;
 /// instead of the tile rows (see [`Split`]).
 const CHANNEL_SPLIT_ROWS: usize = 7;
 
-/// Which Winograd algorithm a conv runs: output tiles of `r x r`, `r` 2 or 4.
+/// Which Winograd algorithm a conv runs: output tiles of `r x r` for a `k x k` filter,
+/// F(2x2, 3x3), F(4x4, 3x3) or F(2x2, 5x5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Wino {
     r: usize,
+    k: usize,
 }
 
 impl Wino {
-    /// Input patch side: `r + 2`.
+    const F2: Wino = Wino { r: 2, k: 3 };
+    const F4: Wino = Wino { r: 4, k: 3 };
+    const F2K5: Wino = Wino { r: 2, k: 5 };
+
+    /// Input patch side: `r + k - 1`.
     fn a(self) -> usize {
-        self.r + 2
+        self.r + self.k - 1
     }
 
     /// The output tiles of an `oh x ow` plane.
@@ -95,8 +115,8 @@ impl Wino {
         oh.div_ceil(self.r) * ow.div_ceil(self.r)
     }
 
-    /// `G`, `a x 3`.
-    fn g(self) -> &'static [[f64; 3]] {
+    /// `G`, `a x k`, row by row.
+    fn g(self) -> Vec<Vec<f64>> {
         const G2: [[f64; 3]; 4] = [
             [1.0, 0.0, 0.0],
             [0.5, 0.5, 0.5],
@@ -111,18 +131,29 @@ impl Wino {
             [1.0 / 24.0, -1.0 / 12.0, 1.0 / 6.0],
             [0.0, 0.0, 1.0],
         ];
-        if self.r == 2 {
-            &G2
-        } else {
-            &G4
+        // F(2x2, 5x5) on F(4x4)'s points (0, 1, -1, 2, -2, infinity): row `j` is
+        // `p_j^i / prod over l != j of (p_j - p_l)`, the last picks the filter's last tap.
+        const G25: [[f64; 5]; 6] = [
+            [0.25, 0.0, 0.0, 0.0, 0.0],
+            [-1.0 / 6.0, -1.0 / 6.0, -1.0 / 6.0, -1.0 / 6.0, -1.0 / 6.0],
+            [-1.0 / 6.0, 1.0 / 6.0, -1.0 / 6.0, 1.0 / 6.0, -1.0 / 6.0],
+            [1.0 / 24.0, 1.0 / 12.0, 1.0 / 6.0, 1.0 / 3.0, 2.0 / 3.0],
+            [1.0 / 24.0, -1.0 / 12.0, 1.0 / 6.0, -1.0 / 3.0, 2.0 / 3.0],
+            [0.0, 0.0, 0.0, 0.0, 1.0],
+        ];
+        match (self.r, self.k) {
+            (2, 3) => G2.iter().map(|r| r.to_vec()).collect(),
+            (4, 3) => G4.iter().map(|r| r.to_vec()).collect(),
+            _ => G25.iter().map(|r| r.to_vec()).collect(),
         }
     }
 
     /// `B^T d` for a column `d` of `a` values, factored so that products share sums.
+    /// `B^T` depends only on the points, so F(4x4, 3x3) and F(2x2, 5x5) share theirs.
     fn bt(self, d: &[Expr]) -> Vec<Expr> {
         let d = |i: usize| d[i].clone();
         let k = |x: f64| Expr::f(x, Ty::F32);
-        if self.r == 2 {
+        if self.a() == 4 {
             return vec![
                 sub(d(0), d(2)),
                 add(d(1), d(2)),
@@ -142,9 +173,19 @@ impl Wino {
         ]
     }
 
-    /// In how many parts the transforms make their rows: F(4x4)'s 36 values do not fit
-    /// in 32 registers at once.
-    fn halves(self) -> usize {
+    /// In how many parts the input transform makes its rows: a 6 x 6 patch's 36 values
+    /// do not fit in 32 registers at once.
+    fn in_halves(self) -> usize {
+        if self.a() == 6 {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// In how many parts the output transform makes its rows: F(4x4)'s 4 x 6 column
+    /// values and 16 outputs in two; F(2x2, 5x5)'s 2 x 6 in one.
+    fn out_halves(self) -> usize {
         if self.r == 4 {
             2
         } else {
@@ -156,8 +197,18 @@ impl Wino {
     fn at(self, m: &[Expr]) -> Vec<Expr> {
         let m = |i: usize| m[i].clone();
         let k = |x: f64| Expr::f(x, Ty::F32);
-        if self.r == 2 {
-            return vec![add(add(m(0), m(1)), m(2)), sub(sub(m(1), m(2)), m(3))];
+        match (self.r, self.a()) {
+            (2, 4) => return vec![add(add(m(0), m(1)), m(2)), sub(sub(m(1), m(2)), m(3))],
+            (2, _) => {
+                // F(2x2, 5x5): rows 0 and 1 of F(4x4)'s A^T with the last column as row 1's.
+                let (s12, d12) = (add(m(1), m(2)), sub(m(1), m(2)));
+                let (s34, d34) = (add(m(3), m(4)), sub(m(3), m(4)));
+                return vec![
+                    add(add(m(0), s12), s34),
+                    add(add(d12, mul(d34, k(2.0))), m(5)),
+                ];
+            }
+            _ => {}
         }
         let (s12, d12) = (add(m(1), m(2)), sub(m(1), m(2)));
         let (s34, d34) = (add(m(3), m(4)), sub(m(3), m(4)));
@@ -170,13 +221,15 @@ impl Wino {
     }
 }
 
-/// Whether a conv runs through [`conv`], and by which algorithm: 3x3, stride 1, no
-/// dilation, non-negative pads, enough tiles ([`MIN_TILES`]) and transformed weights
-/// within [`MAX_WEIGHT_BYTES`]; F(4x4) where it qualifies, else F(2x2). `ONNXC_NO_WINOGRAD` turns both off, `ONNXC_NO_WINOGRAD4` F(4x4) (for
-/// comparisons).
+/// Whether a conv runs through [`conv`], and by which algorithm: 3x3 or 5x5, stride 1,
+/// no dilation, non-negative pads, enough tiles ([`MIN_TILES`]) and transformed weights
+/// within [`MAX_WEIGHT_BYTES`]; a 3x3 in F(4x4) where it qualifies, else F(2x2); a 5x5
+/// in F(2x2, 5x5). `ONNXC_NO_WINOGRAD` turns all off, `ONNXC_NO_WINOGRAD4` F(4x4, 3x3)
+/// (for comparisons).
 pub(super) fn fits(p2: &Plane, c: usize, m: usize) -> Option<Wino> {
-    let shape = p2.kh == 3
-        && p2.kw == 3
+    let k = p2.kh;
+    let shape = (k == 3 || k == 5)
+        && p2.kw == k
         && p2.sh == 1
         && p2.sw == 1
         && p2.dh == 1
@@ -193,29 +246,36 @@ pub(super) fn fits(p2: &Plane, c: usize, m: usize) -> Option<Wino> {
         let tiles = w.tiles(p2.oh, p2.ow);
         tiles >= MIN_TILES && w.a() * w.a() * m * c * 4 <= MAX_WEIGHT_BYTES
     };
-    let f4 = Wino { r: 4 };
-    if qualifies(f4) && std::env::var_os("ONNXC_NO_WINOGRAD4").is_none() {
-        return Some(f4);
+    if k == 5 {
+        return Some(Wino::F2K5).filter(|&w| qualifies(w));
     }
-    Some(Wino { r: 2 }).filter(|&w| qualifies(w))
+    if qualifies(Wino::F4) && std::env::var_os("ONNXC_NO_WINOGRAD4").is_none() {
+        return Some(Wino::F4);
+    }
+    Some(Wino::F2).filter(|&w| qualifies(w))
 }
 
 /// `U_k = G g G^T` for every (co, ci), as `a^2` constant `[m][c]` buffers
 /// (`k = a i + j`), computed in f64 and rounded once; `None` when the weights are not
 /// constant.
 fn weights(lw: &mut LowerCtx, w: &TensorRef, wino: Wino, m: usize, c: usize) -> Option<Vec<usize>> {
-    let vals = super::const_values(w, m * c * 9)?;
+    let kw = wino.k;
+    let vals = super::const_values(w, m * c * kw * kw)?;
     let (g, a) = (wino.g(), wino.a());
     let mut data: Vec<Vec<u8>> = (0..a * a).map(|_| Vec::with_capacity(4 * m * c)).collect();
-    for f in vals.chunks_exact(9) {
-        // gt = G f (a x 3), then u = gt G^T (a x a).
-        let gt: Vec<[f64; 3]> = g
+    for f in vals.chunks_exact(kw * kw) {
+        // gt = G f (a x k), then u = gt G^T (a x a).
+        let gt: Vec<Vec<f64>> = g
             .iter()
-            .map(|gi| std::array::from_fn(|j| (0..3).map(|r| gi[r] * f[r * 3 + j]).sum()))
+            .map(|gi| {
+                (0..kw)
+                    .map(|j| (0..kw).map(|r| gi[r] * f[r * kw + j]).sum())
+                    .collect()
+            })
             .collect();
         for (i, gti) in gt.iter().enumerate() {
             for (j, gj) in g.iter().enumerate() {
-                let u: f64 = (0..3).map(|r| gti[r] * gj[r]).sum();
+                let u: f64 = (0..kw).map(|r| gti[r] * gj[r]).sum();
                 data[i * a + j].extend_from_slice(&(u as f32).to_le_bytes());
             }
         }
@@ -299,7 +359,7 @@ impl Split {
     /// least 4 `c` (each part transforms the whole input, `c` channels).
     fn channels(wino: Wino, (oh, tw): (usize, usize), (c, m): (usize, usize)) -> Option<Split> {
         let th = oh.div_ceil(wino.r);
-        let fits = wino.r == 2 && th % 2 == 1 && th <= CHANNEL_SPLIT_ROWS;
+        let fits = wino == Wino::F2 && th % 2 == 1 && th <= CHANNEL_SPLIT_ROWS;
         if !fits || m % 2 != 0 || 4 * c > m {
             return None;
         }
@@ -518,7 +578,11 @@ pub(super) fn conv(
     // F(4x4) reads its patches from padded rows split into column phases, F(2x2) from
     // plain padded rows.
     let seg = if r == 4 { tw_n + 1 } else { 0 };
-    let (hp, wp) = (r * th_n + 2, if seg > 0 { 4 * seg } else { r * tw_n + 2 });
+    let halo = wino.k - 1;
+    let (hp, wp) = (
+        r * th_n + halo,
+        if seg > 0 { 4 * seg } else { r * tw_n + halo },
+    );
     let pl = hp * wp;
     let ld = |s: &Split| (s.most_rows() * tw_n).div_ceil(16) * 16;
     // The narrow columns' slot (see [`Narrow`]).
@@ -813,10 +877,10 @@ impl Geo<'_> {
             ])
         };
         let mut body = Vec::new();
-        // Columns first: t[i][j] = (B^T d)[i][j], each a local, then V row by row. F(4x4)'s
-        // 36 would not fit in 32 registers: its rows of t are made in two halves, each
-        // half from the columns' loads it needs (d rows 0..5 and 1..6).
-        let halves = self.wino.halves();
+        // Columns first: t[i][j] = (B^T d)[i][j], each a local, then V row by row. A 6 x 6
+        // patch's 36 would not fit in 32 registers: its rows of t are made in two halves,
+        // each half from the columns' loads it needs (d rows 0..5 and 1..6).
+        let halves = self.wino.in_halves();
         for h in 0..halves {
             let is = h * a / halves..(h + 1) * a / halves;
             let t = columns(k, &mut body, a, is.clone(), d, |col| self.wino.bt(col));
@@ -917,7 +981,7 @@ impl Geo<'_> {
         let mut body = Vec::new();
         // Columns first: s[y][j] = (A^T M)[y][j], each a local, then the output row by
         // row; F(4x4)'s in two halves of output rows (as the input transform's).
-        let halves = self.wino.halves();
+        let halves = self.wino.out_halves();
         for h in 0..halves {
             let ys = (h * r / halves).min(out_rows)..((h + 1) * r / halves).min(out_rows);
             let sv = columns(k, &mut body, a, ys.clone(), mv, |col| self.wino.at(col));
@@ -954,8 +1018,7 @@ mod tests {
 
     #[test]
     fn split_halves_the_tile_rows_in_blocks_within_budget() {
-        let f2 = Wino { r: 2 };
-        let f4 = Wino { r: 4 };
+        let (f2, f4) = (Wino::F2, Wino::F4);
         let per_tile = |w: Wino, (c, m): (usize, usize)| w.a() * w.a() * (c + m) * 4;
         // SqueezeNet's 16 -> 64 on 55x55 in F(4x4): 14 tile rows of 14, the last of 3
         // output rows: 7 and 7, each in blocks of 4 and 3 (most 6 in the budget).
