@@ -1602,14 +1602,7 @@ mod lower {
                             m32,
                             Expr::select(cmp(CmpOp::Gt, xj.clone(), v(m32)), xj.clone(), v(m32)),
                         ),
-                        set(
-                            seen,
-                            Expr::bin(
-                                BinOp::Max,
-                                v(seen),
-                                Expr::select(cmp(CmpOp::Eq, xj.clone(), xj), c(1.0), c(0.0)),
-                            ),
-                        ),
+                        crate::kir::build::raise_flag(seen, cmp(CmpOp::Eq, xj.clone(), xj)),
                     ],
                 },
                 store(

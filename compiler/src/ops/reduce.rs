@@ -1008,10 +1008,7 @@ mod lower {
                                 acc,
                                 Expr::select(cmp(op, e.clone(), a.clone()), e.clone(), a.clone()),
                             ),
-                            set(
-                                mx,
-                                bin(BinOp::Max, v(mx), Expr::select(is_nan(e), c(1.0), c(0.0))),
-                            ),
+                            raise_flag(mx, is_nan(e)),
                         ]
                     });
                 }
@@ -1257,14 +1254,7 @@ mod lower {
                         m,
                         Expr::select(cmp(better, xj.clone(), v(m)), xj.clone(), v(m)),
                     ),
-                    set(
-                        nan,
-                        bin(
-                            BinOp::Max,
-                            v(nan),
-                            Expr::select(is_nan(xj.clone()), c(1.0), c(0.0)),
-                        ),
-                    ),
+                    raise_flag(nan, is_nan(xj.clone())),
                 ],
             ),
             Stmt::If {
