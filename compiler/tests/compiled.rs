@@ -516,3 +516,121 @@ fn bench_profile_runs_every_kernel_in_order() {
         / scale;
     assert!(err < 1e-4, "kernel-by-kernel outputs off by {err:.2e}");
 }
+
+/// TopK on long lanes (the outputs kept sorted while the lane is read, elements
+/// inserted among them) against the reference evaluator, values bit for bit and indices
+/// exactly, on the host and on aarch64 under qemu: f32 rows of 300 with many ties, NaNs,
+/// a row of equal values, rows in ascending and descending order (every element
+/// inserted, or none after the first k), signed zeros and infinities; k = 1, 7 and the
+/// whole lane (a full sort), largest and smallest; a layout with the axis in the middle
+/// (lanes 4 apart); and int64 rows.
+#[test]
+fn topk_on_long_lanes_matches_the_reference() {
+    use common::{i64_tensor, int_attr, model, node, value_info};
+    use onnxc::ir::Tensor;
+    use onnxc::onnx::proto::tensor_proto::DataType;
+    use onnxc::onnx::proto::GraphProto;
+    let scratch = tempfile::tempdir().unwrap();
+    let n = 300usize;
+    let mut x = Vec::with_capacity(6 * n);
+    let mut s = 12345u64;
+    for row in 0..6 {
+        for e in 0..n {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let r = ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
+            x.push(match row {
+                0 => (r * 8.0).round() / 8.0,
+                1 if e % 37 == 5 => f32::NAN,
+                1 => (r * 4.0).round() / 4.0,
+                2 => 0.5,
+                3 => e as f32 * 0.25 - 10.0,
+                4 => 50.0 - e as f32 * 0.5,
+                _ => match e % 5 {
+                    0 => 0.0,
+                    1 => -0.0,
+                    2 => f32::INFINITY,
+                    3 => f32::NEG_INFINITY,
+                    _ => r,
+                },
+            });
+        }
+    }
+    let xi: Vec<i64> = x
+        .iter()
+        .map(|v| if v.is_finite() { (v * 8.0) as i64 } else { 7 })
+        .collect();
+    // (name, input, shape, axis, k, largest)
+    let mut cases: Vec<(String, Tensor, Vec<usize>, i64, usize, i64)> = Vec::new();
+    for k in [1, 7, n] {
+        for largest in [1, 0] {
+            let t = Tensor::from_vec(&[6, n], x.clone());
+            cases.push((
+                format!("rows_k{k}_l{largest}"),
+                t,
+                vec![6, n],
+                -1,
+                k,
+                largest,
+            ));
+        }
+    }
+    let lanes = Tensor::from_vec(&[3, 150, 4], x[..1800].to_vec());
+    cases.push(("lanes_k6".into(), lanes, vec![3, 150, 4], 1, 6, 1));
+    let ints = Tensor::from_vec(&[6, n], xi);
+    cases.push(("int64_k9".into(), ints, vec![6, n], 1, 9, 0));
+    let mut ran = 0;
+    for target in ["host", "aarch64-neon"] {
+        for (name, input, shape, axis, k, largest) in &cases {
+            let float = !name.starts_with("int");
+            let elem = if float {
+                DataType::Float
+            } else {
+                DataType::Int64
+            };
+            let ax = axis.rem_euclid(shape.len() as i64) as usize;
+            let mut out: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+            out[ax] = *k as i64;
+            let mut nd = node("TopK", &["x", "k"], &["y", "i"]);
+            nd.attribute = vec![int_attr("axis", *axis), int_attr("largest", *largest)];
+            let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+            let g = GraphProto {
+                name: Some(name.clone()),
+                node: vec![nd],
+                input: vec![value_info("x", elem, &dims)],
+                output: vec![
+                    value_info("y", elem, &out),
+                    value_info("i", DataType::Int64, &out),
+                ],
+                initializer: vec![i64_tensor("k", &[*k as i64])],
+                ..Default::default()
+            };
+            let path = common::write_model(scratch.path(), &format!("{name}.onnx"), &model(g));
+            let m = onnx::load(&path).unwrap();
+            let inputs = vec![Value::Tensor(input.clone())];
+            let want = eval::run(&m.graph, inputs.clone()).unwrap();
+            let opts = Options {
+                target: target.into(),
+                ..Options::default()
+            };
+            let c = onnxc::driver::compile_graph(m.graph, "model", &opts)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let dir = scratch.path().join(format!("{name}_{target}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            let got = runner::run_compiled(&c, &inputs, &dir)
+                .unwrap_or_else(|e| panic!("{name} on {target}: {e}"));
+            for (o, (g, w)) in got.iter().zip(&want).enumerate() {
+                let bits = |v: &Value| -> Vec<u64> {
+                    let t = v.as_tensor().unwrap().to_f64().unwrap();
+                    t.iter()
+                        .map(|x| if x.is_nan() { u64::MAX } else { x.to_bits() })
+                        .collect()
+                };
+                assert_eq!(bits(g), bits(w), "{name} output {o} on {target}");
+            }
+            ran += 1;
+        }
+    }
+    assert_eq!(ran, 2 * cases.len());
+}

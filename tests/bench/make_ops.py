@@ -26,7 +26,7 @@ def save(out, name, nodes, ins, outs, inits=(), opset=17, out_type=T.FLOAT):
     g = h.make_graph(
         nodes, name,
         [h.make_tensor_value_info(n, T.FLOAT, s) for n, s in ins],
-        [h.make_tensor_value_info(n, out_type, s) for n, s in outs],
+        [h.make_tensor_value_info(o[0], o[2] if len(o) > 2 else out_type, o[1]) for o in outs],
         list(inits),
     )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
@@ -86,6 +86,10 @@ def main(out):
          [("x", [1, 512, 7, 7])], [("y", [1, 512, 1, 1])])
     save(out, "reducelogsumexp_last", [h.make_node("ReduceLogSumExp", ["x"], ["y"], axes=[-1])],
          [("x", [128, 1000])], [("y", [128, 1])])
+    # Top-5 of 1000 classes (per row of a batch of 128).
+    save(out, "topk_1000", [h.make_node("TopK", ["x", "k"], ["y", "i"])],
+         [("x", [128, 1000])], [("y", [128, 5]), ("i", [128, 5], T.INT64)],
+         [nh.from_array(np.array([5], dtype=np.int64), "k")])
 
 
 if __name__ == "__main__":

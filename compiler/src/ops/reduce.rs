@@ -1803,8 +1803,18 @@ mod lower {
     }
 
     // -----------------------------------------------------------------------------------
-    // TopK (constant k): each element's rank in its lane decides where it goes.
+    // TopK (constant k): insertion into the sorted output rows.
 
+    /// Each lane's `k` outputs are kept sorted while its elements are read in order: an
+    /// element that comes before the `k`-th kept one (or any, while fewer than `k` are
+    /// kept) goes in after the kept ones it does not come before, those past it moving
+    /// down one. Elements are read by increasing index, so an element comes before a
+    /// kept one only by value (larger, or smaller for `largest = 0`; NaN above every
+    /// number, as the reference orders them), never by a tie: equal values keep index
+    /// order. One comparison per element that is not kept; `n k` steps at worst (a lane
+    /// in sorted order). The rank of every element counted against every other (the
+    /// lowering before) was `n^2` always: 128 lanes of 1000, k = 5, took 437 ms against
+    /// ONNX Runtime's 0.19.
     fn topk(lw: &mut LowerCtx) -> OpResult<()> {
         let x = lw.input(0)?.clone();
         let rank = x.shape.len();
@@ -1823,83 +1833,128 @@ mod lower {
         ensure!(kk >= 0 && kk as usize <= n, "k = {kk} is out of range");
         let kk = kk as usize;
         let (vals, idxs): (TensorRef, TensorRef) = (lw.outputs[0].clone(), lw.outputs[1].clone());
-        let t = x.ty().compute();
-        let float = t.is_float();
+        let float = x.ty().compute().is_float();
         let mut k = lw.kernel("");
+        if kk == 0 {
+            lw.push(k);
+            return Ok(());
+        }
         let body = nest(&mut k, &[outer, inner], |k, lv| {
             let (o, i) = (lv[0], lv[1]);
-            let p = k.var(Ty::I64);
-            let q = k.var(Ty::I64);
-            let cnt = k.var(Ty::I64);
-            let at = |j: Expr| {
-                Expr::load(
-                    x.buf,
-                    index(&[o, i], &[n * inner, 1]).add_term(Expr::mul(j, Expr::Int(inner as i64))),
-                )
-            };
-            let (xq, xp) = (at(v(q)), at(v(p)));
-            // q comes before p in the sorted lane.
-            let strict = if largest {
-                cmp(CmpOp::Gt, xq.clone(), xp.clone())
-            } else {
-                cmp(CmpOp::Lt, xq.clone(), xp.clone())
-            };
-            let mut eq = cmp(CmpOp::Eq, xq.clone(), xp.clone());
-            let mut before = strict;
-            if float {
-                let (nq, np) = (is_nan(xq.clone()), is_nan(xp.clone()));
-                let nan_order = if largest {
-                    bin(
-                        BinOp::And,
-                        nq.clone(),
-                        bin(BinOp::Xor, np.clone(), u8c(true)),
-                    )
-                } else {
-                    bin(
-                        BinOp::And,
-                        np.clone(),
-                        bin(BinOp::Xor, nq.clone(), u8c(true)),
-                    )
-                };
-                before = bin(BinOp::Or, before, nan_order);
-                eq = bin(BinOp::Or, eq, bin(BinOp::And, nq, np));
-            }
-            let before = bin(
-                BinOp::Or,
-                before,
-                bin(BinOp::And, eq, cmp(CmpOp::Lt, v(q), v(p))),
+            let (j, r, kept, pos) = (
+                k.var(Ty::I64),
+                k.var(Ty::I64),
+                k.var(Ty::I64),
+                k.var(Ty::I64),
+            );
+            let e = Expr::load(
+                x.buf,
+                index(&[o, i], &[n * inner, 1]).add_term(Expr::mul(v(j), Expr::Int(inner as i64))),
             );
             let opos = |r: Expr| {
                 index(&[o, i], &[kk * inner, 1]).add_term(Expr::mul(r, Expr::Int(inner as i64)))
             };
-            vec![for_(
-                p,
-                n,
-                vec![
-                    set(cnt, Expr::Int(0)),
-                    for_(
-                        q,
-                        n,
-                        vec![set(cnt, Expr::add(v(cnt), Expr::cast(Ty::I64, before)))],
+            let kept_at = |r: Expr| Expr::load(vals.buf, opos(r));
+            let not = |c: Expr| bin(BinOp::Xor, c, u8c(true));
+            // `a` comes before `b` by value.
+            let before = |a: Expr, b: Expr| {
+                let op = if largest { CmpOp::Gt } else { CmpOp::Lt };
+                let strict = cmp(op, a.clone(), b.clone());
+                if !float {
+                    return strict;
+                }
+                let (na, nb) = (is_nan(a), is_nan(b));
+                let nan_order = if largest {
+                    bin(BinOp::And, na, bin(BinOp::Xor, nb, u8c(true)))
+                } else {
+                    bin(BinOp::And, nb, bin(BinOp::Xor, na, u8c(true)))
+                };
+                bin(BinOp::Or, strict, nan_order)
+            };
+            let k64 = Expr::Int(kk as i64);
+            let room = cmp(CmpOp::Lt, v(kept), k64.clone());
+            let last = kept_at(Expr::Int(kk as i64 - 1));
+            let takes = bin(BinOp::Or, room.clone(), before(e.clone(), last.clone()));
+            // First a looser test of one comparison, true also where either is NaN (the
+            // NaN order is only then worked out): most elements of a long lane fail it.
+            let loose = if float {
+                let op = if largest { CmpOp::Le } else { CmpOp::Ge };
+                bin(BinOp::Or, room, not(cmp(op, e.clone(), last)))
+            } else {
+                takes.clone()
+            };
+            // Its place: the kept ones it does not come before (a prefix).
+            let place = for_(
+                r,
+                kk,
+                vec![set(
+                    pos,
+                    Expr::add(
+                        v(pos),
+                        Expr::cast(
+                            Ty::I64,
+                            bin(
+                                BinOp::And,
+                                cmp(CmpOp::Lt, v(r), v(kept)),
+                                not(before(e.clone(), kept_at(v(r)))),
+                            ),
+                        ),
                     ),
-                    Stmt::If {
-                        cond: cmp(CmpOp::Lt, v(cnt), Expr::Int(kk as i64)),
-                        then: vec![
-                            Stmt::Store {
-                                buf: vals.buf,
-                                index: opos(v(cnt)),
-                                value: xp.clone(),
-                            },
-                            Stmt::Store {
-                                buf: idxs.buf,
-                                index: opos(v(cnt)),
-                                value: v(p),
-                            },
-                        ],
-                        els: vec![],
-                    },
-                ],
-            )]
+                )],
+            );
+            // Kept ones from `pos` move down one, the last first: position `k - 2 - r`.
+            let from = bin(BinOp::Sub, Expr::Int(kk as i64 - 2), v(r));
+            let shift = for_(
+                r,
+                kk - 1,
+                vec![iff(
+                    bin(
+                        BinOp::And,
+                        cmp(CmpOp::Ge, from.clone(), v(pos)),
+                        cmp(CmpOp::Lt, from.clone(), v(kept)),
+                    ),
+                    vec![
+                        store(
+                            vals.buf,
+                            opos(Expr::add(from.clone(), Expr::Int(1))),
+                            kept_at(from.clone()),
+                        ),
+                        store(
+                            idxs.buf,
+                            opos(Expr::add(from.clone(), Expr::Int(1))),
+                            Expr::load(idxs.buf, opos(from.clone())),
+                        ),
+                    ],
+                )],
+            );
+            vec![
+                set(kept, Expr::Int(0)),
+                for_(
+                    j,
+                    n,
+                    vec![iff(
+                        loose,
+                        vec![iff(
+                            takes,
+                            vec![
+                                set(pos, Expr::Int(0)),
+                                place,
+                                shift,
+                                store(vals.buf, opos(v(pos)), e.clone()),
+                                store(idxs.buf, opos(v(pos)), v(j)),
+                                set(
+                                    kept,
+                                    Expr::select(
+                                        cmp(CmpOp::Lt, v(kept), k64.clone()),
+                                        Expr::add(v(kept), Expr::Int(1)),
+                                        v(kept),
+                                    ),
+                                ),
+                            ],
+                        )],
+                    )],
+                ),
+            ]
         });
         k.body = body;
         lw.push(k);
