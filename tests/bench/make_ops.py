@@ -86,6 +86,10 @@ def main(out):
          [("x", [1, 512, 7, 7])], [("y", [1, 512, 1, 1])])
     save(out, "reducelogsumexp_last", [h.make_node("ReduceLogSumExp", ["x"], ["y"], axes=[-1])],
          [("x", [128, 1000])], [("y", [128, 1])])
+    # A BatchNormalization no conv folds (DenseNet's, after a Concat).
+    save(out, "batchnorm", [h.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"])],
+         [("x", S)], [("y", S)],
+         [nh.from_array((rng.random(64) + 0.5).astype(np.float32), n) for n in "sbmv"])
     # Top-5 of 1000 classes (per row of a batch of 128).
     save(out, "topk_1000", [h.make_node("TopK", ["x", "k"], ["y", "i"])],
          [("x", [128, 1000])], [("y", [128, 5]), ("i", [128, 5], T.INT64)],

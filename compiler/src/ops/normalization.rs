@@ -363,7 +363,7 @@ fn mvn(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
 mod lower {
     use super::{eps, stash_dtype};
     use crate::ensure;
-    use crate::ir::OpResult;
+    use crate::ir::{DType, OpResult, Tensor};
     use crate::kir::build::*;
     use crate::kir::{BinOp, CmpOp, Expr, Kernel, MathFn, Stmt, Ty, UnOp, VarId};
     use crate::ops::lowering::{broadcast_strides, index, strides, LowerCtx, TensorRef};
@@ -544,9 +544,53 @@ mod lower {
             .map(|i| lw.input(i).cloned())
             .collect::<OpResult<_>>()?;
         let outs = lw.outputs.clone();
+        // Inference in f32 with a constant scale and variance: `(x - mean) * a + bias`
+        // in f32, `a = scale / sqrt(var + eps)` per channel computed at compile time in
+        // f64 (one f32 constant). The general form divides by a square root in f64 per
+        // element: a standalone BatchNormalization (one not folded into a conv: after a
+        // Concat or an Add, as in DenseNet) of 64 x 56 x 56 took 0.42 ms against ONNX
+        // Runtime's 0.06.
+        let all_f32 = std::iter::once(&x)
+            .chain(&ins)
+            .chain(outs.first())
+            .all(|t| t.dtype == DType::F32);
+        let factor = match (lw.const_input(1), lw.const_input(4)) {
+            (Ok(sc), Ok(var)) if !training && all_f32 => sc.to_f64().zip(var.to_f64()),
+            _ => None,
+        };
+        let factor = match factor {
+            Some((sc, var)) => {
+                let at = |a: &ndarray::ArrayD<f64>, ch: usize| {
+                    a.iter().nth(if a.len() == 1 { 0 } else { ch }).copied()
+                };
+                let a: Option<Vec<f32>> = (0..c)
+                    .map(|ch| Some((at(&sc, ch)? / (at(&var, ch)? + eps).sqrt()) as f32))
+                    .collect();
+                match a {
+                    Some(a) => Some(lw.constant("bn_factor", &Tensor::from_vec(&[c], a))?),
+                    None => None,
+                }
+            }
+            None => None,
+        };
         let mut k = lw.kernel("");
         let shape = [n, c, sp];
         let view = View::new(&mut k, &shape, if training { &[0, 2] } else { &[] });
+        if let Some(a) = factor {
+            let p32 = |buf: usize, ps: &[usize]| Expr::load(buf, view.pidx(ps));
+            let xf = Expr::load(x.buf, view.idx());
+            let y = add(
+                mul(
+                    sub(xf, p32(ins[2].buf, &ch_shape(&ins[2], c, 3)?)),
+                    p32(a, &[1, c, 1]),
+                ),
+                p32(ins[1].buf, &ch_shape(&ins[1], c, 3)?),
+            );
+            let body = view.over_red(vec![store(&outs[0], view.idx(), y)]);
+            view.finish(&mut k, body);
+            lw.push(k);
+            return Ok(());
+        }
         let pss: Vec<Vec<usize>> = ins
             .iter()
             .map(|t| ch_shape(t, c, 3))
