@@ -634,3 +634,117 @@ fn topk_on_long_lanes_matches_the_reference() {
     }
     assert_eq!(ran, 2 * cases.len());
 }
+
+/// Pad in reflect, edge and wrap modes with constant pads: the interior copied by a loop
+/// nest and only the border positions through index tables (the output less the input),
+/// bit for bit the reference's on the host and on aarch64 under qemu; pads on the
+/// batch and channel axes too, a rank-3 input, and pads that crop (negative: all through
+/// the tables, no interior kernel).
+#[test]
+fn pad_modes_copy_the_interior_and_tabulate_the_borders() {
+    use common::{i64_tensor, model, node, value_info};
+    use onnxc::ir::Tensor;
+    use onnxc::onnx::proto::tensor_proto::DataType;
+    use onnxc::onnx::proto::{AttributeProto, GraphProto};
+    let scratch = tempfile::tempdir().unwrap();
+    // (mode, opset, input shape, pads, output shape)
+    type PadCase = (&'static str, i64, Vec<usize>, Vec<i64>, Vec<usize>);
+    let cases: [PadCase; 5] = [
+        (
+            "reflect",
+            18,
+            vec![1, 6, 11, 10],
+            vec![0, 0, 1, 1, 0, 0, 1, 1],
+            vec![1, 6, 13, 12],
+        ),
+        (
+            "edge",
+            18,
+            vec![2, 3, 7, 9],
+            vec![0, 1, 2, 3, 1, 0, 1, 2],
+            vec![3, 4, 10, 14],
+        ),
+        (
+            "wrap",
+            19,
+            vec![1, 4, 6, 5],
+            vec![0, 0, 2, 1, 0, 0, 1, 3],
+            vec![1, 4, 9, 9],
+        ),
+        (
+            "reflect",
+            18,
+            vec![5, 8, 9],
+            vec![1, 0, 2, 2, 3, 1],
+            vec![8, 11, 12],
+        ),
+        (
+            "reflect",
+            18,
+            vec![2, 3, 7, 9],
+            vec![0, 0, -1, 2, 0, 0, 1, -2],
+            vec![2, 3, 7, 9],
+        ),
+    ];
+    let mut ran = 0;
+    for target in ["host", "aarch64-neon"] {
+        for (ci, (mode, opset, shape, pads, out)) in cases.iter().enumerate() {
+            let name = format!("pad_{mode}_{ci}");
+            let mut nd = node("Pad", &["x", "p"], &["y"]);
+            nd.attribute = vec![AttributeProto {
+                name: Some("mode".into()),
+                r#type: Some(3),
+                s: Some(mode.as_bytes().to_vec()),
+                ..Default::default()
+            }];
+            let d = |s: &[usize]| s.iter().map(|&v| v as i64).collect::<Vec<i64>>();
+            let g = GraphProto {
+                name: Some(name.clone()),
+                node: vec![nd],
+                input: vec![value_info("x", DataType::Float, &d(shape))],
+                output: vec![value_info("y", DataType::Float, &d(out))],
+                initializer: vec![i64_tensor("p", pads)],
+                ..Default::default()
+            };
+            let mut m = model(g);
+            m.opset_import[0].version = Some(*opset);
+            let path = common::write_model(scratch.path(), &format!("{name}.onnx"), &m);
+            let m = onnx::load(&path).unwrap();
+            let len: usize = shape.iter().product();
+            let x: Vec<f32> = (0..len).map(|i| i as f32 * 0.5 - 7.0).collect();
+            let inputs = vec![Value::Tensor(Tensor::from_vec(shape, x))];
+            let want = eval::run(&m.graph, inputs.clone()).unwrap();
+            let opts = Options {
+                target: target.into(),
+                ..Options::default()
+            };
+            let c = onnxc::driver::compile_graph(m.graph, "model", &opts)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let crops = pads.iter().any(|&p| p < 0);
+            let interior = c
+                .lowered
+                .program
+                .kernels
+                .iter()
+                .any(|k| k.name.ends_with("/interior"));
+            assert_eq!(interior, !crops, "{name}: interior kernel");
+            let out_len: u64 = out.iter().product::<usize>() as u64;
+            for b in &c.lowered.program.buffers {
+                if b.name.ends_with("/pos") && !crops {
+                    assert_eq!(b.len, out_len - len as u64, "{name}: not the borders alone");
+                }
+            }
+            let dir = scratch.path().join(format!("{name}_{target}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            let got = runner::run_compiled(&c, &inputs, &dir)
+                .unwrap_or_else(|e| panic!("{name} on {target}: {e}"));
+            let bits = |v: &Value| -> Vec<u64> {
+                let t = v.as_tensor().unwrap().to_f64().unwrap();
+                t.iter().map(|x| x.to_bits()).collect()
+            };
+            assert_eq!(bits(&got[0]), bits(&want[0]), "{name} on {target}");
+            ran += 1;
+        }
+    }
+    assert_eq!(ran, 10);
+}

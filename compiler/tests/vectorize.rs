@@ -991,19 +991,32 @@ fn within_ulps_on_targets(
     (ulps, zeros): (f32, bool),
 ) -> usize {
     let want = reference(case, inputs, scratch).to_f64().unwrap();
+    on_every_target(case, inputs, scratch, |target, exact, got| {
+        let what = format!("{} on {target} (exact {exact})", case.name);
+        assert_elements(&what, x, got, &want, ulps);
+        let got = got.to_f64().unwrap();
+        for (&xi, g) in x.iter().zip(got.iter()) {
+            let g = *g as f32;
+            if zeros && xi == 0.0 {
+                assert_eq!(g.to_bits(), xi.to_bits(), "{what}: x = {xi:?} gives {g:?}");
+            }
+        }
+    })
+}
+
+/// [`on_targets`] on x86_64-avx512, x86_64-sse4 and aarch64-neon, exact math and not:
+/// `check(target, exact, output)`; how many runs there were.
+fn on_every_target(
+    case: &Case,
+    inputs: &[Tensor],
+    scratch: &std::path::Path,
+    mut check: impl FnMut(&str, bool, &Tensor),
+) -> usize {
     let targets = ["x86_64-avx512", "x86_64-sse4", "aarch64-neon"];
     let mut ran = 0;
     for exact in [true, false] {
         ran += on_targets(case, inputs, scratch, &targets, exact, |target, got| {
-            let what = format!("{} on {target} (exact {exact})", case.name);
-            assert_elements(&what, x, got, &want, ulps);
-            let got = got.to_f64().unwrap();
-            for (&xi, g) in x.iter().zip(got.iter()) {
-                let g = *g as f32;
-                if zeros && xi == 0.0 {
-                    assert_eq!(g.to_bits(), xi.to_bits(), "{what}: x = {xi:?} gives {g:?}");
-                }
-            }
+            check(target, exact, got)
         });
     }
     ran
@@ -1873,28 +1886,17 @@ fn batch_norm_with_constant_statistics() {
     let inputs = inputs_of(&case, 5);
     let want = reference(&case, &inputs, scratch.path()).to_f64().unwrap();
     let top = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-    let targets = ["x86_64-avx512", "x86_64-sse4", "aarch64-neon"];
-    let mut ran = 0;
-    for exact in [true, false] {
-        ran += on_targets(
-            &case,
-            &inputs,
-            scratch.path(),
-            &targets,
-            exact,
-            |target, got| {
-                let got = got.to_f64().unwrap();
-                let err = got
-                    .iter()
-                    .zip(want.iter())
-                    .map(|(g, w)| (g - w).abs())
-                    .fold(0.0, f64::max);
-                assert!(
-                    err <= 4e-7 * top,
-                    "BatchNormalization on {target} (exact {exact}): error {err:e} of {top}"
-                );
-            },
+    let ran = on_every_target(&case, &inputs, scratch.path(), |target, exact, got| {
+        let got = got.to_f64().unwrap();
+        let err = got
+            .iter()
+            .zip(want.iter())
+            .map(|(g, w)| (g - w).abs())
+            .fold(0.0, f64::max);
+        assert!(
+            err <= 4e-7 * top,
+            "BatchNormalization on {target} (exact {exact}): error {err:e} of {top}"
         );
-    }
+    });
     assert!(ran > 0, "this CPU runs none of the targets");
 }

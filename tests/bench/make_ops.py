@@ -90,6 +90,10 @@ def main(out):
     save(out, "batchnorm", [h.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"])],
          [("x", S)], [("y", S)],
          [nh.from_array((rng.random(64) + 0.5).astype(np.float32), n) for n in "sbmv"])
+    # A reflect pad of one (before a 3x3 conv in style-transfer and super-resolution nets).
+    save(out, "pad_reflect", [h.make_node("Pad", ["x", "p"], ["y"], mode="reflect")],
+         [("x", S)], [("y", [1, 64, 58, 58])],
+         [nh.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], dtype=np.int64), "p")])
     # Top-5 of 1000 classes (per row of a batch of 128).
     save(out, "topk_1000", [h.make_node("TopK", ["x", "k"], ["y", "i"])],
          [("x", [128, 1000])], [("y", [128, 5]), ("i", [128, 5], T.INT64)],

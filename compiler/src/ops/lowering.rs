@@ -503,6 +503,20 @@ pub fn lower_by_index_map(
     replace: &[(usize, Tensor)],
     fill: Option<Expr>,
 ) -> OpResult<()> {
+    lower_by_index_map_at(lw, eval, data_inputs, replace, fill, &|_| true)
+}
+
+/// [`lower_by_index_map`] for the output positions `keep` accepts (of the first
+/// output, flat); another kernel writes the others (Pad's interior, see `pad` in
+/// `ops/shape.rs`).
+pub fn lower_by_index_map_at(
+    lw: &mut LowerCtx,
+    eval: &EvalFn,
+    data_inputs: &[usize],
+    replace: &[(usize, Tensor)],
+    fill: Option<Expr>,
+    keep: &dyn Fn(usize) -> bool,
+) -> OpResult<()> {
     let mut vals: Vec<Option<Value>> = Vec::new();
     for (i, inp) in lw.inputs.iter().enumerate() {
         let v = match inp {
@@ -552,6 +566,9 @@ pub fn lower_by_index_map(
         let mut per_input: Vec<(usize, Vec<i64>, Vec<i64>)> = Vec::new();
         let mut fills: Vec<i64> = Vec::new();
         for (pos, &m) in map.iter().enumerate() {
+            if !keep(pos) {
+                continue;
+            }
             if m == 0 {
                 fills.push(pos as i64);
                 continue;

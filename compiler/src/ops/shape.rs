@@ -964,7 +964,9 @@ mod lower {
     use crate::ensure;
     use crate::ir::{OpResult, Tensor};
     use crate::kir::{BinOp, CmpOp, Expr, Kernel, Stmt, Ty, VarId};
-    use crate::ops::lowering::{index, lit, lower_by_index_map, nest, strides, LowerCtx};
+    use crate::ops::lowering::{
+        index, lit, lower_by_index_map, lower_by_index_map_at, nest, strides, LowerCtx,
+    };
     use crate::ops::{Lowering, Registry};
 
     /// Every input carries data (Concat).
@@ -1044,7 +1046,7 @@ mod lower {
         let t = lw.outputs[0].ty();
         let op = lw.node_op;
         if mode != "constant" {
-            return lower_by_index_map(lw, &|ins| op.eval(ins), &[0], &[], None);
+            return pad_by_borders(lw, op);
         }
         // The fill value: input 2 (opset >= 11) or the `value` attribute.
         let (fill, replace) = if lw.op.opset >= 11 {
@@ -1064,6 +1066,54 @@ mod lower {
         // Bool pads with 0/1; other types with the literal.
         let fill_expr: Expr = lit(fill, t);
         lower_by_index_map(lw, &|ins| op.eval(ins), &[0], &replace, Some(fill_expr))
+    }
+
+    /// Pad in reflect, edge or wrap mode: the input copied whole into the output's
+    /// interior by a loop nest (contiguous rows, vector code), and only the border
+    /// positions through index tables ([`lower_by_index_map_at`]). All of it through the
+    /// tables, a reflect pad of one on 64 x 56 x 56 took 0.31 ms against ONNX Runtime's
+    /// 0.14 (two i32 tables of the whole output, 1.7 MB of constants). Pads not known,
+    /// negative (crops) or on a subset of axes (`axes`) keep the tables for everything.
+    fn pad_by_borders(lw: &mut LowerCtx, op: &dyn crate::ops::Op) -> OpResult<()> {
+        let x = lw.input(0)?.clone();
+        let out = lw.outputs[0].clone();
+        let rank = x.shape.len();
+        let pads: Option<Vec<i64>> = if lw.op.opset >= 11 {
+            match (lw.opt_input(3), lw.const_input(1)) {
+                (None, Ok(p)) => p.to_i64_vec(),
+                _ => None,
+            }
+        } else {
+            lw.op.attrs.ints("pads", &[]).ok()
+        };
+        let begin: Option<Vec<usize>> = pads
+            .filter(|p| p.len() == 2 * rank && p.iter().all(|&v| v >= 0))
+            .map(|p| p[..rank].iter().map(|&v| v as usize).collect());
+        let eval = |ins: &[Option<&crate::ir::Value>]| op.eval(ins);
+        let Some(begin) = begin.filter(|_| !x.is_empty() && out.shape.len() == rank) else {
+            return lower_by_index_map(lw, &eval, &[0], &[], None);
+        };
+        let ost = strides(&out.shape);
+        let base: usize = begin.iter().zip(&ost).map(|(b, s)| b * s).sum();
+        let mut k = lw.kernel("interior");
+        k.body = nest(&mut k, &x.shape, |_, lv| {
+            vec![Stmt::Store {
+                buf: out.buf,
+                index: Expr::add(index(lv, &ost), Expr::Int(base as i64)),
+                value: Expr::load(x.buf, index(lv, &strides(&x.shape))),
+            }]
+        });
+        lw.push(k);
+        let (shape, xs) = (out.shape.clone(), x.shape.clone());
+        let interior = move |pos: usize| {
+            let mut rest = pos;
+            shape.iter().enumerate().rev().all(|(d, &n)| {
+                let c = rest % n;
+                rest /= n;
+                c >= begin[d] && c < begin[d] + xs[d]
+            })
+        };
+        lower_by_index_map_at(lw, &eval, &[0], &[], None, &|p| !interior(p))
     }
 
     fn dropout(lw: &mut LowerCtx) -> OpResult<()> {
