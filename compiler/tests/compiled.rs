@@ -517,6 +517,42 @@ fn bench_profile_runs_every_kernel_in_order() {
     assert!(err < 1e-4, "kernel-by-kernel outputs off by {err:.2e}");
 }
 
+/// `m` (named by its graph) compiled for `target` and run on `inputs` (aarch64 under
+/// qemu), beside the reference evaluator's outputs: (compiled, got, want).
+fn compiled_and_reference(
+    scratch: &Path,
+    m: &onnxc::onnx::proto::ModelProto,
+    target: &str,
+    inputs: &[Value],
+) -> (onnxc::driver::Compiled, Vec<Value>, Vec<Value>) {
+    let name = m
+        .graph
+        .as_ref()
+        .and_then(|g| g.name.clone())
+        .unwrap_or_default();
+    let m = onnx::load(&common::write_model(scratch, &format!("{name}.onnx"), m)).unwrap();
+    let want = eval::run(&m.graph, inputs.to_vec()).unwrap();
+    let opts = Options {
+        target: target.into(),
+        ..Options::default()
+    };
+    let c = onnxc::driver::compile_graph(m.graph, "model", &opts)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let dir = scratch.join(format!("{name}_{target}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let got = runner::run_compiled(&c, inputs, &dir)
+        .unwrap_or_else(|e| panic!("{name} on {target}: {e}"));
+    (c, got, want)
+}
+
+/// A tensor's elements as f64 bits (every NaN one value, zeros by sign).
+fn bits(v: &Value) -> Vec<u64> {
+    let t = v.as_tensor().unwrap().to_f64().unwrap();
+    t.iter()
+        .map(|x| if x.is_nan() { u64::MAX } else { x.to_bits() })
+        .collect()
+}
+
 /// TopK on long lanes (the outputs kept sorted while the lane is read, elements
 /// inserted among them) against the reference evaluator, values bit for bit and indices
 /// exactly, on the host and on aarch64 under qemu: f32 rows of 300 with many ties, NaNs,
@@ -606,27 +642,9 @@ fn topk_on_long_lanes_matches_the_reference() {
                 initializer: vec![i64_tensor("k", &[*k as i64])],
                 ..Default::default()
             };
-            let path = common::write_model(scratch.path(), &format!("{name}.onnx"), &model(g));
-            let m = onnx::load(&path).unwrap();
             let inputs = vec![Value::Tensor(input.clone())];
-            let want = eval::run(&m.graph, inputs.clone()).unwrap();
-            let opts = Options {
-                target: target.into(),
-                ..Options::default()
-            };
-            let c = onnxc::driver::compile_graph(m.graph, "model", &opts)
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
-            let dir = scratch.path().join(format!("{name}_{target}"));
-            std::fs::create_dir_all(&dir).unwrap();
-            let got = runner::run_compiled(&c, &inputs, &dir)
-                .unwrap_or_else(|e| panic!("{name} on {target}: {e}"));
+            let (_, got, want) = compiled_and_reference(scratch.path(), &model(g), target, &inputs);
             for (o, (g, w)) in got.iter().zip(&want).enumerate() {
-                let bits = |v: &Value| -> Vec<u64> {
-                    let t = v.as_tensor().unwrap().to_f64().unwrap();
-                    t.iter()
-                        .map(|x| if x.is_nan() { u64::MAX } else { x.to_bits() })
-                        .collect()
-                };
                 assert_eq!(bits(g), bits(w), "{name} output {o} on {target}");
             }
             ran += 1;
@@ -708,18 +726,10 @@ fn pad_modes_copy_the_interior_and_tabulate_the_borders() {
             };
             let mut m = model(g);
             m.opset_import[0].version = Some(*opset);
-            let path = common::write_model(scratch.path(), &format!("{name}.onnx"), &m);
-            let m = onnx::load(&path).unwrap();
             let len: usize = shape.iter().product();
             let x: Vec<f32> = (0..len).map(|i| i as f32 * 0.5 - 7.0).collect();
             let inputs = vec![Value::Tensor(Tensor::from_vec(shape, x))];
-            let want = eval::run(&m.graph, inputs.clone()).unwrap();
-            let opts = Options {
-                target: target.into(),
-                ..Options::default()
-            };
-            let c = onnxc::driver::compile_graph(m.graph, "model", &opts)
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let (c, got, want) = compiled_and_reference(scratch.path(), &m, target, &inputs);
             let crops = pads.iter().any(|&p| p < 0);
             let interior = c
                 .lowered
@@ -734,14 +744,6 @@ fn pad_modes_copy_the_interior_and_tabulate_the_borders() {
                     assert_eq!(b.len, out_len - len as u64, "{name}: not the borders alone");
                 }
             }
-            let dir = scratch.path().join(format!("{name}_{target}"));
-            std::fs::create_dir_all(&dir).unwrap();
-            let got = runner::run_compiled(&c, &inputs, &dir)
-                .unwrap_or_else(|e| panic!("{name} on {target}: {e}"));
-            let bits = |v: &Value| -> Vec<u64> {
-                let t = v.as_tensor().unwrap().to_f64().unwrap();
-                t.iter().map(|x| x.to_bits()).collect()
-            };
             assert_eq!(bits(&got[0]), bits(&want[0]), "{name} on {target}");
             ran += 1;
         }

@@ -506,8 +506,8 @@ pub fn lower_by_index_map(
     lower_by_index_map_at(lw, eval, data_inputs, replace, fill, &|_| true)
 }
 
-/// [`lower_by_index_map`] for the output positions `keep` accepts (of the first
-/// output, flat); another kernel writes the others (Pad's interior, see `pad` in
+/// [`lower_by_index_map`] for the output positions `keep` accepts (flat, in every
+/// output); another kernel writes the others (Pad's interior, see `pad_by_borders` in
 /// `ops/shape.rs`).
 pub fn lower_by_index_map_at(
     lw: &mut LowerCtx,

@@ -554,22 +554,22 @@ mod lower {
             .chain(&ins)
             .chain(outs.first())
             .all(|t| t.dtype == DType::F32);
+        let pss: Vec<Vec<usize>> = ins
+            .iter()
+            .map(|t| ch_shape(t, c, 3))
+            .collect::<OpResult<_>>()?;
+        // One value, or one per channel (`ch_shape` checked which).
+        let per_ch = |v: &[f64], ch: usize| v[if v.len() == 1 { 0 } else { ch }];
         let factor = match (lw.const_input(1), lw.const_input(4)) {
-            (Ok(sc), Ok(var)) if !training && all_f32 => sc.to_f64().zip(var.to_f64()),
+            (Ok(sc), Ok(var)) if !training && all_f32 => sc.to_f64_vec().zip(var.to_f64_vec()),
             _ => None,
         };
         let factor = match factor {
             Some((sc, var)) => {
-                let at = |a: &ndarray::ArrayD<f64>, ch: usize| {
-                    a.iter().nth(if a.len() == 1 { 0 } else { ch }).copied()
-                };
-                let a: Option<Vec<f32>> = (0..c)
-                    .map(|ch| Some((at(&sc, ch)? / (at(&var, ch)? + eps).sqrt()) as f32))
+                let a: Vec<f32> = (0..c)
+                    .map(|ch| (per_ch(&sc, ch) / (per_ch(&var, ch) + eps).sqrt()) as f32)
                     .collect();
-                match a {
-                    Some(a) => Some(lw.constant("bn_factor", &Tensor::from_vec(&[c], a))?),
-                    None => None,
-                }
+                Some(lw.constant("bn_factor", &Tensor::from_vec(&[c], a))?)
             }
             None => None,
         };
@@ -580,21 +580,14 @@ mod lower {
             let p32 = |buf: usize, ps: &[usize]| Expr::load(buf, view.pidx(ps));
             let xf = Expr::load(x.buf, view.idx());
             let y = add(
-                mul(
-                    sub(xf, p32(ins[2].buf, &ch_shape(&ins[2], c, 3)?)),
-                    p32(a, &[1, c, 1]),
-                ),
-                p32(ins[1].buf, &ch_shape(&ins[1], c, 3)?),
+                mul(sub(xf, p32(ins[2].buf, &pss[2])), p32(a, &[1, c, 1])),
+                p32(ins[1].buf, &pss[1]),
             );
             let body = view.over_red(vec![store(&outs[0], view.idx(), y)]);
             view.finish(&mut k, body);
             lw.push(k);
             return Ok(());
         }
-        let pss: Vec<Vec<usize>> = ins
-            .iter()
-            .map(|t| ch_shape(t, c, 3))
-            .collect::<OpResult<_>>()?;
         let p = |i: usize| param(&view, &ins[i], &pss[i]);
         let xv = to64(Expr::load(x.buf, view.idx()));
         let mut body = Vec::new();

@@ -1875,14 +1875,6 @@ mod lower {
             let room = cmp(CmpOp::Lt, v(kept), k64.clone());
             let last = kept_at(Expr::Int(kk as i64 - 1));
             let takes = bin(BinOp::Or, room.clone(), before(e.clone(), last.clone()));
-            // First a looser test of one comparison, true also where either is NaN (the
-            // NaN order is only then worked out): most elements of a long lane fail it.
-            let loose = if float {
-                let op = if largest { CmpOp::Le } else { CmpOp::Ge };
-                bin(BinOp::Or, room, not(cmp(op, e.clone(), last)))
-            } else {
-                takes.clone()
-            };
             // Its place: the kept ones it does not come before (a prefix).
             let place = for_(
                 r,
@@ -1927,34 +1919,32 @@ mod lower {
                     ],
                 )],
             );
-            vec![
-                set(kept, Expr::Int(0)),
-                for_(
-                    j,
-                    n,
-                    vec![iff(
-                        loose,
-                        vec![iff(
-                            takes,
-                            vec![
-                                set(pos, Expr::Int(0)),
-                                place,
-                                shift,
-                                store(vals.buf, opos(v(pos)), e.clone()),
-                                store(idxs.buf, opos(v(pos)), v(j)),
-                                set(
-                                    kept,
-                                    Expr::select(
-                                        cmp(CmpOp::Lt, v(kept), k64.clone()),
-                                        Expr::add(v(kept), Expr::Int(1)),
-                                        v(kept),
-                                    ),
-                                ),
-                            ],
-                        )],
-                    )],
-                ),
-            ]
+            let mut insert = iff(
+                takes,
+                vec![
+                    set(pos, Expr::Int(0)),
+                    place,
+                    shift,
+                    store(vals.buf, opos(v(pos)), e.clone()),
+                    store(idxs.buf, opos(v(pos)), v(j)),
+                    set(
+                        kept,
+                        Expr::select(
+                            cmp(CmpOp::Lt, v(kept), k64),
+                            Expr::add(v(kept), Expr::Int(1)),
+                            v(kept),
+                        ),
+                    ),
+                ],
+            );
+            if float {
+                // First a looser test of one comparison, true also where either is NaN
+                // (the NaN order is only then worked out): most elements of a long lane
+                // fail it. (For integers `takes` is already one comparison.)
+                let op = if largest { CmpOp::Le } else { CmpOp::Ge };
+                insert = iff(bin(BinOp::Or, room, not(cmp(op, e, last))), vec![insert]);
+            }
+            vec![set(kept, Expr::Int(0)), for_(j, n, vec![insert])]
         });
         k.body = body;
         lw.push(k);

@@ -197,21 +197,18 @@ impl Wino {
     fn at(self, m: &[Expr]) -> Vec<Expr> {
         let m = |i: usize| m[i].clone();
         let k = |x: f64| Expr::f(x, Ty::F32);
-        match (self.r, self.a()) {
-            (2, 4) => return vec![add(add(m(0), m(1)), m(2)), sub(sub(m(1), m(2)), m(3))],
-            (2, _) => {
-                // F(2x2, 5x5): rows 0 and 1 of F(4x4)'s A^T with the last column as row 1's.
-                let (s12, d12) = (add(m(1), m(2)), sub(m(1), m(2)));
-                let (s34, d34) = (add(m(3), m(4)), sub(m(3), m(4)));
-                return vec![
-                    add(add(m(0), s12), s34),
-                    add(add(d12, mul(d34, k(2.0))), m(5)),
-                ];
-            }
-            _ => {}
+        if self.a() == 4 {
+            return vec![add(add(m(0), m(1)), m(2)), sub(sub(m(1), m(2)), m(3))];
         }
         let (s12, d12) = (add(m(1), m(2)), sub(m(1), m(2)));
         let (s34, d34) = (add(m(3), m(4)), sub(m(3), m(4)));
+        if self.r == 2 {
+            // F(2x2, 5x5): rows 0 and 1 of F(4x4)'s A^T with the last column as row 1's.
+            return vec![
+                add(add(m(0), s12), s34),
+                add(add(d12, mul(d34, k(2.0))), m(5)),
+            ];
+        }
         vec![
             add(add(m(0), s12.clone()), s34.clone()),
             add(d12.clone(), mul(d34.clone(), k(2.0))),
