@@ -750,3 +750,195 @@ fn pad_modes_copy_the_interior_and_tabulate_the_borders() {
     }
     assert_eq!(ran, 10);
 }
+
+/// f16 through the vector loops: Cast f32 -> f16 of values chosen at the rounding edges
+/// (ties to even, the largest finite f16 and the first value past it, subnormal results
+/// and their ties, signed zeros, infinities, NaNs with payloads), Cast f16 -> f32 of
+/// every f16 bit pattern, and an f16 Mul (exact in f32, so one rounding), each at a
+/// length with a partial last vector, against the reference evaluator: bit for bit, NaN
+/// for NaN with its sign. On x86_64-avx512 the loops must be AVX-512 ones (f16 streams:
+/// vcvtph2ps, vcvtps2ph); x86_64-sse4 and aarch64-neon (under qemu) take the f32x4 code,
+/// which stores f16 lane by lane.
+#[test]
+fn f16_streams_round_and_widen_as_the_reference() {
+    use common::{model, node, value_info};
+    use half::f16;
+    use onnxc::ir::Tensor;
+    use onnxc::onnx::proto::tensor_proto::DataType;
+    use onnxc::onnx::proto::{AttributeProto, GraphProto};
+    let scratch = tempfile::tempdir().unwrap();
+    // f16 bits, NaN as one value per sign.
+    let hbits = |t: &Tensor| -> Vec<u16> {
+        t.array::<f16>()
+            .expect("an f16 output")
+            .iter()
+            .map(|h| {
+                if h.is_nan() {
+                    0x7e00 | (h.to_bits() & 0x8000)
+                } else {
+                    h.to_bits()
+                }
+            })
+            .collect()
+    };
+    let fbits = |t: &Tensor| -> Vec<u32> {
+        t.array::<f32>()
+            .expect("an f32 output")
+            .iter()
+            .map(|x| {
+                if x.is_nan() {
+                    0x7fc0_0000 | (x.to_bits() & 0x8000_0000)
+                } else {
+                    x.to_bits()
+                }
+            })
+            .collect()
+    };
+    let cast = |name: &str, from: DataType, to: DataType, n: usize| {
+        let mut nd = node("Cast", &["x"], &["y"]);
+        nd.attribute = vec![AttributeProto {
+            name: Some("to".into()),
+            r#type: Some(2),
+            i: Some(to as i64),
+            ..Default::default()
+        }];
+        model(GraphProto {
+            name: Some(name.into()),
+            node: vec![nd],
+            input: vec![value_info("x", from, &[n as i64])],
+            output: vec![value_info("y", to, &[n as i64])],
+            ..Default::default()
+        })
+    };
+    // Cast f32 -> f16: the edges, then a spread of magnitudes; 16 k + 13 elements.
+    let ulp = |x: f32, k: i32| f32::from_bits((x.to_bits() as i32 + k) as u32);
+    let mut x: Vec<f32> = vec![
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        f32::from_bits(0x7f80_0001),
+        f32::from_bits(0xffa1_2345),
+        65504.0,
+        65519.996,
+        65520.0,
+        -65520.0,
+        1.0 + 1.0 / 2048.0,
+        1.0 + 3.0 / 2048.0,
+        ulp(1.0 + 1.0 / 2048.0, 1),
+        ulp(1.0 + 1.0 / 2048.0, -1),
+        2f32.powi(-24),
+        2f32.powi(-25),
+        ulp(2f32.powi(-25), 1),
+        3.0 * 2f32.powi(-25),
+        -5.0 * 2f32.powi(-25),
+        2f32.powi(-14),
+        ulp(2f32.powi(-14), -1),
+        1e-30,
+        -1e-45,
+        3.4e38,
+    ];
+    let mut s = 99u64;
+    while x.len() < 16 * 20 + 13 {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let m = ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
+        let e = ((s >> 8) % 48) as i32 - 30;
+        x.push(m * 2f32.powi(e));
+    }
+    let n = x.len();
+    // Every f16 bit pattern, 65536 = 16 k: one more element for a masked tail.
+    let all: Vec<f16> = (0..=0xffffu32)
+        .chain([0x3c01])
+        .map(|b| f16::from_bits(b as u16))
+        .collect();
+    let na = all.len();
+    // Raw output bits per case from the first target: the others must match them
+    // (NaN payloads included).
+    let mut first: std::collections::HashMap<&str, Vec<u8>> = Default::default();
+    let mut same_bits = |case: &'static str, target: &str, t: &Tensor| {
+        let raw: Vec<u8> = match t.data() {
+            onnxc::ir::Data::F16(a) => a.iter().flat_map(|h| h.to_bits().to_le_bytes()).collect(),
+            onnxc::ir::Data::F32(a) => a.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
+            _ => panic!("{case}: not f16 or f32"),
+        };
+        let want = first.entry(case).or_insert_with(|| raw.clone());
+        assert!(
+            *want == raw,
+            "{case} on {target}: other bits than the first target's"
+        );
+    };
+    let mut ran = 0;
+    for target in ["host", "x86_64-sse4", "aarch64-neon"] {
+        let wide = target == "host" && std::arch::is_x86_feature_detected!("avx512f");
+        let has_wide = |c: &onnxc::driver::Compiled| {
+            c.artifacts.object.windows(12).any(|w| w == b"model__wide0")
+        };
+        // f32 -> f16.
+        let m = cast("cast_to_f16", DataType::Float, DataType::Float16, n);
+        let inputs = vec![Value::Tensor(Tensor::from_vec(&[n], x.clone()))];
+        let (c, got, want) = compiled_and_reference(scratch.path(), &m, target, &inputs);
+        assert_eq!(has_wide(&c), wide, "cast_to_f16 on {target}: AVX-512 loop");
+        let (g, w) = (got[0].as_tensor().unwrap(), want[0].as_tensor().unwrap());
+        same_bits("cast_to_f16", target, g);
+        for (i, (a, b)) in hbits(g).iter().zip(hbits(w)).enumerate() {
+            assert_eq!(
+                *a,
+                b,
+                "f32 -> f16 of {:e} ({:#x}) on {target}",
+                x[i],
+                x[i].to_bits()
+            );
+        }
+        // f16 -> f32.
+        let m = cast("cast_from_f16", DataType::Float16, DataType::Float, na);
+        let inputs = vec![Value::Tensor(Tensor::from_vec(&[na], all.clone()))];
+        let (c, got, want) = compiled_and_reference(scratch.path(), &m, target, &inputs);
+        assert_eq!(
+            has_wide(&c),
+            wide,
+            "cast_from_f16 on {target}: AVX-512 loop"
+        );
+        let (g, w) = (got[0].as_tensor().unwrap(), want[0].as_tensor().unwrap());
+        same_bits("cast_from_f16", target, g);
+        for (i, (a, b)) in fbits(g).iter().zip(fbits(w)).enumerate() {
+            assert_eq!(*a, b, "f16 {:#x} -> f32 on {target}", all[i].to_bits());
+        }
+        // An f16 product: every pattern times a value that moves it across the rounding
+        // and overflow edges.
+        let factors: Vec<f16> = (0..na)
+            .map(|i| f16::from_f32([1.5, -0.75, 3.0, 1.0 / 3.0, 2048.0, 0.0][i % 6]))
+            .collect();
+        let g = GraphProto {
+            name: Some("mul_f16".into()),
+            node: vec![node("Mul", &["a", "b"], &["y"])],
+            input: vec![
+                value_info("a", DataType::Float16, &[na as i64]),
+                value_info("b", DataType::Float16, &[na as i64]),
+            ],
+            output: vec![value_info("y", DataType::Float16, &[na as i64])],
+            ..Default::default()
+        };
+        let inputs = vec![
+            Value::Tensor(Tensor::from_vec(&[na], all.clone())),
+            Value::Tensor(Tensor::from_vec(&[na], factors)),
+        ];
+        let (c, got, want) = compiled_and_reference(scratch.path(), &model(g), target, &inputs);
+        assert_eq!(has_wide(&c), wide, "mul_f16 on {target}: AVX-512 loop");
+        let (g, w) = (got[0].as_tensor().unwrap(), want[0].as_tensor().unwrap());
+        same_bits("mul_f16", target, g);
+        for (i, (a, b)) in hbits(g).iter().zip(hbits(w)).enumerate() {
+            assert_eq!(
+                *a,
+                b,
+                "f16 product {i} ({:#x}) on {target}",
+                all[i].to_bits()
+            );
+        }
+        ran += 1;
+    }
+    assert_eq!(ran, 3);
+}

@@ -25,7 +25,7 @@ def w(shape, name, scale=0.05):
 def save(out, name, nodes, ins, outs, inits=(), opset=17, out_type=T.FLOAT):
     g = h.make_graph(
         nodes, name,
-        [h.make_tensor_value_info(n, T.FLOAT, s) for n, s in ins],
+        [h.make_tensor_value_info(i[0], i[2] if len(i) > 2 else T.FLOAT, i[1]) for i in ins],
         [h.make_tensor_value_info(o[0], o[2] if len(o) > 2 else out_type, o[1]) for o in outs],
         list(inits),
     )
@@ -98,6 +98,13 @@ def main(out):
     save(out, "topk_1000", [h.make_node("TopK", ["x", "k"], ["y", "i"])],
          [("x", [128, 1000])], [("y", [128, 5]), ("i", [128, 5], T.INT64)],
          [nh.from_array(np.array([5], dtype=np.int64), "k")])
+    # f16 at a model's edges (a half-precision input or output cast) and inside it.
+    save(out, "cast_to_f16", [h.make_node("Cast", ["x"], ["y"], to=T.FLOAT16)],
+         [("x", S)], [("y", S)], out_type=T.FLOAT16)
+    save(out, "cast_from_f16", [h.make_node("Cast", ["x"], ["y"], to=T.FLOAT)],
+         [("x", S, T.FLOAT16)], [("y", S)])
+    save(out, "mul_f16", [h.make_node("Mul", ["a", "b"], ["y"])],
+         [("a", S, T.FLOAT16), ("b", S, T.FLOAT16)], [("y", S)], out_type=T.FLOAT16)
 
 
 if __name__ == "__main__":

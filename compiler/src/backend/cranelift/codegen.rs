@@ -1447,7 +1447,7 @@ impl Gen<'_, '_> {
     }
 
     /// Narrows a compute value to storage (f32 -> f16/bf16, round to nearest even).
-    fn narrow_for_store(&mut self, v: Value, elem: Ty) -> Value {
+    pub(super) fn narrow_for_store(&mut self, v: Value, elem: Ty) -> Value {
         match elem {
             Ty::BF16 => {
                 let b = &mut self.b;
@@ -1484,8 +1484,12 @@ impl Gen<'_, '_> {
         let e = b.ins().ishl_imm_u(e, 23);
         let m = b.ins().ishl_imm_u(mant, 13);
         let normal = b.ins().bor(e, m);
-        // Inf/NaN.
-        let infnan = b.ins().bor_imm_s(m, 0x7f80_0000);
+        // Inf/NaN (a NaN quiet, as F16C's vcvtph2ps and the half crate make it).
+        let is_nan = b.ins().icmp_imm_s(IntCC::NotEqual, mant, 0);
+        let qnan = b.ins().iconst(types::I32, 0x7fc0_0000);
+        let inf = b.ins().iconst(types::I32, 0x7f80_0000);
+        let top = b.ins().select(is_nan, qnan, inf);
+        let infnan = b.ins().bor(m, top);
         let is_max = b.ins().icmp_imm_s(IntCC::Equal, exp, 0x1f);
         let bits = b.ins().select(is_max, infnan, normal);
         let bits = b.ins().bor(bits, sign);

@@ -334,8 +334,10 @@ impl Gen<'_, '_> {
                     if r.iter().any(|v| locals.contains(v) && !defined.contains(v)) {
                         return None;
                     }
+                    // f32 stores; f16 ones too (the AVX-512 loops store them whole, the
+                    // f32x4 code lane by lane).
                     let b = &self.p.buffers[*buf];
-                    if b.elem != Ty::F32 || self.ty(value).ok()? != Ty::F32 {
+                    if !matches!(b.elem, Ty::F32 | Ty::F16) || self.ty(value).ok()? != Ty::F32 {
                         return None;
                     }
                     let st = stride(index, var, &locals)?;
@@ -430,6 +432,21 @@ impl Gen<'_, '_> {
                     let x = self.vexpr(cx, value)?;
                     let x = self.vec4(x)?;
                     let addr = self.addr(*buf, index)?;
+                    let elem = self.p.buffers[*buf].elem;
+                    if elem != Ty::F32 {
+                        // f16: each lane narrowed as the scalar code does.
+                        let st = stride(index, cx.var, &cx.locals)
+                            .ok_or("vectorize: store index not affine")?;
+                        let bytes = elem.bytes() as i64;
+                        for l in 0..4u8 {
+                            let xl = self.b.ins().extractlane(x, l);
+                            let xl = self.narrow_for_store(xl, elem);
+                            let off = i32::try_from(st * bytes * i64::from(l))
+                                .map_err(|_| "vectorize: store stride too large")?;
+                            self.b.ins().store(vflags(), xl, addr, off);
+                        }
+                        continue;
+                    }
                     match stride(index, cx.var, &cx.locals) {
                         Some(1) => {
                             self.b.ins().store(vflags(), x, addr, 0);

@@ -110,6 +110,8 @@ struct Tr {
     gates: HashMap<VarId, VarId>,
     /// (buffer, loop-invariant part of the index) per stream.
     streams: Vec<(BufId, Expr)>,
+    /// Per stream, whether its buffer holds f16 (2-byte elements).
+    half: Vec<bool>,
     unis: Vec<Expr>,
     /// Arguments of the inline sin, cos and tan, which hold only up to `vmath::SINCOS_MAX`
     /// (see [`Gen::wide_for`]).
@@ -283,7 +285,8 @@ fn select_minmax(c: &Expr, a: &Expr, b: &Expr) -> Option<bool> {
 
 impl Tr {
     /// The stream and displacement of `buf[idx]` (idx of stride 1 in the loop variable).
-    fn stream(&mut self, buf: BufId, idx: &Expr) -> Option<(u16, i32)> {
+    /// The stream of `buf` (f16 elements if `half`) at `idx` and the byte displacement.
+    fn stream(&mut self, buf: BufId, idx: &Expr, half: bool) -> Option<(u16, i32)> {
         let (rest, c) = split_const(&at_zero(idx, self.var));
         let key = rest.unwrap_or(Expr::Int(0));
         let s = match self
@@ -294,10 +297,11 @@ impl Tr {
             Some(s) => s,
             None => {
                 self.streams.push((buf, key));
+                self.half.push(half);
                 self.streams.len() - 1
             }
         };
-        let disp = i32::try_from(c.checked_mul(4)?).ok()?;
+        let disp = i32::try_from(c.checked_mul(if half { 2 } else { 4 })?).ok()?;
         Some((u16::try_from(s).ok()?, disp))
     }
 
@@ -799,12 +803,12 @@ impl Gen<'_, '_> {
             return Ok(false);
         }
         let mut steps = Vec::new();
-        for (_, key) in tr.streams.iter_mut() {
+        for ((_, key), half) in tr.streams.iter_mut().zip(&tr.half) {
             let k = inline(key, &defs);
             let Some(step) = stride(&k, r, &[]) else {
                 return Ok(false);
             };
-            let Some(bytes) = step.checked_mul(4) else {
+            let Some(bytes) = step.checked_mul(if *half { 2 } else { 4 }) else {
                 return Ok(false);
             };
             steps.push(bytes);
@@ -902,6 +906,7 @@ impl Gen<'_, '_> {
                 silu_gates(body)
             },
             streams: Vec::new(),
+            half: Vec::new(),
             unis: Vec::new(),
             trig: Vec::new(),
         };
@@ -933,18 +938,20 @@ impl Gen<'_, '_> {
                     t.vals.insert(*local, v);
                 }
                 Stmt::Store { buf, index, value } => {
-                    if self.p.buffers[*buf].elem != Ty::F32 {
-                        return None;
-                    }
+                    let half = match self.p.buffers[*buf].elem {
+                        Ty::F32 => false,
+                        Ty::F16 => true,
+                        _ => return None,
+                    };
                     let v = self.wexpr(&mut t, value)?;
                     if t.is_mask(v) {
                         return None;
                     }
                     let step = match stride(index, var, &t.locals)? {
-                        st @ (1 | 2 | 4) => st as u8,
+                        st @ (1 | 2 | 4) if !half || st == 1 => st as u8,
                         _ => return None,
                     };
-                    let (s, disp) = t.stream(*buf, index)?;
+                    let (s, disp) = t.stream(*buf, index, half)?;
                     t.b.push(Inst::Store { s, disp, v, step });
                 }
                 _ => return None,
@@ -956,6 +963,7 @@ impl Gen<'_, '_> {
             return None;
         }
         t.b.lp.streams = u16::try_from(t.streams.len()).ok()?;
+        t.b.lp.half = t.half.clone();
         t.b.lp.unis = u16::try_from(t.unis.len()).ok()?;
         Some(t)
     }
@@ -1053,21 +1061,27 @@ impl Gen<'_, '_> {
         Some(match e {
             Expr::Var(v) => *t.vals.get(v)?,
             Expr::Load(buf, idx) => {
-                if ty != Ty::F32 || self.p.buffers[*buf].elem != Ty::F32 {
+                let half = match self.p.buffers[*buf].elem {
+                    Ty::F32 => false,
+                    Ty::F16 => true,
+                    _ => return None,
+                };
+                if ty != Ty::F32 {
                     return None;
                 }
                 match stride(idx, t.var, &t.locals)? {
                     1 => {
-                        let (s, disp) = t.stream(*buf, idx)?;
+                        let (s, disp) = t.stream(*buf, idx, half)?;
                         t.b.load(s, disp)
                     }
+                    _ if half => return None,
                     2 => {
-                        let (s, disp) = t.stream(*buf, idx)?;
+                        let (s, disp) = t.stream(*buf, idx, false)?;
                         t.b.load2(s, disp)
                     }
                     st => {
                         let st = i32::try_from(st).ok()?;
-                        let (s, disp) = t.stream(*buf, idx)?;
+                        let (s, disp) = t.stream(*buf, idx, false)?;
                         t.b.load_strided(s, disp, st)
                     }
                 }

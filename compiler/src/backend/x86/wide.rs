@@ -203,6 +203,11 @@ pub struct Loop {
     pub unis: u16,
     pub reds: Vec<Red>,
     pub insts: Vec<Inst>,
+    /// Per stream (empty: none), whether its elements are f16: 2 bytes each, loads
+    /// widen them (`vcvtph2ps`), stores round to nearest even (`vcvtps2ph`) with a NaN
+    /// stored as the canonical quiet one (sign kept), as the scalar code stores it. Only
+    /// unit-stride [`Inst::Load`]s and step-1 [`Inst::Store`]s take such a stream.
+    pub half: Vec<bool>,
 }
 
 /// Byte offsets of the args block.
@@ -229,6 +234,11 @@ impl Layout {
 pub const LANES: u64 = 16;
 
 impl Loop {
+    /// Whether stream `s` holds f16 elements.
+    pub fn is_half(&self, s: u16) -> bool {
+        self.half.get(s as usize) == Some(&true)
+    }
+
     pub fn layout(&self) -> Layout {
         let uni0 = 8 * self.streams as usize;
         let red0 = (uni0 + 4 * self.unis as usize).div_ceil(8) * 8;
@@ -443,7 +453,11 @@ fn copy_only(lp: &Loop) -> Option<(u16, i32)> {
 /// convolutions, their copies back) are such loops. Needs two spare general registers
 /// (the row-block counter and the block's address) and no reductions.
 fn tile_stream(lp: &Loop) -> Option<Tile> {
-    if lp.rows < 2 || !lp.reds.is_empty() || lp.streams as usize + 2 > STREAMS.len() {
+    if lp.rows < 2
+        || !lp.reds.is_empty()
+        || lp.streams as usize + 2 > STREAMS.len()
+        || lp.half.contains(&true)
+    {
         return None;
     }
     let mut found = None;
@@ -488,6 +502,14 @@ pub fn generate(lp: &Loop) -> R<Vec<u8>> {
         return Err("x86 loop: too many reductions".into());
     }
     for i in &lp.insts {
+        let half = match *i {
+            Inst::Load2 { s, .. } | Inst::LoadS { s, .. } => lp.is_half(s),
+            Inst::Store { s, step, .. } => step != 1 && lp.is_half(s),
+            _ => false,
+        };
+        if half {
+            return Err("x86 loop: an f16 stream read or written with a stride".into());
+        }
         if let Inst::LoadS { stride, .. } = i {
             let span = (lp.n + LANES) as i128 * i128::from(*stride);
             if span.abs() >= 1 << 31 {
@@ -983,6 +1005,7 @@ impl Gen<'_> {
                         | Inst::Fma(..)
                         | Inst::Store { step: 2 | 4, .. }
                 )
+                || matches!(inst, Inst::Store { s, .. } if lp.is_half(*s))
             {
                 2
             } else {
@@ -1041,6 +1064,11 @@ impl Gen<'_> {
 
     fn stream_at(&self, s: u16, disp: i32) -> AsmMemoryOperand {
         zmmword_ptr(STREAMS[s as usize] + rax * 4 + (disp + self.rdisp[s as usize]))
+    }
+
+    /// Element `i + disp / 2` of f16 stream `s`: the 16 lanes' 32 bytes.
+    fn stream_at_half(&self, s: u16, disp: i32) -> AsmMemoryOperand {
+        ymmword_ptr(STREAMS[s as usize] + rax * 2 + (disp + self.rdisp[s as usize]))
     }
 
     /// The same for an every-other-element access (element `2 i`): a vector's worth of
@@ -1234,6 +1262,14 @@ impl Gen<'_> {
         };
         let is_mem = |l: Loc| matches!(l, Loc::Uni(_) | Loc::Pool(_));
         match *inst {
+            Inst::Load { s, disp, .. } if self.lp.is_half(s) => {
+                let m = self.stream_at_half(s, disp);
+                if masked {
+                    self.a.vcvtph2ps(d.k7().z(), m).map_err(e)?;
+                } else {
+                    self.a.vcvtph2ps(d, m).map_err(e)?;
+                }
+            }
             Inst::Load { s, disp, .. } => {
                 let m = self.stream_at(s, disp);
                 if masked {
@@ -1606,6 +1642,28 @@ impl Gen<'_> {
                     self.a.kmovw(k6, word_ptr(r11 + mo)).map_err(e)?;
                     self.a.vmovups(m.k6(), t).map_err(e)?;
                 }
+            }
+            Inst::Store { s, disp, .. } if self.lp.is_half(s) => {
+                // NaN lanes become sign | the quiet NaN (vcvtps2ph would keep the top of
+                // their payload; the scalar code stores 0x7e00 | sign).
+                let x = self.reg(l(0), t0)?;
+                let t = ZMM[tmp[1]];
+                let keep = self.pool_off(0xffc0_0000);
+                let quiet = self.pool_off(0x0040_0000);
+                self.a.vcmpps(k6, x, x, 3).map_err(e)?;
+                if t != x {
+                    self.a.vmovaps(t, x).map_err(e)?;
+                }
+                self.a
+                    .vpandd(t.k6(), t, dword_bcst(r11 + keep))
+                    .map_err(e)?;
+                self.a
+                    .vpord(t.k6(), t, dword_bcst(r11 + quiet))
+                    .map_err(e)?;
+                let m = self.stream_at_half(s, disp);
+                let m = if masked { m.k7() } else { m };
+                // Imm 0: round to nearest even (not MXCSR's mode).
+                self.a.vcvtps2ph(m, t, 0).map_err(e)?;
             }
             Inst::Store { s, disp, .. } => {
                 let x = self.reg(l(0), t0)?;
