@@ -110,6 +110,8 @@ pub struct BenchReport {
     pub ratio: Option<f64>,
     /// Largest relative error of each output against ONNX Runtime's.
     pub max_rel_err: Vec<f64>,
+    /// The relative error each output may have ([`crate::check::tolerance`] of its type).
+    pub tolerance: Vec<f64>,
     /// The core's measured FP32 FMA peak for the target's vectors, GFLOP/s.
     pub peak_gflops: Option<f64>,
     pub kernels: usize,
@@ -543,6 +545,11 @@ fn bench_in(
         ort_version,
         ratio,
         max_rel_err: errs,
+        tolerance: g
+            .outputs
+            .iter()
+            .map(|&o| crate::check::tolerance(g.value(o).ty.dtype()))
+            .collect(),
         peak_gflops,
         kernels: c.lowered.program.kernels.len(),
         arena_bytes: c.lowered.plan.arena_bytes,

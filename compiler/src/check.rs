@@ -63,6 +63,25 @@ pub fn random_inputs(g: &Graph, seed: u64) -> Result<Vec<Value>> {
 /// Largest absolute difference over the largest magnitude of the expected tensor (the
 /// measure every whole-model test uses). Shapes must agree; NaNs must match; strings
 /// must be equal (0).
+/// The relative error two engines' outputs of type `dt` may show: 1e-4, or for types
+/// with fewer than 14 significand bits one unit in their last place at the largest
+/// magnitude (the engines may round a sum to neighbouring values): 1e-3 for f16, 8e-3
+/// for bf16, more for the 8-bit floats.
+pub fn tolerance(dt: Option<DType>) -> f64 {
+    let bits = match dt {
+        Some(DType::F16) => 11,
+        Some(DType::BF16) => 8,
+        Some(DType::F8E4M3FN | DType::F8E4M3FNUZ) => 4,
+        Some(DType::F8E5M2 | DType::F8E5M2FNUZ) => 3,
+        _ => return 1e-4,
+    };
+    // The unit in the last place relative to a magnitude just above a power of two,
+    // rounded up to one significant digit.
+    let ulp = 2f64.powi(1 - bits);
+    let digit = 10f64.powf(ulp.log10().floor());
+    (ulp / digit).ceil() * digit
+}
+
 pub fn rel_err(got: &Tensor, want: &Tensor) -> std::result::Result<f64, String> {
     if got.shape() != want.shape() {
         return Err(format!(
@@ -109,4 +128,19 @@ pub fn rel_err(got: &Tensor, want: &Tensor) -> std::result::Result<f64, String> 
     } else {
         diff / scale.max(1e-30)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tolerance_is_a_unit_in_the_last_place_of_narrow_floats() {
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        assert!(close(tolerance(Some(DType::F32)), 1e-4));
+        assert!(close(tolerance(None), 1e-4));
+        assert!(close(tolerance(Some(DType::F16)), 1e-3));
+        assert!(close(tolerance(Some(DType::BF16)), 8e-3));
+        assert!(close(tolerance(Some(DType::F8E4M3FN)), 0.2));
+    }
 }

@@ -942,3 +942,86 @@ fn f16_streams_round_and_widen_as_the_reference() {
     }
     assert_eq!(ran, 3);
 }
+
+/// An f16 Conv (bias, pads), Relu and MatMul by a constant run on the f32 kernels
+/// (the `widen_f16` pass: casts around them, the weights converted at compile time), on
+/// the host and on aarch64 under qemu: within a unit in f16's last place (1e-3) of the
+/// reference evaluator, which computes in f64 and rounds once per op.
+#[test]
+fn f16_convs_and_products_run_on_the_f32_kernels() {
+    use common::{model, node, value_info};
+    use half::f16;
+    use onnxc::ir::{DType, Tensor};
+    use onnxc::onnx::proto::tensor_proto::DataType;
+    use onnxc::onnx::proto::{AttributeProto, GraphProto, TensorProto};
+    let scratch = tempfile::tempdir().unwrap();
+    let vals = |n: usize, seed: u64, scale: f32| -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
+            })
+            .collect()
+    };
+    let half_tensor = |name: &str, dims: &[i64], v: &[f32]| TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(DataType::Float16 as i32),
+        int32_data: v
+            .iter()
+            .map(|x| i32::from(f16::from_f32(*x).to_bits()))
+            .collect(),
+        ..Default::default()
+    };
+    let mut conv = node("Conv", &["x", "w", "b"], &["c"]);
+    conv.attribute = vec![AttributeProto {
+        name: Some("pads".into()),
+        r#type: Some(7),
+        ints: vec![1, 1, 1, 1],
+        ..Default::default()
+    }];
+    let g = GraphProto {
+        name: Some("f16_conv_matmul".into()),
+        node: vec![
+            conv,
+            node("Relu", &["c"], &["r"]),
+            node("MatMul", &["r", "m"], &["y"]),
+        ],
+        input: vec![value_info("x", DataType::Float16, &[1, 8, 10, 10])],
+        output: vec![value_info("y", DataType::Float16, &[1, 16, 10, 6])],
+        initializer: vec![
+            half_tensor("w", &[16, 8, 3, 3], &vals(16 * 72, 5, 0.3)),
+            half_tensor("b", &[16], &vals(16, 6, 1.0)),
+            half_tensor("m", &[10, 6], &vals(60, 7, 0.5)),
+        ],
+        ..Default::default()
+    };
+    let m = model(g);
+    let x: Vec<f16> = vals(800, 8, 2.0).into_iter().map(f16::from_f32).collect();
+    let inputs = vec![Value::Tensor(Tensor::from_vec(&[1, 8, 10, 10], x))];
+    for target in ["host", "aarch64-neon"] {
+        let (c, got, want) = compiled_and_reference(scratch.path(), &m, target, &inputs);
+        for n in c.graph.nodes.node_weights() {
+            if matches!(n.op_type.as_str(), "Conv" | "MatMul") {
+                for v in n.inputs.iter().flatten() {
+                    assert_eq!(
+                        c.graph.value(*v).ty.dtype(),
+                        Some(DType::F32),
+                        "{} on {target} reads f16",
+                        n.op_type
+                    );
+                }
+            }
+        }
+        let (g, w) = (got[0].as_tensor().unwrap(), want[0].as_tensor().unwrap());
+        assert_eq!(g.dtype(), DType::F16);
+        let e = onnxc::check::rel_err(g, w).unwrap();
+        assert!(
+            e <= 1e-3,
+            "f16 conv and matmul on {target}: relative error {e:.2e}"
+        );
+    }
+}
