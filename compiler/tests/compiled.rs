@@ -1025,3 +1025,88 @@ fn f16_convs_and_products_run_on_the_f32_kernels() {
         );
     }
 }
+
+/// MatMulInteger by a constant int8 weight (per-column zero points) with a run-time
+/// uint8 zero point for A, as dynamic quantization makes it: on the f32 GEMM (the
+/// `widen_integer_matmul` pass, exact while the sums stay within 2^24), on the host and
+/// on aarch64 under qemu, against the reference evaluator bit for bit; and a weight
+/// whose sums could pass 2^24 keeps the integer product.
+#[test]
+fn integer_products_run_exactly_on_the_f32_gemm() {
+    use common::{model, node, value_info};
+    use onnxc::ir::Tensor;
+    use onnxc::onnx::proto::tensor_proto::DataType;
+    use onnxc::onnx::proto::{GraphProto, TensorProto};
+    let scratch = tempfile::tempdir().unwrap();
+    let (m, k, n) = (37usize, 200usize, 45usize);
+    let mut s = 77u64;
+    let mut next = || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (s >> 33) as i64
+    };
+    let int8 = |name: &str, dims: &[i64], v: &[i64]| TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(DataType::Int8 as i32),
+        int32_data: v.iter().map(|&x| x as i32).collect(),
+        ..Default::default()
+    };
+    // Full-range weights, extremes included; column 0 all 127 and row 0 of A all 255,
+    // so that one sum is large (200 x 124 x 130, past 2^21).
+    let w: Vec<i64> = (0..k * n)
+        .map(|i| match (i % n, i % 50) {
+            (0, _) => 127,
+            (_, 0) => -128,
+            (_, 1) => 127,
+            _ => next() % 256 - 128,
+        })
+        .collect();
+    let zb: Vec<i64> = (0..n).map(|j| (j as i64 % 7) - 3).collect();
+    let a: Vec<u8> = (0..m * k)
+        .map(|i| match (i < k, i % 31) {
+            (true, _) | (_, 1) => 255,
+            (_, 0) => 0,
+            _ => (next() % 256) as u8,
+        })
+        .collect();
+    for (case, kk, wide) in [("mmi_exact", k, true), ("mmi_too_wide", 600, false)] {
+        let wv: Vec<i64> = if wide { w.clone() } else { vec![-128; kk * n] };
+        let zv: Vec<i64> = if wide { zb.clone() } else { vec![127; n] };
+        let g = GraphProto {
+            name: Some(case.into()),
+            node: vec![node("MatMulInteger", &["a", "b", "za", "zb"], &["y"])],
+            input: vec![
+                value_info("a", DataType::Uint8, &[m as i64, kk as i64]),
+                value_info("za", DataType::Uint8, &[]),
+            ],
+            output: vec![value_info("y", DataType::Int32, &[m as i64, n as i64])],
+            initializer: vec![
+                int8("b", &[kk as i64, n as i64], &wv),
+                int8("zb", &[n as i64], &zv),
+            ],
+            ..Default::default()
+        };
+        let av: Vec<u8> = (0..m * kk).map(|i| a[i % a.len()]).collect();
+        let inputs = vec![
+            Value::Tensor(Tensor::from_vec(&[m, kk], av)),
+            Value::Tensor(Tensor::from_vec(&[], vec![131u8])),
+        ];
+        for target in ["host", "aarch64-neon"] {
+            let (c, got, want) =
+                compiled_and_reference(scratch.path(), &model(g.clone()), target, &inputs);
+            let ops: Vec<&str> = c
+                .graph
+                .nodes
+                .node_weights()
+                .map(|n| n.op_type.as_str())
+                .collect();
+            assert_eq!(ops.contains(&"MatMul"), wide, "{case} on {target}: {ops:?}");
+            let (g, w) = (got[0].as_tensor().unwrap(), want[0].as_tensor().unwrap());
+            assert_eq!(g.array::<i32>(), w.array::<i32>(), "{case} on {target}");
+            let top = w.array::<i32>().unwrap().iter().map(|v| v.abs()).max();
+            assert!(top > Some(1 << 21), "{case}: small sums only");
+        }
+    }
+}

@@ -8,7 +8,8 @@
 //! Level 1 (cleanup): `fold_shape_ops`, `fold_constants`, `remove_noops`,
 //! `eliminate_common_subexpressions`, `eliminate_dead_code`. Level 2 (algebraic folding
 //! into weights, convs split into the forms the GEMM lowerings take, then fusion):
-//! `widen_f16` (f16 convs and products onto the f32 kernels), `fold_batchnorm`, `matmul_add_to_gemm`, `fold_scale_bias`, `fold_input_scale`,
+//! `widen_f16` (f16 convs and products onto the f32 kernels), `widen_integer_matmul`
+//! (MatMulInteger onto the f32 GEMM where f32 is exact), `fold_batchnorm`, `matmul_add_to_gemm`, `fold_scale_bias`, `fold_input_scale`,
 //! `split_grouped_conv`, `split_dilated_conv`, `fuse_patterns`, `fuse_epilogue`,
 //! `fuse_elementwise`, `eliminate_dead_code`.
 //! No pass changes the graph's inputs or outputs (names and types), and every value it
@@ -38,6 +39,7 @@ mod testutil;
 pub mod unroll_loops;
 pub mod util;
 pub mod widen_f16;
+pub mod widen_integer_matmul;
 
 pub use infer_shapes::{
     bind_input_shapes, check_static_inputs, free_input_dims, infer_shapes, InferReport,
@@ -92,6 +94,11 @@ pub const PIPELINE: &[Pass] = &[
         name: "widen_f16",
         level: 2,
         run: widen_f16::run,
+    },
+    Pass {
+        name: "widen_integer_matmul",
+        level: 2,
+        run: widen_integer_matmul::run,
     },
     Pass {
         name: "fold_batchnorm",
