@@ -1110,3 +1110,87 @@ fn integer_products_run_exactly_on_the_f32_gemm() {
         }
     }
 }
+
+/// QLinearMatMul by a constant int8 weight with per-column scales and zero points: the
+/// exact product on the f32 GEMM, then the reference's requantization in f64, on the
+/// host and on aarch64 under qemu, bit for bit against the reference (outputs that
+/// saturate at both ends included).
+#[test]
+fn quantized_products_requantize_as_the_reference() {
+    use common::{f32_tensor, model, node, value_info};
+    use onnxc::ir::Tensor;
+    use onnxc::onnx::proto::tensor_proto::DataType;
+    use onnxc::onnx::proto::{GraphProto, TensorProto};
+    let scratch = tempfile::tempdir().unwrap();
+    let (m, k, n) = (19usize, 96usize, 33usize);
+    let mut s = 5u64;
+    let mut next = || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (s >> 33) as i64
+    };
+    let ints = |name: &str, dt: DataType, dims: &[i64], v: &[i64]| TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(dt as i32),
+        int32_data: v.iter().map(|&x| x as i32).collect(),
+        ..Default::default()
+    };
+    let w: Vec<i64> = (0..k * n).map(|_| next() % 256 - 128).collect();
+    let zb: Vec<i64> = (0..n).map(|j| (j as i64 % 5) - 2).collect();
+    let sb: Vec<f32> = (0..n).map(|j| 0.002 + 0.0003 * j as f32).collect();
+    let g = GraphProto {
+        name: Some("qlinear_matmul".into()),
+        node: vec![node(
+            "QLinearMatMul",
+            &["a", "sa", "za", "b", "sb", "zb", "sy", "zy"],
+            &["y"],
+        )],
+        input: vec![
+            value_info("a", DataType::Uint8, &[m as i64, k as i64]),
+            value_info("za", DataType::Uint8, &[]),
+        ],
+        output: vec![value_info("y", DataType::Uint8, &[m as i64, n as i64])],
+        initializer: vec![
+            f32_tensor("sa", &[], &[0.2]),
+            ints("b", DataType::Int8, &[k as i64, n as i64], &w),
+            f32_tensor("sb", &[n as i64], &sb),
+            ints("zb", DataType::Int8, &[n as i64], &zb),
+            f32_tensor("sy", &[], &[0.7]),
+            ints("zy", DataType::Uint8, &[], &[117]),
+        ],
+        ..Default::default()
+    };
+    let a: Vec<u8> = (0..m * k).map(|_| (next() % 256) as u8).collect();
+    let inputs = vec![
+        Value::Tensor(Tensor::from_vec(&[m, k], a)),
+        Value::Tensor(Tensor::from_vec(&[], vec![124u8])),
+    ];
+    for target in ["host", "aarch64-neon"] {
+        let (c, got, want) =
+            compiled_and_reference(scratch.path(), &model(g.clone()), target, &inputs);
+        let ops: Vec<&str> = c
+            .graph
+            .nodes
+            .node_weights()
+            .map(|n| n.op_type.as_str())
+            .collect();
+        assert!(!ops.contains(&"QLinearMatMul"), "on {target}: {ops:?}");
+        let (g, w) = (got[0].as_tensor().unwrap(), want[0].as_tensor().unwrap());
+        assert_eq!(
+            g.array::<u8>(),
+            w.array::<u8>(),
+            "QLinearMatMul on {target}"
+        );
+        let w = w.array::<u8>().unwrap();
+        assert!(
+            w.iter().any(|&v| v == 0) && w.iter().any(|&v| v == 255),
+            "no saturation"
+        );
+        assert!(
+            w.iter().filter(|&&v| v > 0 && v < 255).count() > m * n / 2,
+            "mostly saturated"
+        );
+    }
+}

@@ -7,6 +7,13 @@
 //! a scalar loop nest: 128 x 768 by 768 x 768 took 134 ms, ONNX Runtime 0.1 ms (its
 //! int8 kernels). The dynamic quantization of transformers (DynamicQuantizeLinear, then
 //! MatMulInteger by int8 weights) makes such products.
+//!
+//! QLinearMatMul (static quantization's product) takes the same exact product, then
+//! requantizes it as the reference does, in f64: `Round(c * factor + y_zero_point)`
+//! clipped to the output type, `factor` = `a_scale * b_scale / y_scale` rounded to the
+//! scales' dtype after each operation (computed here), so that the output is the
+//! reference's bit for bit. Its scales and zero points must be constants (A's zero
+//! point aside), one value each or one per column of B.
 
 use super::util::{add_const, dtype_of, new_node, order, shape_of};
 use crate::error::Result;
@@ -22,31 +29,71 @@ pub fn run(g: &mut Graph) -> Result<()> {
         if !g.nodes.contains_node(n) {
             continue;
         }
-        if let Some(b) = weight(g, n) {
-            widen(g, n, b)?;
+        if let Some(plan) = plan(g, n) {
+            widen(g, n, plan)?;
         }
     }
     g.rewire();
     Ok(())
 }
 
-/// For a MatMulInteger that qualifies, the weight less its zero point as f32 `[K, N]`.
-fn weight(g: &Graph, n: NodeId) -> Option<Tensor> {
+/// How a qualifying node is rewritten.
+struct Plan {
+    /// The weight less its zero point, f32 `[K, N]`.
+    w: Tensor,
+    /// QLinearMatMul's requantization.
+    requant: Option<Requant>,
+}
+
+/// `clip(round(c * factor + zp), lo, hi)` as `dt`, in f64.
+struct Requant {
+    /// One value, or one per column (`[N]`).
+    factor: Tensor,
+    zp: f64,
+    lo: f64,
+    hi: f64,
+    dt: DType,
+}
+
+/// A constant's values as f64, when it has one value or `n` along its one axis.
+fn per_column(g: &Graph, v: ValueId, n: usize) -> Option<Vec<f64>> {
+    let t = g.const_of(v)?;
+    let x = t.to_f64()?.iter().copied().collect::<Vec<f64>>();
+    match x.len() {
+        1 => Some(x),
+        l if l == n && t.rank() == 1 => Some(x),
+        _ => None,
+    }
+}
+
+/// For a MatMulInteger or QLinearMatMul that qualifies, its rewrite.
+fn plan(g: &Graph, n: NodeId) -> Option<Plan> {
     let node = &g.nodes[n];
-    if node.op_type != "MatMulInteger" || !node.domain.is_empty() || node.outputs.len() != 1 {
+    let q = match node.op_type.as_str() {
+        "MatMulInteger" => false,
+        "QLinearMatMul" => true,
+        _ => return None,
+    };
+    if !node.domain.is_empty() || node.outputs.len() != 1 {
         return None;
     }
     let input = |i: usize| node.inputs.get(i).copied().flatten();
-    let (a, b) = (input(0)?, input(1)?);
+    // (A, A's zero point, B, B's zero point)
+    let (a, za, b, zb) = if q {
+        (input(0)?, input(2), input(3)?, input(5))
+    } else {
+        (input(0)?, input(2), input(1)?, input(3))
+    };
+    let y = node.outputs[0];
     let eight = |v: ValueId| matches!(dtype_of(g, v), Some(DType::U8 | DType::I8));
-    if !eight(a) || !eight(b) || dtype_of(g, node.outputs[0]) != Some(DType::I32) {
+    if !eight(a) || !eight(b) || shape_of(g, a)?.len() < 2 || shape_of(g, y).is_none() {
         return None;
     }
-    if shape_of(g, a)?.len() < 2 || shape_of(g, node.outputs[0]).is_none() {
+    if !q && dtype_of(g, y) != Some(DType::I32) {
         return None;
     }
     // A's zero point: one value (constant or not) of A's dtype.
-    if let Some(za) = input(2) {
+    if let Some(za) = za {
         if dtype_of(g, za) != dtype_of(g, a) || shape_of(g, za)?.iter().product::<usize>() != 1 {
             return None;
         }
@@ -57,7 +104,7 @@ fn weight(g: &Graph, n: NodeId) -> Option<Tensor> {
         _ => return None,
     };
     let bv = bt.to_i128()?;
-    let zb: Vec<i128> = match input(3) {
+    let zb: Vec<i128> = match zb {
         None => vec![0; nn],
         Some(z) => {
             let zt = g.const_of(z)?;
@@ -82,7 +129,54 @@ fn weight(g: &Graph, n: NodeId) -> Option<Tensor> {
         }
     }
     let worst = colsum.iter().copied().fold(0.0, f64::max);
-    (A_MAX * worst <= EXACT).then(|| Tensor::from_vec(&[k, nn], w))
+    if A_MAX * worst > EXACT {
+        return None;
+    }
+    let requant = if q {
+        let sa = per_column(g, input(1)?, 1)?;
+        let sb = per_column(g, input(4)?, nn)?;
+        let ys = input(6)?;
+        let sy = per_column(g, ys, 1)?;
+        // As the reference: each operation rounded to the scales' dtype.
+        let round = |v: f64| -> Option<f64> {
+            Some(match dtype_of(g, ys)? {
+                DType::F32 => v as f32 as f64,
+                DType::F16 => half::f16::from_f64(v).to_f64(),
+                DType::BF16 => half::bf16::from_f64(v).to_f64(),
+                _ => v,
+            })
+        };
+        let factor = sb
+            .iter()
+            .map(|&b| round(round(sa[0] * b)? / sy[0]))
+            .collect::<Option<Vec<f64>>>()?;
+        let factor = if factor.len() == 1 {
+            Tensor::scalar(factor[0])
+        } else {
+            Tensor::from_vec(&[nn], factor)
+        };
+        let (dt, zp) = match input(7) {
+            Some(z) => (g.const_of(z)?.dtype(), per_column(g, z, 1)?[0]),
+            None => (dtype_of(g, a)?, 0.0),
+        };
+        if dtype_of(g, y) != Some(dt) {
+            return None;
+        }
+        let (lo, hi) = dt.int_range()?;
+        Some(Requant {
+            factor,
+            zp,
+            lo: lo as f64,
+            hi: hi as f64,
+            dt,
+        })
+    } else {
+        None
+    };
+    Some(Plan {
+        w: Tensor::from_vec(&[k, nn], w),
+        requant,
+    })
 }
 
 fn typed(g: &Graph, like: ValueId, dt: DType) -> ValueType {
@@ -119,7 +213,7 @@ fn add(
     Ok(())
 }
 
-fn widen(g: &mut Graph, n: NodeId, w: Tensor) -> Result<()> {
+fn widen(g: &mut Graph, n: NodeId, plan: Plan) -> Result<()> {
     let node = g.remove_node(n).expect("a node of the order");
     let name = node.name.clone();
     let a = node.inputs[0].expect("checked");
@@ -154,19 +248,45 @@ fn widen(g: &mut Graph, n: NodeId, w: Tensor) -> Result<()> {
         add(g, format!("{name}/a_less_zero"), "Sub", &[], &[a32, z32], d)?;
         a32 = d;
     }
-    let wv = add_const(g, &format!("{name}/b_f32"), w);
+    let wv = add_const(g, &format!("{name}/b_f32"), plan.w);
     let p = value(g, &format!("{name}/product"), typed(g, y, DType::F32));
     add(g, format!("{name}/product"), "MatMul", &[], &[a32, wv], p)?;
-    let i32c = Attr::Int(i64::from(DType::I32.onnx_code()));
+    let Some(rq) = plan.requant else {
+        let i32c = Attr::Int(i64::from(DType::I32.onnx_code()));
+        return add(
+            g,
+            format!("{name}/to_i32"),
+            "Cast",
+            &[("to", i32c)],
+            &[p],
+            y,
+        );
+    };
+    // The reference's requantization, in f64.
+    let f64t = typed(g, y, DType::F64);
+    let step = |g: &mut Graph, what: &str, op: &str, attrs: &[(&str, Attr)], ins: &[ValueId]| {
+        let v = value(g, &format!("{name}/{what}"), f64t.clone());
+        add(g, format!("{name}/{what}"), op, attrs, ins, v).map(|()| v)
+    };
+    let f64c = Attr::Int(i64::from(DType::F64.onnx_code()));
+    let c = step(g, "product_f64", "Cast", &[("to", f64c)], &[p])?;
+    let factor = add_const(g, &format!("{name}/factor"), rq.factor);
+    let c = step(g, "scaled", "Mul", &[], &[c, factor])?;
+    let zp = add_const(g, &format!("{name}/y_zero_f64"), Tensor::scalar(rq.zp));
+    let c = step(g, "shifted", "Add", &[], &[c, zp])?;
+    let c = step(g, "rounded", "Round", &[], &[c])?;
+    let lo = add_const(g, &format!("{name}/lo"), Tensor::scalar(rq.lo));
+    let hi = add_const(g, &format!("{name}/hi"), Tensor::scalar(rq.hi));
+    let c = step(g, "clipped", "Clip", &[], &[c, lo, hi])?;
+    let to = Attr::Int(i64::from(rq.dt.onnx_code()));
     add(
         g,
-        format!("{name}/to_i32"),
+        format!("{name}/to_output"),
         "Cast",
-        &[("to", i32c)],
-        &[p],
+        &[("to", to)],
+        &[c],
         y,
-    )?;
-    Ok(())
+    )
 }
 
 #[cfg(test)]
