@@ -553,6 +553,42 @@ fn bits(v: &Value) -> Vec<u64> {
         .collect()
 }
 
+/// The op types of a compiled model's optimized graph.
+fn op_types(c: &onnxc::driver::Compiled) -> Vec<String> {
+    c.graph
+        .nodes
+        .node_weights()
+        .map(|n| n.op_type.clone())
+        .collect()
+}
+
+/// A deterministic stream of 31-bit values (a linear congruential generator).
+fn lcg(seed: u64) -> impl FnMut() -> i64 {
+    let mut s = seed;
+    move || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (s >> 33) as i64
+    }
+}
+
+/// An integer initializer of dtype `dt` (8- and 16-bit types are held in `int32_data`).
+fn int_tensor(
+    name: &str,
+    dt: onnxc::onnx::proto::tensor_proto::DataType,
+    dims: &[i64],
+    v: &[i64],
+) -> onnxc::onnx::proto::TensorProto {
+    onnxc::onnx::proto::TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(dt as i32),
+        int32_data: v.iter().map(|&x| x as i32).collect(),
+        ..Default::default()
+    }
+}
+
 /// TopK on long lanes (the outputs kept sorted while the lane is read, elements
 /// inserted among them) against the reference evaluator, values bit for bit and indices
 /// exactly, on the host and on aarch64 under qemu: f32 rows of 300 with many ties, NaNs,
@@ -1036,23 +1072,11 @@ fn integer_products_run_exactly_on_the_f32_gemm() {
     use common::{model, node, value_info};
     use onnxc::ir::Tensor;
     use onnxc::onnx::proto::tensor_proto::DataType;
-    use onnxc::onnx::proto::{GraphProto, TensorProto};
+    use onnxc::onnx::proto::GraphProto;
     let scratch = tempfile::tempdir().unwrap();
     let (m, k, n) = (37usize, 200usize, 45usize);
-    let mut s = 77u64;
-    let mut next = || {
-        s = s
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (s >> 33) as i64
-    };
-    let int8 = |name: &str, dims: &[i64], v: &[i64]| TensorProto {
-        name: Some(name.into()),
-        dims: dims.to_vec(),
-        data_type: Some(DataType::Int8 as i32),
-        int32_data: v.iter().map(|&x| x as i32).collect(),
-        ..Default::default()
-    };
+    let mut next = lcg(77);
+    let int8 = |name: &str, dims: &[i64], v: &[i64]| int_tensor(name, DataType::Int8, dims, v);
     // Full-range weights, extremes included; column 0 all 127 and row 0 of A all 255,
     // so that one sum is large (200 x 124 x 130, past 2^21).
     let w: Vec<i64> = (0..k * n)
@@ -1096,13 +1120,12 @@ fn integer_products_run_exactly_on_the_f32_gemm() {
         for target in ["host", "aarch64-neon"] {
             let (c, got, want) =
                 compiled_and_reference(scratch.path(), &model(g.clone()), target, &inputs);
-            let ops: Vec<&str> = c
-                .graph
-                .nodes
-                .node_weights()
-                .map(|n| n.op_type.as_str())
-                .collect();
-            assert_eq!(ops.contains(&"MatMul"), wide, "{case} on {target}: {ops:?}");
+            let ops = op_types(&c);
+            assert_eq!(
+                ops.contains(&"MatMul".into()),
+                wide,
+                "{case} on {target}: {ops:?}"
+            );
             let (g, w) = (got[0].as_tensor().unwrap(), want[0].as_tensor().unwrap());
             assert_eq!(g.array::<i32>(), w.array::<i32>(), "{case} on {target}");
             let top = w.array::<i32>().unwrap().iter().map(|v| v.abs()).max();
@@ -1120,23 +1143,11 @@ fn quantized_products_requantize_as_the_reference() {
     use common::{f32_tensor, model, node, value_info};
     use onnxc::ir::Tensor;
     use onnxc::onnx::proto::tensor_proto::DataType;
-    use onnxc::onnx::proto::{GraphProto, TensorProto};
+    use onnxc::onnx::proto::GraphProto;
     let scratch = tempfile::tempdir().unwrap();
     let (m, k, n) = (19usize, 96usize, 33usize);
-    let mut s = 5u64;
-    let mut next = || {
-        s = s
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (s >> 33) as i64
-    };
-    let ints = |name: &str, dt: DataType, dims: &[i64], v: &[i64]| TensorProto {
-        name: Some(name.into()),
-        dims: dims.to_vec(),
-        data_type: Some(dt as i32),
-        int32_data: v.iter().map(|&x| x as i32).collect(),
-        ..Default::default()
-    };
+    let mut next = lcg(5);
+    let ints = int_tensor;
     let w: Vec<i64> = (0..k * n).map(|_| next() % 256 - 128).collect();
     let zb: Vec<i64> = (0..n).map(|j| (j as i64 % 5) - 2).collect();
     let sb: Vec<f32> = (0..n).map(|j| 0.002 + 0.0003 * j as f32).collect();
@@ -1170,13 +1181,11 @@ fn quantized_products_requantize_as_the_reference() {
     for target in ["host", "aarch64-neon"] {
         let (c, got, want) =
             compiled_and_reference(scratch.path(), &model(g.clone()), target, &inputs);
-        let ops: Vec<&str> = c
-            .graph
-            .nodes
-            .node_weights()
-            .map(|n| n.op_type.as_str())
-            .collect();
-        assert!(!ops.contains(&"QLinearMatMul"), "on {target}: {ops:?}");
+        let ops = op_types(&c);
+        assert!(
+            !ops.contains(&"QLinearMatMul".into()),
+            "on {target}: {ops:?}"
+        );
         let (g, w) = (got[0].as_tensor().unwrap(), want[0].as_tensor().unwrap());
         assert_eq!(
             g.array::<u8>(),

@@ -170,6 +170,17 @@ pub fn shape_of(g: &Graph, v: ValueId) -> Option<Vec<usize>> {
     g.value(v).ty.static_shape()
 }
 
+/// `v`'s type with dtype `dt` (same shape): the type of a cast of it.
+pub fn retyped(g: &Graph, v: ValueId, dt: DType) -> ValueType {
+    match &g.value(v).ty {
+        ValueType::Tensor { shape, .. } => ValueType::Tensor {
+            dt,
+            shape: shape.clone(),
+        },
+        t => t.clone(),
+    }
+}
+
 /// The dtype of a value.
 pub fn dtype_of(g: &Graph, v: ValueId) -> Option<DType> {
     g.value(v).ty.dtype()

@@ -6,9 +6,10 @@
 //! without this an f16 convolution ran as a scalar loop nest (a 64-channel 3x3 one on
 //! 56 x 56: 649 ms, ONNX Runtime 1.3 ms, which inserts the same casts on CPU).
 
-use super::util::{add_const, dtype_of, new_node, order};
+use super::inline_util::add_node_to;
+use super::util::{add_const, dtype_of, order, retyped};
 use crate::error::Result;
-use crate::ir::{Attr, Attrs, DType, Graph, NodeId, Source, ValueId, ValueType};
+use crate::ir::{Attr, DType, Graph, NodeId, Source, ValueId};
 use std::collections::HashMap;
 
 /// The ops that take the f32 path, with which of their inputs are float tensors.
@@ -51,17 +52,6 @@ fn qualifies(g: &Graph, n: NodeId) -> bool {
             .all(|(i, v)| !floats.contains(&i) || (*v).is_none_or(f16))
 }
 
-/// `v`'s type with dtype `dt`.
-fn retyped(g: &Graph, v: ValueId, dt: DType) -> ValueType {
-    match &g.value(v).ty {
-        ValueType::Tensor { shape, .. } => ValueType::Tensor {
-            dt,
-            shape: shape.clone(),
-        },
-        t => t.clone(),
-    }
-}
-
 fn cast_node(
     g: &mut Graph,
     name: String,
@@ -70,20 +60,16 @@ fn cast_node(
     from: ValueId,
     out: ValueId,
 ) -> Result<()> {
-    let mut attrs = Attrs::default();
-    attrs
-        .0
-        .insert("to".into(), Attr::Int(i64::from(to.onnx_code())));
-    let node = new_node(
+    let to = Attr::Int(i64::from(to.onnx_code()));
+    add_node_to(
+        g,
+        opset.max(6),
         name,
         "Cast",
-        attrs,
-        opset.max(6),
+        &[("to", to)],
         vec![Some(from)],
         vec![out],
-    )?;
-    g.add_node(node);
-    Ok(())
+    )
 }
 
 fn widen(g: &mut Graph, n: NodeId, widened: &mut HashMap<ValueId, ValueId>) -> Result<()> {

@@ -15,9 +15,10 @@
 //! reference's bit for bit. Its scales and zero points must be constants (A's zero
 //! point aside), one value each or one per column of B.
 
-use super::util::{add_const, dtype_of, new_node, order, shape_of};
+use super::inline_util::add_node_to;
+use super::util::{add_const, dtype_of, order, retyped, shape_of};
 use crate::error::Result;
-use crate::ir::{Attr, Attrs, DType, Graph, NodeId, Source, Tensor, ValueId, ValueType};
+use crate::ir::{Attr, DType, Graph, NodeId, Source, Tensor, ValueId, ValueType};
 
 /// Largest `|a - za|` of 8-bit operands.
 const A_MAX: f64 = 255.0;
@@ -179,16 +180,7 @@ fn plan(g: &Graph, n: NodeId) -> Option<Plan> {
     })
 }
 
-fn typed(g: &Graph, like: ValueId, dt: DType) -> ValueType {
-    match &g.value(like).ty {
-        ValueType::Tensor { shape, .. } => ValueType::Tensor {
-            dt,
-            shape: shape.clone(),
-        },
-        t => t.clone(),
-    }
-}
-
+/// Adds `op(inputs) -> out` (opset 13: every op used here has its current form there).
 fn add(
     g: &mut Graph,
     name: String,
@@ -197,20 +189,8 @@ fn add(
     inputs: &[ValueId],
     out: ValueId,
 ) -> Result<()> {
-    let mut a = Attrs::default();
-    for (k, v) in attrs {
-        a.0.insert(k.to_string(), v.clone());
-    }
-    let node = new_node(
-        name,
-        op,
-        a,
-        13,
-        inputs.iter().map(|&v| Some(v)).collect(),
-        vec![out],
-    )?;
-    g.add_node(node);
-    Ok(())
+    let ins = inputs.iter().map(|&v| Some(v)).collect();
+    add_node_to(g, 13, name, op, attrs, ins, vec![out])
 }
 
 fn widen(g: &mut Graph, n: NodeId, plan: Plan) -> Result<()> {
@@ -223,7 +203,7 @@ fn widen(g: &mut Graph, n: NodeId, plan: Plan) -> Result<()> {
         let v = g.fresh_name(base);
         g.add_value(v, ty, Source::Undefined)
     };
-    let ty = typed(g, a, DType::F32);
+    let ty = retyped(g, a, DType::F32);
     let mut a32 = value(g, &format!("{name}/a_f32"), ty.clone());
     add(
         g,
@@ -234,7 +214,7 @@ fn widen(g: &mut Graph, n: NodeId, plan: Plan) -> Result<()> {
         a32,
     )?;
     if let Some(za) = node.inputs.get(2).copied().flatten() {
-        let zty = typed(g, za, DType::F32);
+        let zty = retyped(g, za, DType::F32);
         let z32 = value(g, &format!("{name}/a_zero_f32"), zty);
         add(
             g,
@@ -249,7 +229,7 @@ fn widen(g: &mut Graph, n: NodeId, plan: Plan) -> Result<()> {
         a32 = d;
     }
     let wv = add_const(g, &format!("{name}/b_f32"), plan.w);
-    let p = value(g, &format!("{name}/product"), typed(g, y, DType::F32));
+    let p = value(g, &format!("{name}/product"), retyped(g, y, DType::F32));
     add(g, format!("{name}/product"), "MatMul", &[], &[a32, wv], p)?;
     let Some(rq) = plan.requant else {
         let i32c = Attr::Int(i64::from(DType::I32.onnx_code()));
@@ -263,7 +243,7 @@ fn widen(g: &mut Graph, n: NodeId, plan: Plan) -> Result<()> {
         );
     };
     // The reference's requantization, in f64.
-    let f64t = typed(g, y, DType::F64);
+    let f64t = retyped(g, y, DType::F64);
     let step = |g: &mut Graph, what: &str, op: &str, attrs: &[(&str, Attr)], ins: &[ValueId]| {
         let v = value(g, &format!("{name}/{what}"), f64t.clone());
         add(g, format!("{name}/{what}"), op, attrs, ins, v).map(|()| v)
