@@ -113,7 +113,8 @@ pub struct BenchReport {
     pub ratio: Option<f64>,
     /// Largest relative error of each output against ONNX Runtime's.
     pub max_rel_err: Vec<f64>,
-    /// The relative error each output may have ([`crate::check::tolerance`] of its type).
+    /// The relative error each output may have ([`crate::check::tolerance`] of its type;
+    /// for 8- and 16-bit integer outputs [`crate::check::quantized_tolerance`]).
     pub tolerance: Vec<f64>,
     /// The core's measured FP32 FMA peak for the target's vectors, GFLOP/s.
     pub peak_gflops: Option<f64>,
@@ -511,12 +512,20 @@ fn bench_in(
     } else {
         None
     };
+    let mut tolerance: Vec<f64> = g
+        .outputs
+        .iter()
+        .map(|&o| crate::check::tolerance(g.value(o).ty.dtype()))
+        .collect();
     if opts.with_ort {
         ort = Timing::best_round(ort_ns);
         for (k, (got, &o)) in outs.iter().zip(&g.outputs).enumerate() {
             let p = dir.join(format!("ort_out_{k}.npy"));
             let want = crate::io::read_value(&p, &g.value(o).ty)?;
             let want = want.as_tensor().expect("npy holds a tensor");
+            if let Some(t) = crate::check::quantized_tolerance(want) {
+                tolerance[k] = t;
+            }
             errs.push(rel_err(got, want).map_err(|e| {
                 Error::Usage(format!(
                     "output {k} (`{}`) disagrees with onnxruntime: {e}",
@@ -548,11 +557,7 @@ fn bench_in(
         ort_version,
         ratio,
         max_rel_err: errs,
-        tolerance: g
-            .outputs
-            .iter()
-            .map(|&o| crate::check::tolerance(g.value(o).ty.dtype()))
-            .collect(),
+        tolerance,
         peak_gflops,
         kernels: c.lowered.program.kernels.len(),
         arena_bytes: c.lowered.plan.arena_bytes,

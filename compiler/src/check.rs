@@ -82,6 +82,25 @@ pub fn tolerance(dt: Option<DType>) -> f64 {
     (ulp / digit).ceil() * digit
 }
 
+/// For an 8- or 16-bit integer output `want` (a quantized tensor), the relative error of
+/// one unit (at least 1e-4): engines may requantize a product to neighbouring values
+/// (ONNX Runtime's QLinearMatMul rounds in f32, the reference in f64). `None` for other
+/// dtypes.
+pub fn quantized_tolerance(want: &Tensor) -> Option<f64> {
+    if !matches!(
+        want.dtype(),
+        DType::U8 | DType::I8 | DType::U16 | DType::I16
+    ) {
+        return None;
+    }
+    let top = want.to_f64()?.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    Some(if top > 0.0 {
+        (1.0 / top).max(1e-4)
+    } else {
+        1e-4
+    })
+}
+
 pub fn rel_err(got: &Tensor, want: &Tensor) -> std::result::Result<f64, String> {
     if got.shape() != want.shape() {
         return Err(format!(
@@ -142,5 +161,24 @@ mod tests {
         assert!(close(tolerance(Some(DType::F16)), 1e-3));
         assert!(close(tolerance(Some(DType::BF16)), 8e-3));
         assert!(close(tolerance(Some(DType::F8E4M3FN)), 0.2));
+    }
+
+    #[test]
+    fn quantized_outputs_may_differ_by_one_unit() {
+        let q = Tensor::from_vec(&[3], vec![0u8, 200, 17]);
+        let t = quantized_tolerance(&q).unwrap();
+        assert!((t - 1.0 / 200.0).abs() < 1e-15);
+        let one_off = Tensor::from_vec(&[3], vec![1u8, 200, 17]);
+        let two_off = Tensor::from_vec(&[3], vec![2u8, 200, 17]);
+        assert!(rel_err(&one_off, &q).unwrap() <= t);
+        assert!(rel_err(&two_off, &q).unwrap() > t);
+        assert_eq!(
+            quantized_tolerance(&Tensor::from_vec(&[1], vec![1.0f32])),
+            None
+        );
+        assert_eq!(
+            quantized_tolerance(&Tensor::from_vec(&[1], vec![0i8])),
+            Some(1e-4)
+        );
     }
 }

@@ -95,7 +95,8 @@ enum Cmd {
     /// same thread count) on the same random inputs, in one run, after warm-up; print
     /// median and p90, their ratio, FLOPs and the fraction of this core's measured FMA
     /// peak, and check that the outputs agree (1e-4 relative; for f16 outputs 1e-3 and
-    /// for bf16 8e-3, a unit in their last place).
+    /// for bf16 8e-3, a unit in their last place; for 8- and 16-bit integer outputs one
+    /// unit).
     Bench {
         model: PathBuf,
         /// Threads for both: ONNX Runtime's intra-op threads, and the compiled model's
