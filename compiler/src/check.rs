@@ -60,9 +60,6 @@ pub fn random_inputs(g: &Graph, seed: u64) -> Result<Vec<Value>> {
     Ok(vals)
 }
 
-/// Largest absolute difference over the largest magnitude of the expected tensor (the
-/// measure every whole-model test uses). Shapes must agree; NaNs must match; strings
-/// must be equal (0).
 /// The relative error two engines' outputs of type `dt` may show: 1e-4, or for types
 /// with fewer than 14 significand bits one unit in their last place at the largest
 /// magnitude (the engines may round a sum to neighbouring values): 1e-3 for f16, 8e-3
@@ -101,6 +98,9 @@ pub fn quantized_tolerance(want: &Tensor) -> Option<f64> {
     })
 }
 
+/// Largest absolute difference over the largest magnitude of the expected tensor (the
+/// measure every whole-model test uses). Shapes must agree; NaNs must match; strings
+/// must be equal (0).
 pub fn rel_err(got: &Tensor, want: &Tensor) -> std::result::Result<f64, String> {
     if got.shape() != want.shape() {
         return Err(format!(

@@ -1,6 +1,6 @@
 //! Linear quantization: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear.
 
-use super::util::{f64s, input, opt_input, outs, zip_broadcast};
+use super::util::{f64s, input, opt_input, outs, round_to, zip_broadcast};
 use super::{OpCtx, Registry};
 use crate::ir::{DType, OpError, OpResult, Tensor, Value};
 use crate::{bail, ensure};
@@ -15,16 +15,6 @@ pub fn register(r: &mut Registry) {
 
 fn err(e: impl std::fmt::Display) -> OpError {
     OpError::new(format!("internal shape error: {e}"))
-}
-
-/// Rounds f64 values to the precision of float dtype `dt` (identity for f64).
-fn round_to(dt: DType, a: ArrayD<f64>) -> ArrayD<f64> {
-    match dt {
-        DType::F64 => a,
-        DType::F32 => a.mapv(|v| v as f32 as f64),
-        _ if dt.is_float() => Tensor::from_f64(dt, a.clone(), false).to_f64().unwrap_or(a),
-        _ => a,
-    }
 }
 
 /// Makes a scale or zero point broadcastable to `xshape`: scalars stay scalars, 1-D

@@ -269,3 +269,13 @@ pub fn arr<T: Elem>(t: &Tensor) -> OpResult<&ArrayD<T>> {
 pub fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }
+
+/// Rounds f64 values to the precision of float dtype `dt` (identity for f64).
+pub fn round_to(dt: DType, a: ArrayD<f64>) -> ArrayD<f64> {
+    match dt {
+        DType::F64 => a,
+        DType::F32 => a.mapv(|v| v as f32 as f64),
+        _ if dt.is_float() => Tensor::from_f64(dt, a.clone(), false).to_f64().unwrap_or(a),
+        _ => a,
+    }
+}

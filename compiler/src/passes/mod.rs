@@ -9,7 +9,8 @@
 //! `eliminate_common_subexpressions`, `eliminate_dead_code`. Level 2 (algebraic folding
 //! into weights, convs split into the forms the GEMM lowerings take, then fusion):
 //! `widen_f16` (f16 convs and products onto the f32 kernels), `widen_integer_matmul`
-//! (MatMulInteger and QLinearMatMul onto the f32 GEMM where f32 is exact), `fold_batchnorm`, `matmul_add_to_gemm`, `fold_scale_bias`, `fold_input_scale`,
+//! (MatMulInteger and QLinearMatMul onto the f32 GEMM where f32 is exact),
+//! `fold_batchnorm`, `matmul_add_to_gemm`, `fold_scale_bias`, `fold_input_scale`,
 //! `split_grouped_conv`, `split_dilated_conv`, `fuse_patterns`, `fuse_epilogue`,
 //! `fuse_elementwise`, `eliminate_dead_code`.
 //! No pass changes the graph's inputs or outputs (names and types), and every value it

@@ -22,7 +22,7 @@ fn float_inputs(op: &str) -> Option<&'static [usize]> {
 }
 
 pub fn run(g: &mut Graph) -> Result<()> {
-    // A constant's f32 copy, shared by its readers.
+    // Each f16 input's f32 form (a constant's copy or a Cast), shared by its readers.
     let mut widened: HashMap<ValueId, ValueId> = HashMap::new();
     for n in order(g)? {
         if g.nodes.contains_node(n) && qualifies(g, n) {
@@ -96,6 +96,7 @@ fn widen(g: &mut Graph, n: NodeId, widened: &mut HashMap<ValueId, ValueId>) -> R
             let ty = retyped(g, v, DType::F32);
             let w = g.add_value(vname, ty, Source::Undefined);
             cast_node(g, format!("{name}/in{i}_f32"), opset, DType::F32, v, w)?;
+            widened.insert(v, w);
             w
         };
         g.nodes[n].inputs[i] = Some(wide);

@@ -19,6 +19,8 @@ use super::inline_util::add_node_to;
 use super::util::{add_const, dtype_of, order, retyped, shape_of};
 use crate::error::Result;
 use crate::ir::{Attr, DType, Graph, NodeId, Source, Tensor, ValueId, ValueType};
+use crate::ops::util::round_to;
+use ndarray::{ArrayD, IxDyn};
 
 /// Largest `|a - za|` of 8-bit operands.
 const A_MAX: f64 = 255.0;
@@ -104,29 +106,20 @@ fn plan(g: &Graph, n: NodeId) -> Option<Plan> {
         &[k, nn] => (k, nn),
         _ => return None,
     };
-    let bv = bt.to_i128()?;
-    let zb: Vec<i128> = match zb {
-        None => vec![0; nn],
-        Some(z) => {
-            let zt = g.const_of(z)?;
-            if zt.dtype() != bt.dtype() {
-                return None;
-            }
-            let z = zt.to_i128()?.iter().copied().collect::<Vec<_>>();
-            match z.len() {
-                1 => vec![z[0]; nn],
-                l if l == nn && zt.rank() == 1 => z,
-                _ => return None,
-            }
-        }
+    let zb = match zb {
+        None => vec![0.0],
+        Some(z) if dtype_of(g, z) == Some(bt.dtype()) => per_column(g, z, nn)?,
+        Some(_) => return None,
     };
+    // 8-bit integers and their differences are exact in f64 and f32.
+    let bv = bt.to_f64()?;
     let mut w = vec![0f32; k * nn];
     let mut colsum = vec![0f64; nn];
     for p in 0..k {
         for j in 0..nn {
-            let d = bv[[p, j]] - zb[j];
+            let d = bv[[p, j]] - zb[if zb.len() == 1 { 0 } else { j }];
             w[p * nn + j] = d as f32;
-            colsum[j] += (d as f64).abs();
+            colsum[j] += d.abs();
         }
     }
     let worst = colsum.iter().copied().fold(0.0, f64::max);
@@ -134,28 +127,16 @@ fn plan(g: &Graph, n: NodeId) -> Option<Plan> {
         return None;
     }
     let requant = if q {
-        let sa = per_column(g, input(1)?, 1)?;
+        let sa = per_column(g, input(1)?, 1)?[0];
         let sb = per_column(g, input(4)?, nn)?;
         let ys = input(6)?;
-        let sy = per_column(g, ys, 1)?;
+        let sy = per_column(g, ys, 1)?[0];
         // As the reference: each operation rounded to the scales' dtype.
-        let round = |v: f64| -> Option<f64> {
-            Some(match dtype_of(g, ys)? {
-                DType::F32 => v as f32 as f64,
-                DType::F16 => half::f16::from_f64(v).to_f64(),
-                DType::BF16 => half::bf16::from_f64(v).to_f64(),
-                _ => v,
-            })
-        };
-        let factor = sb
-            .iter()
-            .map(|&b| round(round(sa[0] * b)? / sy[0]))
-            .collect::<Option<Vec<f64>>>()?;
-        let factor = if factor.len() == 1 {
-            Tensor::scalar(factor[0])
-        } else {
-            Tensor::from_vec(&[nn], factor)
-        };
+        let sdt = dtype_of(g, ys)?;
+        let shape: &[usize] = if sb.len() == 1 { &[] } else { &[nn] };
+        let sb = ArrayD::from_shape_vec(IxDyn(shape), sb).ok()?;
+        let factor = round_to(sdt, round_to(sdt, sb * sa) / sy);
+        let factor = Tensor::from_array(factor);
         let (dt, zp) = match input(7) {
             Some(z) => (g.const_of(z)?.dtype(), per_column(g, z, 1)?[0]),
             None => (dtype_of(g, a)?, 0.0),
