@@ -55,23 +55,22 @@ pub fn node_flops(g: &Graph, n: crate::ir::NodeId) -> Option<u64> {
     let inp = |i: usize| shape(g, node.inputs.get(i).copied().flatten());
     Some(match node.op_type.as_str() {
         "Conv" | "ConvInteger" | "QLinearConv" => {
-            let w = inp(1)?;
-            2 * out_elems * w[1..].iter().product::<usize>() as u64
+            let w = inp(if node.op_type == "QLinearConv" { 3 } else { 1 })?;
+            2 * out_elems * w.get(1..)?.iter().product::<usize>() as u64
         }
         "ConvTranspose" => {
             let x = inp(0)?;
             let w = inp(1)?;
-            2 * x.iter().product::<usize>() as u64 * w[1..].iter().product::<usize>() as u64
+            2 * x.iter().product::<usize>() as u64 * w.get(1..)?.iter().product::<usize>() as u64
         }
         "MatMul" | "MatMulInteger" | "QLinearMatMul" => {
-            let a = inp(0)?;
-            let k = if a.len() == 1 { a[0] } else { a[a.len() - 1] };
+            let k = *inp(0)?.last()?;
             2 * out_elems * k as u64
         }
         "Gemm" => {
             let a = inp(0)?;
             let trans_a = node.attrs.int("transA", 0).ok()? != 0;
-            let k = if trans_a { a[0] } else { a[1] };
+            let k = *a.get(if trans_a { 0 } else { 1 })?;
             2 * out_elems * k as u64
         }
         _ => out_elems,
@@ -175,4 +174,35 @@ pub fn is_static(g: &Graph) -> bool {
         .iter()
         .chain(&g.outputs)
         .all(|&v| matches!(g.value(v).ty, ValueType::Tensor { .. }) && g.value(v).ty.is_static())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{DType, Tensor, ValueType};
+    use crate::passes::testutil::Builder;
+
+    #[test]
+    fn flops_read_each_ops_weight_and_never_index_past_a_shape() {
+        let mut b = Builder::new();
+        let x = b.input_typed("x", DType::U8, &[1, 4, 5, 5]);
+        let s = b.konst("s", &[], vec![0.1]);
+        let z = b.konst_t("z", Tensor::scalar(0u8));
+        let w = b.konst_t("w", Tensor::from_vec(&[6, 4, 3, 3], vec![1i8; 216]));
+        let wz = b.konst_t("wz", Tensor::scalar(0i8));
+        let q = b.node_typed(
+            "QLinearConv",
+            &[x, s, z, w, s, wz, s, z],
+            DType::U8,
+            &[1, 6, 3, 3],
+        );
+        let a = b.input("a", &[2, 2]);
+        let m = b.node("MatMul", &[a, a], &[2, 2]);
+        let mut g = b.finish_untyped(&[q, m]);
+        // A scalar operand (inference rejects one; a corrupt graph must not panic here).
+        g.values[a].ty = ValueType::tensor(DType::F32, &[]);
+        let flops: Vec<Option<u64>> = g.nodes.node_indices().map(|n| node_flops(&g, n)).collect();
+        assert!(flops.contains(&Some(2 * 6 * 9 * 4 * 9)), "{flops:?}");
+        assert!(flops.contains(&None), "{flops:?}");
+    }
 }

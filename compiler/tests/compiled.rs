@@ -1064,7 +1064,7 @@ fn f16_convs_and_products_run_on_the_f32_kernels() {
 
 /// MatMulInteger by a constant int8 weight (per-column zero points) with a run-time
 /// uint8 zero point for A, as dynamic quantization makes it: on the f32 GEMM (the
-/// `widen_integer_matmul` pass, exact while the sums stay within 2^24), on the host and
+/// `widen_integer` pass, exact while the sums stay within 2^24), on the host and
 /// on aarch64 under qemu, against the reference evaluator bit for bit; and a weight
 /// whose sums could pass 2^24 keeps the integer product.
 #[test]
@@ -1130,6 +1130,158 @@ fn integer_products_run_exactly_on_the_f32_gemm() {
             assert_eq!(g.array::<i32>(), w.array::<i32>(), "{case} on {target}");
             let top = w.array::<i32>().unwrap().iter().map(|v| v.abs()).max();
             assert!(top > Some(1 << 21), "{case}: small sums only");
+        }
+    }
+}
+
+/// ConvInteger and QLinearConv by constant int8 weights on the f32 convs (the
+/// `widen_integer` pass), on the host and on aarch64 under qemu, bit for bit against the
+/// reference evaluator: a 3x3 conv the size Winograd takes for f32 (it must not: its
+/// rounding would show in the int32 sums), per-channel weight zero points and a
+/// constant x zero point; a grouped, strided, asymmetrically padded conv with a run-time
+/// x zero point; QLinearConv with an int32 bias and per-channel scales, saturating at
+/// both ends; and weights whose sums could pass 2^24 keep the integer conv.
+#[test]
+fn integer_convs_run_exactly_on_the_f32_convs() {
+    use common::{f32_tensor, int_attr, ints_attr, model, node, value_info};
+    use onnxc::ir::Tensor;
+    use onnxc::onnx::proto::tensor_proto::DataType;
+    use onnxc::onnx::proto::GraphProto;
+    let scratch = tempfile::tempdir().unwrap();
+    let mut next = lcg(91);
+    let mut full = |n: usize| -> Vec<i64> { (0..n).map(|_| next() % 256 - 128).collect() };
+    let (c, hw) = (16i64, 24i64);
+    let w3 = full(16 * 16 * 9);
+    let wg = full(8 * 4 * 9);
+    let wq = full(16 * 16 * 9);
+    let wz: Vec<i64> = (0..16).map(|j| j % 5 - 2).collect();
+    let bias: Vec<i64> = (0..16).map(|j| (j - 8) * 9000).collect();
+    let ws: Vec<f32> = (0..16).map(|j| 0.01 + 0.002 * j as f32).collect();
+    let x_dims = [1, c, hw, hw];
+    let mut x_vals = lcg(3);
+    let x: Vec<u8> = (0..(c * hw * hw) as usize)
+        .map(|i| match i % 37 {
+            0 => 0,
+            1 => 255,
+            _ => (x_vals() % 256) as u8,
+        })
+        .collect();
+    let x_in = || Value::Tensor(Tensor::from_vec(&[1, 16, 24, 24], x.clone()));
+    let u8s = |name: &str, dims: &[i64], v: &[i64]| int_tensor(name, DataType::Uint8, dims, v);
+    let i8s = |name: &str, dims: &[i64], v: &[i64]| int_tensor(name, DataType::Int8, dims, v);
+    let conv = |op: &str, ins: &[&str], attrs: Vec<_>| {
+        let mut n = node(op, ins, &["y"]);
+        n.attribute = attrs;
+        n
+    };
+    // (graph, inputs, widened)
+    let cases: Vec<(GraphProto, Vec<Value>, bool)> = vec![
+        (
+            GraphProto {
+                name: Some("convinteger_3x3".into()),
+                node: vec![conv(
+                    "ConvInteger",
+                    &["x", "w", "xz", "wz"],
+                    vec![ints_attr("pads", &[1, 1, 1, 1])],
+                )],
+                input: vec![value_info("x", DataType::Uint8, &x_dims)],
+                output: vec![value_info("y", DataType::Int32, &x_dims)],
+                initializer: vec![
+                    i8s("w", &[16, 16, 3, 3], &w3),
+                    u8s("xz", &[], &[131]),
+                    i8s("wz", &[16], &wz),
+                ],
+                ..Default::default()
+            },
+            vec![x_in()],
+            true,
+        ),
+        (
+            GraphProto {
+                name: Some("convinteger_grouped".into()),
+                node: vec![conv(
+                    "ConvInteger",
+                    &["x", "w", "xz"],
+                    vec![
+                        int_attr("group", 4),
+                        ints_attr("strides", &[2, 2]),
+                        ints_attr("pads", &[0, 1, 1, 0]),
+                    ],
+                )],
+                input: vec![
+                    value_info("x", DataType::Uint8, &x_dims),
+                    value_info("xz", DataType::Uint8, &[]),
+                ],
+                output: vec![value_info("y", DataType::Int32, &[1, 8, 12, 12])],
+                initializer: vec![i8s("w", &[8, 4, 3, 3], &wg)],
+                ..Default::default()
+            },
+            vec![x_in(), Value::Tensor(Tensor::from_vec(&[], vec![7u8]))],
+            true,
+        ),
+        (
+            GraphProto {
+                name: Some("qlinearconv_bias".into()),
+                node: vec![conv(
+                    "QLinearConv",
+                    &["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"],
+                    vec![ints_attr("pads", &[1, 1, 1, 1])],
+                )],
+                input: vec![value_info("x", DataType::Uint8, &x_dims)],
+                output: vec![value_info("y", DataType::Uint8, &x_dims)],
+                initializer: vec![
+                    f32_tensor("xs", &[], &[0.05]),
+                    u8s("xz", &[], &[128]),
+                    i8s("w", &[16, 16, 3, 3], &wq),
+                    f32_tensor("ws", &[16], &ws),
+                    i8s("wz", &[16], &[0; 16]),
+                    f32_tensor("ys", &[], &[0.9]),
+                    u8s("yz", &[], &[120]),
+                    int_tensor("b", DataType::Int32, &[16], &bias),
+                ],
+                ..Default::default()
+            },
+            vec![x_in()],
+            true,
+        ),
+        (
+            // 255 x (16 x 25 x 255) > 2^24.
+            GraphProto {
+                name: Some("convinteger_too_wide".into()),
+                node: vec![conv("ConvInteger", &["x", "w", "xz", "wz"], vec![])],
+                input: vec![value_info("x", DataType::Uint8, &x_dims)],
+                output: vec![value_info("y", DataType::Int32, &[1, 2, 20, 20])],
+                initializer: vec![
+                    i8s("w", &[2, 16, 5, 5], &[-128; 800]),
+                    u8s("xz", &[], &[0]),
+                    i8s("wz", &[], &[127]),
+                ],
+                ..Default::default()
+            },
+            vec![x_in()],
+            false,
+        ),
+    ];
+    for (g, inputs, widened) in cases {
+        let case = g.name.clone().unwrap();
+        for target in ["host", "aarch64-neon"] {
+            let (c, got, want) =
+                compiled_and_reference(scratch.path(), &model(g.clone()), target, &inputs);
+            let ops = op_types(&c);
+            assert_eq!(
+                ops.contains(&"Conv".into()),
+                widened,
+                "{case} on {target}: {ops:?}"
+            );
+            assert_eq!(bits(&got[0]), bits(&want[0]), "{case} on {target}");
+            let w = want[0].as_tensor().unwrap().to_f64().unwrap();
+            if case.starts_with("qlinear") {
+                assert!(w.iter().any(|&v| v == 0.0) && w.iter().any(|&v| v == 255.0));
+                assert!(w.iter().filter(|&&v| v > 0.0 && v < 255.0).count() > w.len() / 2);
+            } else {
+                let top = w.iter().map(|v| v.abs()).fold(0.0, f64::max);
+                assert!(top > (1 << 17) as f64, "{case}: small sums only ({top})");
+            }
         }
     }
 }

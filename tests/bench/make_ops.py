@@ -105,6 +105,25 @@ def main(out):
          [("x", S, T.FLOAT16)], [("y", S)])
     save(out, "mul_f16", [h.make_node("Mul", ["a", "b"], ["y"])],
          [("a", S, T.FLOAT16), ("b", S, T.FLOAT16)], [("y", S)], out_type=T.FLOAT16)
+    # 8-bit quantized convs and products (static: QLinear*, dynamic: *Integer), with
+    # per-channel weight scales, int8 weights and uint8 activations.
+    i8 = lambda shape, n: nh.from_array(rng.integers(-127, 128, shape).astype(np.int8), n)
+    u8 = lambda v, n: nh.from_array(np.array(v, np.uint8), n)
+    scales = lambda m, n: nh.from_array((rng.random(m) * 0.01 + 0.001).astype(np.float32), n)
+    qc = [c(0.02, "xs"), u8(128, "xz"), i8((64, 64, 3, 3), "w"), scales(64, "ws"),
+          nh.from_array(np.zeros(64, np.int8), "wz"), c(0.05, "ys"), u8(128, "yz"),
+          nh.from_array(rng.integers(-5000, 5000, 64).astype(np.int32), "b")]
+    save(out, "qlinear_conv", [h.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"],
+                                           ["y"], pads=[1, 1, 1, 1])],
+         [("x", S, T.UINT8)], [("y", S, T.UINT8)], qc)
+    save(out, "conv_integer", [h.make_node("ConvInteger", ["x", "w", "xz"], ["y"], pads=[1, 1, 1, 1])],
+         [("x", S, T.UINT8)], [("y", S, T.INT32)], [i8((64, 64, 3, 3), "w"), u8(128, "xz")])
+    qm = [c(0.02, "as"), u8(128, "az"), i8((768, 768), "b"), scales(768, "bs"),
+          nh.from_array(np.zeros(768, np.int8), "bz"), c(0.05, "ys"), u8(128, "yz")]
+    save(out, "qlinear_matmul", [h.make_node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"])],
+         [("a", [128, 768], T.UINT8)], [("y", [128, 768], T.UINT8)], qm)
+    save(out, "matmul_integer", [h.make_node("MatMulInteger", ["a", "b", "az"], ["y"])],
+         [("a", [128, 768], T.UINT8)], [("y", [128, 768], T.INT32)], [i8((768, 768), "b"), u8(128, "az")])
 
 
 if __name__ == "__main__":

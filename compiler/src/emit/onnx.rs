@@ -2,8 +2,9 @@
 //! constants become initializers, the model's opset imports are kept, and `onnxc.Fused`
 //! nodes are written by inlining their `body` graph, so only standard ops remain. Graph
 //! outputs that are constants are written as an initializer plus an Identity node.
+//! onnxc's own attributes ([`INTERNAL_PREFIX`]) are left out.
 
-use crate::ir::{Attr, Graph, Node, Source, ValueId, ValueType};
+use crate::ir::{Attr, Graph, Node, Source, ValueId, ValueType, INTERNAL_PREFIX};
 use crate::onnx::proto::{
     attribute_proto::AttributeType as T, tensor_shape_proto, type_proto, AttributeProto,
     GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto,
@@ -186,7 +187,12 @@ impl Writer {
                 .map(|i| i.map(|v| names[&v].clone()).unwrap_or_default())
                 .collect(),
             output: node.outputs.iter().map(|&o| names[&o].clone()).collect(),
-            attribute: node.attrs.iter().map(|(k, a)| self.attr(k, a)).collect(),
+            attribute: node
+                .attrs
+                .iter()
+                .filter(|(k, _)| !k.starts_with(INTERNAL_PREFIX))
+                .map(|(k, a)| self.attr(k, a))
+                .collect(),
             ..Default::default()
         }
     }

@@ -5,6 +5,15 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
+/// Attributes whose names begin with this are onnxc's own marks on a node for the
+/// lowerings; `--emit onnx` leaves them out (ONNX Runtime rejects unknown attributes).
+pub const INTERNAL_PREFIX: &str = "onnxc_";
+
+/// On a Conv: its sums must be exact in any order (integers below 2^24, as the
+/// integer-conv widening makes them), so no lowering may transform the operands
+/// (Winograd's fractions round).
+pub const EXACT_SUMS: &str = "onnxc_exact_sums";
+
 #[derive(Clone, Debug)]
 pub enum Attr {
     Float(f32),

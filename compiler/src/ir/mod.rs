@@ -11,7 +11,7 @@ mod tensor;
 mod value;
 mod verify;
 
-pub use attr::{Attr, Attrs};
+pub use attr::{Attr, Attrs, EXACT_SUMS, INTERNAL_PREFIX};
 pub use dtype::{DType, Storage};
 pub use graph::{Graph, Node, NodeId, Source, ValueId, ValueInfo};
 pub use op::{InferInput, Op, OpError, OpResult, SubgraphRunner, UNSUPPORTED_PREFIX};

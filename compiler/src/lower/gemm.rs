@@ -12,7 +12,7 @@
 mod winograd;
 
 use crate::backend::cranelift::gemm::SPLIT_MIN_ROWS_PACKED;
-use crate::ir::{broadcast_shapes, DType, OpResult};
+use crate::ir::{broadcast_shapes, DType, OpResult, EXACT_SUMS};
 use crate::kir::build::{add, divisor_at_most, int, lin, loops, per_part, store, two_threads_end};
 use crate::kir::{BufKind, CmpOp, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId};
 use crate::ops::lowering::{
@@ -363,7 +363,9 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
     if direct && ol != il {
         return Ok(false);
     }
-    if !direct {
+    // Winograd's transforms round; a conv marked for exact sums (integers) skips it.
+    let exact = lw.op.attrs.int(EXACT_SUMS, 0).unwrap_or(0) != 0;
+    if !direct && !exact {
         let wino = Plane::of(g).and_then(|p2| Some((winograd::fits(&p2, c, m)?, p2)));
         if let Some((wino, p2)) = wino {
             let ep = lw.epilogue.take().filter(|e| !e.is_empty());

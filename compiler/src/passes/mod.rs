@@ -8,7 +8,7 @@
 //! Level 1 (cleanup): `fold_shape_ops`, `fold_constants`, `remove_noops`,
 //! `eliminate_common_subexpressions`, `eliminate_dead_code`. Level 2 (algebraic folding
 //! into weights, convs split into the forms the GEMM lowerings take, then fusion):
-//! `widen_f16` (f16 convs and products onto the f32 kernels), `widen_integer_matmul`
+//! `widen_f16` (f16 convs and products onto the f32 kernels), `widen_integer`
 //! (MatMulInteger and QLinearMatMul onto the f32 GEMM where f32 is exact),
 //! `fold_batchnorm`, `matmul_add_to_gemm`, `fold_scale_bias`, `fold_input_scale`,
 //! `split_grouped_conv`, `split_dilated_conv`, `fuse_patterns`, `fuse_epilogue`,
@@ -36,11 +36,11 @@ pub mod remove_noops;
 pub mod split_dilated_conv;
 pub mod split_grouped_conv;
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;
 pub mod unroll_loops;
 pub mod util;
 pub mod widen_f16;
-pub mod widen_integer_matmul;
+pub mod widen_integer;
 
 pub use infer_shapes::{
     bind_input_shapes, check_static_inputs, free_input_dims, infer_shapes, InferReport,
@@ -97,9 +97,9 @@ pub const PIPELINE: &[Pass] = &[
         run: widen_f16::run,
     },
     Pass {
-        name: "widen_integer_matmul",
+        name: "widen_integer",
         level: 2,
-        run: widen_integer_matmul::run,
+        run: widen_integer::run,
     },
     Pass {
         name: "fold_batchnorm",

@@ -1,29 +1,33 @@
-//! MatMulInteger by a constant weight runs on the f32 GEMM when f32 computes it exactly:
-//! `Cast(A) - Cast(a_zero_point)` times the weight less its zero point (converted at
-//! compile time), cast back to int32. Every term `(a - za) (b - zb)` is an integer, and
-//! while every partial sum stays within 2^24 (checked from the weight: 255 times the
-//! largest column sum of `|b - zb|`) f32 holds each exactly, whatever the order of the
-//! sums, so the result is the int32 product bit for bit. Without this the product ran as
-//! a scalar loop nest: 128 x 768 by 768 x 768 took 134 ms, ONNX Runtime 0.1 ms (its
-//! int8 kernels). The dynamic quantization of transformers (DynamicQuantizeLinear, then
-//! MatMulInteger by int8 weights) makes such products.
+//! Products and convolutions of 8-bit integers by a constant weight run on the f32
+//! kernels when f32 computes them exactly. MatMulInteger becomes `Cast(A) -
+//! Cast(a_zero_point)` times the weight less its zero point (converted at compile time),
+//! cast back to int32; ConvInteger the same with a Conv. Every term `(a - za) (b - zb)`
+//! is an integer, and while every partial sum stays within 2^24 (checked from the
+//! weight: the largest `|a - za|` times the largest sum of `|b - zb|` over one output
+//! column or channel) f32 holds each exactly, whatever the order of the sums, so the
+//! result is the int32 product bit for bit. The Conv is marked [`EXACT_SUMS`] so that
+//! its lowering does not take Winograd (whose transforms round). Zero padding of `x -
+//! x_zero_point` is the reference's padding with the zero point. Without this the
+//! product ran as a scalar loop nest: 128 x 768 by 768 x 768 took 134 ms, ONNX Runtime
+//! 0.1 ms (its int8 kernels); a 64 -> 64 3x3 QLinearConv on 56x56, 134 ms. The dynamic
+//! quantization of transformers (DynamicQuantizeLinear, then MatMulInteger by int8
+//! weights) makes such products, static quantization QLinearConv and QLinearMatMul.
 //!
-//! QLinearMatMul (static quantization's product) takes the same exact product, then
-//! requantizes it as the reference does, in f64: `Round(c * factor + y_zero_point)`
-//! clipped to the output type, `factor` = `a_scale * b_scale / y_scale` rounded to the
-//! scales' dtype after each operation (computed here), so that the output is the
-//! reference's bit for bit. Its scales and zero points must be constants (A's zero
-//! point aside), one value each or one per column of B.
+//! QLinearMatMul and QLinearConv take the same exact product, then requantize it as the
+//! reference does, in f64: `Round(c * factor + y_zero_point)` clipped to the output
+//! type, where `c` includes QLinearConv's int32 bias and `factor` is `a_scale * b_scale
+//! / y_scale` (QLinearMatMul: rounded to the scales' dtype after each operation, as its
+//! reference does), computed here, so that the output is the reference's bit for bit.
+//! Scales, zero points and bias must be constants (A's zero point aside), one value
+//! each or one per column of B (output channel of the conv).
 
 use super::inline_util::add_node_to;
 use super::util::{add_const, dtype_of, order, retyped, shape_of};
 use crate::error::Result;
-use crate::ir::{Attr, DType, Graph, NodeId, Source, Tensor, ValueId, ValueType};
+use crate::ir::{Attr, DType, Graph, NodeId, Source, Tensor, ValueId, ValueType, EXACT_SUMS};
 use crate::ops::util::round_to;
 use ndarray::{ArrayD, IxDyn};
 
-/// Largest `|a - za|` of 8-bit operands.
-const A_MAX: f64 = 255.0;
 /// Integers f32 holds exactly.
 const EXACT: f64 = (1u64 << 24) as f64;
 
@@ -42,15 +46,20 @@ pub fn run(g: &mut Graph) -> Result<()> {
 
 /// How a qualifying node is rewritten.
 struct Plan {
-    /// The weight less its zero point, f32 `[K, N]`.
+    /// Conv (else MatMul).
+    conv: bool,
+    /// The weight less its zero point, f32, B's shape (`[K, N]`, or the conv's `[M, C/group,
+    /// k...]`).
     w: Tensor,
-    /// QLinearMatMul's requantization.
+    /// QLinearMatMul's or QLinearConv's requantization.
     requant: Option<Requant>,
 }
 
-/// `clip(round(c * factor + zp), lo, hi)` as `dt`, in f64.
+/// `clip(round((c + bias) * factor + zp), lo, hi)` as `dt`, in f64.
 struct Requant {
-    /// One value, or one per column (`[N]`).
+    /// QLinearConv's bias, `[M, 1...]` (or one value).
+    bias: Option<Tensor>,
+    /// One value, or one per column (`[N]`) or output channel (`[M, 1...]`).
     factor: Tensor,
     zp: f64,
     lo: f64,
@@ -69,12 +78,36 @@ fn per_column(g: &Graph, v: ValueId, n: usize) -> Option<Vec<f64>> {
     }
 }
 
-/// For a MatMulInteger or QLinearMatMul that qualifies, its rewrite.
+/// Per-column (per-channel) values as an array that broadcasts against the output: `[]`
+/// for one value, else `shape` (`[N]`, or `[M, 1...]` for a conv).
+fn along(v: Vec<f64>, shape: &[usize]) -> Option<ArrayD<f64>> {
+    let shape: &[usize] = if v.len() == 1 { &[] } else { shape };
+    ArrayD::from_shape_vec(IxDyn(shape), v).ok()
+}
+
+/// The largest `|a - za|` for 8-bit A: from a constant zero point, else the dtype's span.
+fn a_max(g: &Graph, a: ValueId, za: Option<ValueId>) -> Option<f64> {
+    let (lo, hi) = dtype_of(g, a)?.int_range()?;
+    let (lo, hi) = (lo as f64, hi as f64);
+    let z = match za {
+        None => 0.0,
+        Some(z) => match g.const_of(z) {
+            Some(t) => *t.to_f64()?.iter().next()?,
+            None => return Some(hi - lo),
+        },
+    };
+    Some((hi - z).max(z - lo))
+}
+
+/// For a MatMulInteger, QLinearMatMul, ConvInteger or QLinearConv that qualifies, its
+/// rewrite.
 fn plan(g: &Graph, n: NodeId) -> Option<Plan> {
     let node = &g.nodes[n];
-    let q = match node.op_type.as_str() {
-        "MatMulInteger" => false,
-        "QLinearMatMul" => true,
+    let (conv, q) = match node.op_type.as_str() {
+        "MatMulInteger" => (false, false),
+        "QLinearMatMul" => (false, true),
+        "ConvInteger" => (true, false),
+        "QLinearConv" => (true, true),
         _ => return None,
     };
     if !node.domain.is_empty() || node.outputs.len() != 1 {
@@ -89,7 +122,9 @@ fn plan(g: &Graph, n: NodeId) -> Option<Plan> {
     };
     let y = node.outputs[0];
     let eight = |v: ValueId| matches!(dtype_of(g, v), Some(DType::U8 | DType::I8));
-    if !eight(a) || !eight(b) || shape_of(g, a)?.len() < 2 || shape_of(g, y).is_none() {
+    let ys = shape_of(g, y)?;
+    let ar = shape_of(g, a)?.len();
+    if !eight(a) || !eight(b) || ar < 2 || (conv && (ar < 3 || ys.len() != ar)) {
         return None;
     }
     if !q && dtype_of(g, y) != Some(DType::I32) {
@@ -102,41 +137,59 @@ fn plan(g: &Graph, n: NodeId) -> Option<Plan> {
         }
     }
     let bt = g.const_of(b)?;
-    let (k, nn) = match bt.shape() {
-        &[k, nn] => (k, nn),
+    // Output columns (channels), the weight's values, and the column of each.
+    let bv = bt.to_f64()?;
+    let (cols, col): (usize, Box<dyn Fn(usize) -> usize>) = match (conv, bt.shape()) {
+        (false, &[_, nn]) => (nn, Box::new(move |i| i % nn)),
+        (true, s) if s.len() == ar && s[0] > 0 => {
+            let per = bv.len() / s[0];
+            (s[0], Box::new(move |i| i / per))
+        }
         _ => return None,
     };
     let zb = match zb {
         None => vec![0.0],
-        Some(z) if dtype_of(g, z) == Some(bt.dtype()) => per_column(g, z, nn)?,
+        Some(z) if dtype_of(g, z) == Some(bt.dtype()) => per_column(g, z, cols)?,
         Some(_) => return None,
     };
     // 8-bit integers and their differences are exact in f64 and f32.
-    let bv = bt.to_f64()?;
-    let mut w = vec![0f32; k * nn];
-    let mut colsum = vec![0f64; nn];
-    for p in 0..k {
-        for j in 0..nn {
-            let d = bv[[p, j]] - zb[if zb.len() == 1 { 0 } else { j }];
-            w[p * nn + j] = d as f32;
-            colsum[j] += d.abs();
-        }
+    let mut w = Vec::with_capacity(bv.len());
+    let mut colsum = vec![0f64; cols];
+    for (i, &x) in bv.iter().enumerate() {
+        let j = col(i);
+        let d = x - zb[if zb.len() == 1 { 0 } else { j }];
+        w.push(d as f32);
+        colsum[j] += d.abs();
     }
     let worst = colsum.iter().copied().fold(0.0, f64::max);
-    if A_MAX * worst > EXACT {
+    if a_max(g, a, za)? * worst > EXACT {
         return None;
+    }
+    // The shape per-column values take against the output.
+    let mut col_shape = vec![cols];
+    if conv {
+        col_shape.resize(ar - 1, 1);
     }
     let requant = if q {
         let sa = per_column(g, input(1)?, 1)?[0];
-        let sb = per_column(g, input(4)?, nn)?;
-        let ys = input(6)?;
-        let sy = per_column(g, ys, 1)?[0];
-        // As the reference: each operation rounded to the scales' dtype.
-        let sdt = dtype_of(g, ys)?;
-        let shape: &[usize] = if sb.len() == 1 { &[] } else { &[nn] };
-        let sb = ArrayD::from_shape_vec(IxDyn(shape), sb).ok()?;
-        let factor = round_to(sdt, round_to(sdt, sb * sa) / sy);
-        let factor = Tensor::from_array(factor);
+        let sb = per_column(g, input(4)?, cols)?;
+        let s_y = input(6)?;
+        let sy = per_column(g, s_y, 1)?[0];
+        let factor = if conv {
+            // As the reference: in f64.
+            along(sb.iter().map(|&s| sa * s / sy).collect(), &col_shape)?
+        } else {
+            // As the reference: each operation rounded to the scales' dtype.
+            let sdt = dtype_of(g, s_y)?;
+            round_to(sdt, round_to(sdt, along(sb, &col_shape)? * sa) / sy)
+        };
+        let bias = match input(8) {
+            Some(bv) if conv => Some(Tensor::from_array(along(
+                per_column(g, bv, cols)?,
+                &col_shape,
+            )?)),
+            _ => None,
+        };
         let (dt, zp) = match input(7) {
             Some(z) => (g.const_of(z)?.dtype(), per_column(g, z, 1)?[0]),
             None => (dtype_of(g, a)?, 0.0),
@@ -146,7 +199,8 @@ fn plan(g: &Graph, n: NodeId) -> Option<Plan> {
         }
         let (lo, hi) = dt.int_range()?;
         Some(Requant {
-            factor,
+            bias,
+            factor: Tensor::from_array(factor),
             zp,
             lo: lo as f64,
             hi: hi as f64,
@@ -156,7 +210,8 @@ fn plan(g: &Graph, n: NodeId) -> Option<Plan> {
         None
     };
     Some(Plan {
-        w: Tensor::from_vec(&[k, nn], w),
+        conv,
+        w: Tensor::from_vec(bt.shape(), w),
         requant,
     })
 }
@@ -211,7 +266,18 @@ fn widen(g: &mut Graph, n: NodeId, plan: Plan) -> Result<()> {
     }
     let wv = add_const(g, &format!("{name}/b_f32"), plan.w);
     let p = value(g, &format!("{name}/product"), retyped(g, y, DType::F32));
-    add(g, format!("{name}/product"), "MatMul", &[], &[a32, wv], p)?;
+    if plan.conv {
+        // The conv's own attributes (group, kernel, pads, strides, dilations).
+        let mut attrs: Vec<(&str, Attr)> = node
+            .attrs
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        attrs.push((EXACT_SUMS, Attr::Int(1)));
+        add(g, format!("{name}/product"), "Conv", &attrs, &[a32, wv], p)?;
+    } else {
+        add(g, format!("{name}/product"), "MatMul", &[], &[a32, wv], p)?;
+    }
     let Some(rq) = plan.requant else {
         let i32c = Attr::Int(i64::from(DType::I32.onnx_code()));
         return add(
@@ -230,7 +296,11 @@ fn widen(g: &mut Graph, n: NodeId, plan: Plan) -> Result<()> {
         add(g, format!("{name}/{what}"), op, attrs, ins, v).map(|()| v)
     };
     let f64c = Attr::Int(i64::from(DType::F64.onnx_code()));
-    let c = step(g, "product_f64", "Cast", &[("to", f64c)], &[p])?;
+    let mut c = step(g, "product_f64", "Cast", &[("to", f64c)], &[p])?;
+    if let Some(b) = rq.bias {
+        let b = add_const(g, &format!("{name}/bias_f64"), b);
+        c = step(g, "biased", "Add", &[], &[c, b])?;
+    }
     let factor = add_const(g, &format!("{name}/factor"), rq.factor);
     let c = step(g, "scaled", "Mul", &[], &[c, factor])?;
     let zp = add_const(g, &format!("{name}/y_zero_f64"), Tensor::scalar(rq.zp));
@@ -291,5 +361,39 @@ mod tests {
         let mut g = t.finish(&[y]);
         check_pass(&mut g, run);
         assert_eq!(g.node_count(), 1);
+    }
+
+    #[test]
+    fn an_exact_conv_is_marked_and_written_without_the_mark() {
+        let mut t = Builder::new();
+        let x = t.input_typed("x", DType::U8, &[1, 2, 5, 5]);
+        let w = t.konst_t("w", Tensor::from_vec(&[3, 2, 3, 3], vec![5i8; 54]));
+        let z = t.konst_t("xz", Tensor::scalar(128u8));
+        let pads = ("pads", Attr::Ints(vec![1; 4]));
+        let y = t.node_attrs(
+            "ConvInteger",
+            &[x, w, z],
+            DType::I32,
+            &[1, 3, 5, 5],
+            &[pads],
+        );
+        let mut g = t.finish(&[y]);
+        check_pass(&mut g, run);
+        let conv = g.nodes.node_weights().find(|n| n.op_type == "Conv");
+        let conv = conv.expect("a Conv");
+        assert_eq!(conv.attrs.int(EXACT_SUMS, 0).unwrap(), 1);
+        assert_eq!(conv.attrs.get_ints("pads").unwrap(), Some(vec![1; 4]));
+        // ONNX Runtime rejects attributes it does not know: `--emit onnx` drops the mark.
+        let opsets = [(String::new(), 13)].into_iter().collect();
+        let m = crate::emit::onnx::model_proto(&g, &opsets, 8);
+        let graph = m.graph.expect("a graph");
+        let conv = graph.node.iter().find(|n| n.op_type() == "Conv");
+        let names: Vec<&str> = conv
+            .expect("a Conv")
+            .attribute
+            .iter()
+            .map(|a| a.name())
+            .collect();
+        assert_eq!(names, ["pads"]);
     }
 }
