@@ -787,6 +787,197 @@ fn pad_modes_copy_the_interior_and_tabulate_the_borders() {
     assert_eq!(ran, 10);
 }
 
+/// Bytes through the vector loops: Cast u8 / i8 -> f32 of every value, Cast f32 -> u8 /
+/// i8 (truncation toward zero, then the low byte) of values at the edges (halves, the
+/// type's ends and past them, 2^31, 2^63, infinities, NaN), QuantizeLinear f32 -> u8 /
+/// i8 (ties to even, saturation, NaN) and DequantizeLinear u8 / i8 -> f32, each at a
+/// length with a partial last vector. Every target's bytes must be the first target's,
+/// and the reference evaluator's wherever ONNX defines the result (Cast of a value
+/// within the type's range). On x86_64-avx512 the loops must be AVX-512 ones (byte
+/// streams: vpmovzxbd / vpmovsxbd, vcvttps2dq and vpmovdb); x86_64-sse4 and
+/// aarch64-neon (under qemu) take the f32x4 code, which stores bytes lane by lane.
+#[test]
+fn byte_streams_convert_as_the_reference() {
+    use common::{f32_tensor, model, node, value_info};
+    use onnxc::ir::Tensor;
+    use onnxc::onnx::proto::tensor_proto::DataType;
+    use onnxc::onnx::proto::{AttributeProto, GraphProto};
+    let scratch = tempfile::tempdir().unwrap();
+    let one = |name: &str, op: &str, ins: &[&str], from: DataType, to: DataType, n: usize| {
+        let mut nd = node(op, ins, &["y"]);
+        let mut inits = Vec::new();
+        if op == "Cast" {
+            nd.attribute = vec![AttributeProto {
+                name: Some("to".into()),
+                r#type: Some(2),
+                i: Some(to as i64),
+                ..Default::default()
+            }];
+        } else {
+            let zdt = if op == "QuantizeLinear" { to } else { from };
+            let z = if zdt == DataType::Uint8 { 128 } else { -3 };
+            inits.push(f32_tensor("s", &[], &[0.25]));
+            inits.push(int_tensor("z", zdt, &[], &[z]));
+        }
+        let mut m = model(GraphProto {
+            name: Some(name.into()),
+            node: vec![nd],
+            input: vec![value_info("x", from, &[n as i64])],
+            output: vec![value_info("y", to, &[n as i64])],
+            initializer: inits,
+            ..Default::default()
+        });
+        m.opset_import[0].version = Some(13);
+        m
+    };
+    let mut x: Vec<f32> = vec![
+        0.0,
+        -0.0,
+        0.5,
+        -0.5,
+        0.99,
+        -0.99,
+        1.5,
+        2.5,
+        -2.5,
+        31.875,
+        32.125,
+        127.0,
+        127.9,
+        128.0,
+        -128.0,
+        -128.9,
+        -129.0,
+        255.0,
+        255.9,
+        256.0,
+        257.0,
+        -1.0,
+        1e10,
+        -1e10,
+        2147483648.0,
+        -2147483648.0,
+        4294967296.0,
+        9.2e18,
+        9.223372e18,
+        -9.223372e18,
+        1e19,
+        3.4e38,
+        -3.4e38,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+    ];
+    let mut next = lcg(17);
+    while x.len() < 16 * 9 + 7 {
+        x.push((next() % 200_000) as f32 / 256.0 - 390.0);
+    }
+    let n = x.len();
+    let u: Vec<u8> = (0..=255u8).chain(0..=255).chain([7, 8, 9]).collect();
+    let nu = u.len();
+    let i8s: Vec<i8> = u.iter().map(|&b| b as i8).collect();
+    let mut first: std::collections::HashMap<String, Vec<u64>> = Default::default();
+    let mut ran = 0;
+    for target in ["host", "x86_64-sse4", "aarch64-neon"] {
+        let wide = target == "host" && std::arch::is_x86_feature_detected!("avx512bw");
+        let has_wide = |c: &onnxc::driver::Compiled| {
+            c.artifacts.object.windows(12).any(|w| w == b"model__wide0")
+        };
+        let cases: Vec<(&str, &str, DataType, DataType, Value)> = vec![
+            (
+                "u8_to_f32",
+                "Cast",
+                DataType::Uint8,
+                DataType::Float,
+                Value::Tensor(Tensor::from_vec(&[nu], u.clone())),
+            ),
+            (
+                "i8_to_f32",
+                "Cast",
+                DataType::Int8,
+                DataType::Float,
+                Value::Tensor(Tensor::from_vec(&[nu], i8s.clone())),
+            ),
+            (
+                "f32_to_u8",
+                "Cast",
+                DataType::Float,
+                DataType::Uint8,
+                Value::Tensor(Tensor::from_vec(&[n], x.clone())),
+            ),
+            (
+                "f32_to_i8",
+                "Cast",
+                DataType::Float,
+                DataType::Int8,
+                Value::Tensor(Tensor::from_vec(&[n], x.clone())),
+            ),
+            (
+                "quantize_u8",
+                "QuantizeLinear",
+                DataType::Float,
+                DataType::Uint8,
+                Value::Tensor(Tensor::from_vec(&[n], x.clone())),
+            ),
+            (
+                "quantize_i8",
+                "QuantizeLinear",
+                DataType::Float,
+                DataType::Int8,
+                Value::Tensor(Tensor::from_vec(&[n], x.clone())),
+            ),
+            (
+                "dequantize_u8",
+                "DequantizeLinear",
+                DataType::Uint8,
+                DataType::Float,
+                Value::Tensor(Tensor::from_vec(&[nu], u.clone())),
+            ),
+            (
+                "dequantize_i8",
+                "DequantizeLinear",
+                DataType::Int8,
+                DataType::Float,
+                Value::Tensor(Tensor::from_vec(&[nu], i8s.clone())),
+            ),
+        ];
+        for (case, op, from, to, input) in cases {
+            let len = input.as_tensor().unwrap().len();
+            let ins: &[&str] = if op == "Cast" {
+                &["x"]
+            } else {
+                &["x", "s", "z"]
+            };
+            let m = one(case, op, ins, from, to, len);
+            let (c, got, want) =
+                compiled_and_reference(scratch.path(), &m, target, std::slice::from_ref(&input));
+            assert_eq!(has_wide(&c), wide, "{case} on {target}: AVX-512 loop");
+            let (g, w) = (bits(&got[0]), bits(&want[0]));
+            let firsts = first.entry(case.to_string()).or_insert_with(|| g.clone());
+            assert!(
+                *firsts == g,
+                "{case} on {target}: other bytes than the first target's"
+            );
+            for i in 0..len {
+                // Cast to bytes is defined within the type's range only, QuantizeLinear
+                // of all but NaN.
+                let defined = match (op, to) {
+                    ("Cast", DataType::Uint8) => x[i] > -1.0 && x[i] < 256.0,
+                    ("Cast", DataType::Int8) => x[i] > -129.0 && x[i] < 128.0,
+                    ("QuantizeLinear", _) => !x[i].is_nan(),
+                    _ => true,
+                };
+                if defined {
+                    assert_eq!(g[i], w[i], "{case} of element {i} on {target}");
+                }
+            }
+        }
+        ran += 1;
+    }
+    assert_eq!(ran, 3);
+}
+
 /// f16 through the vector loops: Cast f32 -> f16 of values chosen at the rounding edges
 /// (ties to even, the largest finite f16 and the first value past it, subnormal results
 /// and their ties, signed zeros, infinities, NaNs with payloads), Cast f16 -> f32 of

@@ -124,6 +124,13 @@ def main(out):
          [("a", [128, 768], T.UINT8)], [("y", [128, 768], T.UINT8)], qm)
     save(out, "matmul_integer", [h.make_node("MatMulInteger", ["a", "b", "az"], ["y"])],
          [("a", [128, 768], T.UINT8)], [("y", [128, 768], T.INT32)], [i8((768, 768), "b"), u8(128, "az")])
+    # QDQ models' activations: QuantizeLinear and DequantizeLinear on every tensor.
+    save(out, "quantize_linear", [h.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])],
+         [("x", S)], [("y", S, T.UINT8)], [c(0.02, "s"), u8(128, "z")], opset=13)
+    save(out, "dequantize_linear", [h.make_node("DequantizeLinear", ["x", "s", "z"], ["y"])],
+         [("x", S, T.UINT8)], [("y", S)], [c(0.02, "s"), u8(128, "z")], opset=13)
+    save(out, "cast_from_u8", [h.make_node("Cast", ["x"], ["y"], to=T.FLOAT)],
+         [("x", S, T.UINT8)], [("y", S)])
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ while [ $# -gt 0 ]; do
     *) names+=("$1"); shift ;;
   esac
 done
-[ -f target/ops/matmul_integer.onnx ] || { mkdir -p target/ops; python3 tests/bench/make_ops.py target/ops; }
+[ -f target/ops/cast_from_u8.onnx ] || { mkdir -p target/ops; python3 tests/bench/make_ops.py target/ops; }
 cargo build --release --quiet --bin onnxc
 [ ${#names[@]} -gt 0 ] || names=($(ls target/ops/*.onnx | xargs -n1 basename | sed 's/\.onnx$//'))
 echo "| op | onnxc ms | ORT ms | ratio |"

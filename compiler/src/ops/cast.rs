@@ -253,13 +253,13 @@ mod tests {
 }
 
 /// Lowering of Cast and CastLike between the dtypes compiled code holds.
-mod lower {
+pub(crate) mod lower {
     use crate::ensure;
     use crate::ir::{DType, OpResult};
     use crate::kir::build::*;
     use crate::kir::{BinOp, CmpOp, Expr, Kernel, MathFn, Stmt, Ty, UnOp, VarId};
-    use crate::ops::lowering::{elementwise, lit, LowerCtx};
-    use crate::ops::{Lowering, Registry};
+    use crate::ops::lowering::{elementwise, kir_ty, lit, LowerCtx};
+    use crate::ops::{Lowering, OpCtx, Registry};
 
     fn cast(lw: &mut LowerCtx) -> OpResult<()> {
         let from = lw.input(0)?.ty().compute();
@@ -296,23 +296,57 @@ mod lower {
             );
         }
         elementwise(lw, 0, |_, a| {
-            let x = a[0].clone();
-            let x = match sat_max {
-                Some(m) if from.is_float() => {
-                    let c = |v: f64| Expr::f(v, from);
-                    Expr::bin(BinOp::Min, Expr::bin(BinOp::Max, x, c(-m)), c(m))
-                }
-                _ => x,
-            };
-            Ok(if to_bool {
-                Expr::cmp(CmpOp::Ne, x, lit(0.0, from))
-            } else if from.is_float() && !to.is_float() && to != Ty::I64 && to.bytes() < 8 {
-                // Truncate to i64, then wrap to the width, like the reference.
-                Expr::cast(to, Expr::cast(Ty::I64, x))
-            } else {
-                Expr::cast(to, x)
-            })
+            Ok(convert(from, to, to_bool, sat_max, a[0].clone()))
         })
+    }
+
+    /// `x` of compute type `from` converted to compute type `to` as Cast converts it
+    /// (`to_bool`: to bool; `sat_max`: clamped to +-this first, for the small floats).
+    fn convert(from: Ty, to: Ty, to_bool: bool, sat_max: Option<f64>, x: Expr) -> Expr {
+        let x = match sat_max {
+            Some(m) if from.is_float() => {
+                let c = |v: f64| Expr::f(v, from);
+                Expr::bin(BinOp::Min, Expr::bin(BinOp::Max, x, c(-m)), c(m))
+            }
+            _ => x,
+        };
+        if to_bool {
+            Expr::cmp(CmpOp::Ne, x, lit(0.0, from))
+        } else if from.is_float() && !to.is_float() && to != Ty::I64 && to.bytes() < 8 {
+            // Truncate to i64, then wrap to the width, like the reference.
+            Expr::cast(to, Expr::cast(Ty::I64, x))
+        } else {
+            Expr::cast(to, x)
+        }
+    }
+
+    /// The target of a Cast node that a fused elementwise kernel computes: one whose
+    /// type is its own compute type (a narrower float would have to round in between),
+    /// from and to anything but strings.
+    pub(crate) fn fusible_target(c: &OpCtx) -> Option<DType> {
+        if c.op_type != "Cast" || !c.domain.is_empty() {
+            return None;
+        }
+        let to = super::dtype_attr(c, "to").ok()?;
+        let t = kir_ty(to)?;
+        (t == t.compute() && to != DType::Str).then_some(to)
+    }
+
+    /// Cast's scalar expression in a fused kernel (see [`fusible_target`]).
+    pub(crate) fn cast_expr(c: &OpCtx, tys: &[Option<Ty>], a: &[Expr]) -> OpResult<Expr> {
+        let to = fusible_target(c)
+            .ok_or_else(|| crate::ir::OpError::new("Cast to a narrow type in a fused kernel"))?;
+        let from = tys
+            .first()
+            .copied()
+            .flatten()
+            .ok_or_else(|| crate::ir::OpError::new("Cast without an input"))?;
+        let x = a
+            .first()
+            .cloned()
+            .ok_or_else(|| crate::ir::OpError::new("Cast without an input"))?;
+        let t = kir_ty(to).expect("checked");
+        Ok(convert(from, t, to == DType::Bool, None, x))
     }
 
     /// (mantissa bits, exponent bias, total bits) of a float storage type.

@@ -990,6 +990,8 @@ pub(crate) mod lower {
         }
         Some(match op_type {
             "Where" => where_expr,
+            // Only where `cast::lower::fusible_target` holds (see `fused::scalar_expr_of`).
+            "Cast" => crate::ops::cast::lower::cast_expr,
             "Clip" => clip_expr,
             "IsInf" => isinf_expr,
             "SwiGLU" => swiglu_expr,

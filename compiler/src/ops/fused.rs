@@ -12,7 +12,7 @@
 //! - otherwise (or when the above are refused): each body node lowered on its own, with
 //!   arena buffers for the values inside the body.
 
-pub(crate) use super::elementwise::lower::scalar_expr_fn;
+pub(crate) use super::elementwise::lower::{scalar_expr_fn, ExprFn};
 use super::lowering::{
     broadcast_strides, index, kir_ty, lower_by_index_map, nest, strides, Act, EpStep, Epilogue,
     LowerCtx, TensorRef,
@@ -22,7 +22,7 @@ use crate::ir::{
     broadcast_shapes, Graph, InferInput, Node, Op, OpError, OpResult, Tensor, Value, ValueId,
     ValueType,
 };
-use crate::kir::{BufKind, Expr, Stmt};
+use crate::kir::{BufKind, Expr, Stmt, Ty};
 use crate::{bail, ensure};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -140,6 +140,15 @@ pub fn eval_body(g: &Graph, inputs: &[Option<&Value>]) -> OpResult<Vec<Value>> {
             })
         })
         .collect()
+}
+
+/// The scalar expression builder of `node` in a fused elementwise kernel, if it has one
+/// there (a Cast only to a type that is its own compute type).
+pub(crate) fn scalar_expr_of(node: &Node, tys: &[Option<Ty>]) -> Option<ExprFn> {
+    if node.op_type == "Cast" {
+        crate::ops::cast::lower::fusible_target(&ctx_of(node))?;
+    }
+    scalar_expr_fn(&node.op_type, tys)
 }
 
 fn ctx_of(node: &Node) -> OpCtx {
@@ -440,7 +449,7 @@ fn lower_elementwise(
         {
             return Ok(false);
         }
-        let Some(f) = scalar_expr_fn(&node.op_type, &tys) else {
+        let Some(f) = scalar_expr_of(node, &tys) else {
             return Ok(false);
         };
         fns.push((n, f, tys));

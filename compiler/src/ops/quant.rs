@@ -143,7 +143,10 @@ fn quantize_linear(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> 
             "QuantizeLinear does not support output dtype {odt}"
         );
         let r = zip_broadcast(&q, &z, |v, zz| {
-            ((v.round_ties_even() as i128) + zz as i128).clamp(lo, hi)
+            // Saturating: an infinite `v` is i128::MAX here (it wrapped to the low end).
+            (v.round_ties_even() as i128)
+                .saturating_add(zz as i128)
+                .clamp(lo, hi)
         })?;
         return outs(vec![Tensor::from_i128(odt, r)]);
     }
@@ -355,6 +358,15 @@ mod lower {
         let xs = strides(&x.shape);
         let shape = x.shape.clone();
         let ot = out.ty().compute();
+        // The sum and clamp in f64, or in f32 for f32 inputs and outputs of 16 bits or
+        // fewer: `round(x / s)` is an integer (or inf, NaN) and adding an integer zero
+        // point is exact in f32 below 2^24, and past that it rounds to values that clamp
+        // as the exact ones do.
+        let at = if ct == Ty::F32 && hi <= 65535.0 {
+            Ty::F32
+        } else {
+            Ty::F64
+        };
         run(lw, &shape, |v| {
             let si = param_index(&sc, &shape, axis, block, v)?;
             let mut s = Expr::load(sc.buf, si);
@@ -362,15 +374,18 @@ mod lower {
                 s = Expr::cast(ct, s);
             }
             let q = Expr::bin(BinOp::Div, Expr::load(x.buf, index(v, &xs)), s);
-            let mut y = f64e(Expr::un(UnOp::Nearest, q), ct);
+            let mut y = Expr::un(UnOp::Nearest, q);
+            if at != ct {
+                y = Expr::cast(at, y);
+            }
             if let Some(z) = &zp {
                 let zi = param_index(z, &shape, axis, block, v)?;
-                y = Expr::add(y, Expr::cast(Ty::F64, Expr::load(z.buf, zi)));
+                y = Expr::add(y, Expr::cast(at, Expr::load(z.buf, zi)));
             }
             let y = Expr::bin(
                 BinOp::Max,
-                Expr::bin(BinOp::Min, y, Expr::f(hi, Ty::F64)),
-                Expr::f(lo, Ty::F64),
+                Expr::bin(BinOp::Min, y, Expr::f(hi, at)),
+                Expr::f(lo, at),
             );
             Ok(vec![Stmt::Store {
                 buf: out.buf,
@@ -456,18 +471,32 @@ mod lower {
         ensure!(ot.is_float(), "DequantizeLinear output must be a float");
         let xs = strides(&x.shape);
         let shape = x.shape.clone();
+        // In f64, or in f32 for integers of 16 bits or fewer, an f32 (or narrower) scale
+        // and output: `x - zero_point` is exact in f32 and its product by the scale
+        // exact in f64, so f32's one rounding of the product is f64's final one.
+        let small = matches!(
+            x.dtype,
+            DType::U8 | DType::I8 | DType::U16 | DType::I16 | DType::U4 | DType::I4
+        ) || matches!(x.dtype, DType::U2 | DType::I2);
+        let at = if small && sc.ty().compute() == Ty::F32 && ot == Ty::F32 {
+            Ty::F32
+        } else {
+            Ty::F64
+        };
         run(lw, &shape, |v| {
-            let mut d = Expr::cast(Ty::F64, Expr::load(x.buf, index(v, &xs)));
+            let mut d = Expr::cast(at, Expr::load(x.buf, index(v, &xs)));
             if let Some(z) = &zp {
                 let zi = param_index(z, &shape, axis, block, v)?;
-                d = Expr::bin(BinOp::Sub, d, Expr::cast(Ty::F64, Expr::load(z.buf, zi)));
+                d = Expr::bin(BinOp::Sub, d, Expr::cast(at, Expr::load(z.buf, zi)));
             }
             let si = param_index(&sc, &shape, axis, block, v)?;
-            let y = Expr::mul(d, f64e(Expr::load(sc.buf, si), sc.ty()));
+            let s = Expr::load(sc.buf, si);
+            let s = if at == Ty::F64 { f64e(s, sc.ty()) } else { s };
+            let y = Expr::mul(d, s);
             Ok(vec![Stmt::Store {
                 buf: out.buf,
                 index: index(v, &xs),
-                value: if ot == Ty::F64 { y } else { Expr::cast(ot, y) },
+                value: if ot == at { y } else { Expr::cast(ot, y) },
             }])
         })
     }

@@ -9,7 +9,7 @@ use super::fuse_util::{known_values, users};
 use crate::error::{Error, Result};
 use crate::ir::{broadcast_shapes, Graph, NodeId, Source};
 use crate::kir::Ty;
-use crate::ops::fused::{fuse_nodes, scalar_expr_fn};
+use crate::ops::fused::{fuse_nodes, scalar_expr_of};
 use crate::ops::lowering::kir_ty;
 
 /// True when `n` is an elementwise op that the fused lowering computes as one scalar
@@ -34,7 +34,7 @@ fn elementwise(g: &Graph, n: NodeId) -> bool {
         .dtype()
         .and_then(kir_ty)
         .is_some()
-        && scalar_expr_fn(&node.op_type, &tys).is_some()
+        && scalar_expr_of(node, &tys).is_some()
 }
 
 pub fn run(g: &mut Graph) -> Result<()> {

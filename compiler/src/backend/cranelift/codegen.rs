@@ -1143,7 +1143,7 @@ impl Gen<'_, '_> {
         }
     }
 
-    fn cast(&mut self, x: Value, from: Ty, to: Ty) -> Value {
+    pub(super) fn cast(&mut self, x: Value, from: Ty, to: Ty) -> Value {
         if from == to {
             return x;
         }

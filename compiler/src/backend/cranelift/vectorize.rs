@@ -334,10 +334,14 @@ impl Gen<'_, '_> {
                     if r.iter().any(|v| locals.contains(v) && !defined.contains(v)) {
                         return None;
                     }
-                    // f32 stores; f16 ones too (the AVX-512 loops store them whole, the
-                    // f32x4 code lane by lane).
+                    // f32 stores; f16 ones and f32 values converted to bytes too (the
+                    // AVX-512 loops store them whole, the f32x4 code lane by lane).
                     let b = &self.p.buffers[*buf];
-                    if !matches!(b.elem, Ty::F32 | Ty::F16) || self.ty(value).ok()? != Ty::F32 {
+                    let stored = match b.elem {
+                        Ty::F32 | Ty::F16 => Some(value),
+                        e => self.byte_store_value(e, value),
+                    };
+                    if stored.and_then(|v| self.ty(v).ok()) != Some(Ty::F32) {
                         return None;
                     }
                     let st = stride(index, var, &locals)?;
@@ -396,6 +400,22 @@ impl Gen<'_, '_> {
         Some(Plan { locals, reds })
     }
 
+    /// For a store of `value` to a buffer of `elem` bytes (u8, i8): the f32 value it
+    /// converts, as Cast writes it (`u8(i64(x))`) or QuantizeLinear (`u8(x)`).
+    pub(super) fn byte_store_value<'e>(&self, elem: Ty, value: &'e Expr) -> Option<&'e Expr> {
+        let Expr::Cast(to, a) = value else {
+            return None;
+        };
+        if !matches!(elem, Ty::U8 | Ty::I8) || *to != elem {
+            return None;
+        }
+        let x = match &**a {
+            Expr::Cast(Ty::I64, b) => &**b,
+            b => b,
+        };
+        (self.ty(x).ok()? == Ty::F32).then_some(x)
+    }
+
     /// Whether f32x4 floor/ceil/nearest/trunc have a native form on the target.
     fn vec_round_ok(&self) -> bool {
         let isa = self.module.isa();
@@ -429,18 +449,24 @@ impl Gen<'_, '_> {
                     cx.vals.insert(*t, x);
                 }
                 Stmt::Store { buf, index, value } => {
-                    let x = self.vexpr(cx, value)?;
+                    let elem = self.p.buffers[*buf].elem;
+                    // Bytes: the f32 value, converted lane by lane.
+                    let to_bytes = self.byte_store_value(elem, value);
+                    let x = self.vexpr(cx, to_bytes.unwrap_or(value))?;
                     let x = self.vec4(x)?;
                     let addr = self.addr(*buf, index)?;
-                    let elem = self.p.buffers[*buf].elem;
                     if elem != Ty::F32 {
-                        // f16: each lane narrowed as the scalar code does.
+                        // f16 (and bytes): each lane narrowed as the scalar code does.
                         let st = stride(index, cx.var, &cx.locals)
                             .ok_or("vectorize: store index not affine")?;
                         let bytes = elem.bytes() as i64;
                         for l in 0..4u8 {
                             let xl = self.b.ins().extractlane(x, l);
-                            let xl = self.narrow_for_store(xl, elem);
+                            let xl = if to_bytes.is_some() {
+                                self.cast(xl, Ty::F32, elem)
+                            } else {
+                                self.narrow_for_store(xl, elem)
+                            };
                             let off = i32::try_from(st * bytes * i64::from(l))
                                 .map_err(|_| "vectorize: store stride too large")?;
                             self.b.ins().store(vflags(), xl, addr, off);

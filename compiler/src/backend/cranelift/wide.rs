@@ -110,8 +110,8 @@ struct Tr {
     gates: HashMap<VarId, VarId>,
     /// (buffer, loop-invariant part of the index) per stream.
     streams: Vec<(BufId, Expr)>,
-    /// Per stream, whether its buffer holds f16 (2-byte elements).
-    half: Vec<bool>,
+    /// Per stream, its buffer's elements.
+    elem: Vec<x::Elem>,
     unis: Vec<Expr>,
     /// Arguments of the inline sin, cos and tan, which hold only up to `vmath::SINCOS_MAX`
     /// (see [`Gen::wide_for`]).
@@ -285,8 +285,8 @@ fn select_minmax(c: &Expr, a: &Expr, b: &Expr) -> Option<bool> {
 
 impl Tr {
     /// The stream and displacement of `buf[idx]` (idx of stride 1 in the loop variable).
-    /// The stream of `buf` (f16 elements if `half`) at `idx` and the byte displacement.
-    fn stream(&mut self, buf: BufId, idx: &Expr, half: bool) -> Option<(u16, i32)> {
+    /// The stream of `buf` (elements `elem`) at `idx` and the byte displacement.
+    fn stream(&mut self, buf: BufId, idx: &Expr, elem: x::Elem) -> Option<(u16, i32)> {
         let (rest, c) = split_const(&at_zero(idx, self.var));
         let key = rest.unwrap_or(Expr::Int(0));
         let s = match self
@@ -297,11 +297,11 @@ impl Tr {
             Some(s) => s,
             None => {
                 self.streams.push((buf, key));
-                self.half.push(half);
+                self.elem.push(elem);
                 self.streams.len() - 1
             }
         };
-        let disp = i32::try_from(c.checked_mul(if half { 2 } else { 4 })?).ok()?;
+        let disp = i32::try_from(c.checked_mul(elem.bytes())?).ok()?;
         Some((u16::try_from(s).ok()?, disp))
     }
 
@@ -803,12 +803,12 @@ impl Gen<'_, '_> {
             return Ok(false);
         }
         let mut steps = Vec::new();
-        for ((_, key), half) in tr.streams.iter_mut().zip(&tr.half) {
+        for ((_, key), elem) in tr.streams.iter_mut().zip(&tr.elem) {
             let k = inline(key, &defs);
             let Some(step) = stride(&k, r, &[]) else {
                 return Ok(false);
             };
-            let Some(bytes) = step.checked_mul(if *half { 2 } else { 4 }) else {
+            let Some(bytes) = step.checked_mul(elem.bytes()) else {
                 return Ok(false);
             };
             steps.push(bytes);
@@ -906,7 +906,7 @@ impl Gen<'_, '_> {
                 silu_gates(body)
             },
             streams: Vec::new(),
-            half: Vec::new(),
+            elem: Vec::new(),
             unis: Vec::new(),
             trig: Vec::new(),
         };
@@ -938,20 +938,21 @@ impl Gen<'_, '_> {
                     t.vals.insert(*local, v);
                 }
                 Stmt::Store { buf, index, value } => {
-                    let half = match self.p.buffers[*buf].elem {
-                        Ty::F32 => false,
-                        Ty::F16 => true,
-                        _ => return None,
+                    let elem = self.stream_elem(*buf)?;
+                    // Bytes: the f32 value converted.
+                    let value = match elem {
+                        x::Elem::F32 | x::Elem::F16 => value,
+                        _ => self.byte_store_value(self.p.buffers[*buf].elem, value)?,
                     };
                     let v = self.wexpr(&mut t, value)?;
                     if t.is_mask(v) {
                         return None;
                     }
                     let step = match stride(index, var, &t.locals)? {
-                        st @ (1 | 2 | 4) if !half || st == 1 => st as u8,
+                        st @ (1 | 2 | 4) if elem == x::Elem::F32 || st == 1 => st as u8,
                         _ => return None,
                     };
-                    let (s, disp) = t.stream(*buf, index, half)?;
+                    let (s, disp) = t.stream(*buf, index, elem)?;
                     t.b.push(Inst::Store { s, disp, v, step });
                 }
                 _ => return None,
@@ -963,7 +964,7 @@ impl Gen<'_, '_> {
             return None;
         }
         t.b.lp.streams = u16::try_from(t.streams.len()).ok()?;
-        t.b.lp.half = t.half.clone();
+        t.b.lp.elem = t.elem.clone();
         t.b.lp.unis = u16::try_from(t.unis.len()).ok()?;
         Some(t)
     }
@@ -1038,6 +1039,18 @@ impl Gen<'_, '_> {
         prod(a).map(|(x, y)| (false, x, y, b))
     }
 
+    /// The stream element type of `buf`'s elements, if the wide loops read and write
+    /// such streams.
+    fn stream_elem(&self, buf: BufId) -> Option<x::Elem> {
+        Some(match self.p.buffers[buf].elem {
+            Ty::F32 => x::Elem::F32,
+            Ty::F16 => x::Elem::F16,
+            Ty::U8 => x::Elem::U8,
+            Ty::I8 => x::Elem::I8,
+            _ => return None,
+        })
+    }
+
     /// `e` as a wide value: f32 vectors, masks for f32 comparisons; `None` for what the
     /// generator does not do (gathers, integer arithmetic, libm calls).
     fn wexpr(&self, t: &mut Tr, e: &Expr) -> Option<V> {
@@ -1061,27 +1074,23 @@ impl Gen<'_, '_> {
         Some(match e {
             Expr::Var(v) => *t.vals.get(v)?,
             Expr::Load(buf, idx) => {
-                let half = match self.p.buffers[*buf].elem {
-                    Ty::F32 => false,
-                    Ty::F16 => true,
-                    _ => return None,
-                };
-                if ty != Ty::F32 {
+                let elem = self.stream_elem(*buf)?;
+                if ty != Ty::F32 || !matches!(elem, x::Elem::F32 | x::Elem::F16) {
                     return None;
                 }
                 match stride(idx, t.var, &t.locals)? {
                     1 => {
-                        let (s, disp) = t.stream(*buf, idx, half)?;
+                        let (s, disp) = t.stream(*buf, idx, elem)?;
                         t.b.load(s, disp)
                     }
-                    _ if half => return None,
+                    _ if elem != x::Elem::F32 => return None,
                     2 => {
-                        let (s, disp) = t.stream(*buf, idx, false)?;
+                        let (s, disp) = t.stream(*buf, idx, x::Elem::F32)?;
                         t.b.load2(s, disp)
                     }
                     st => {
                         let st = i32::try_from(st).ok()?;
-                        let (s, disp) = t.stream(*buf, idx, false)?;
+                        let (s, disp) = t.stream(*buf, idx, x::Elem::F32)?;
                         t.b.load_strided(s, disp, st)
                     }
                 }
@@ -1251,6 +1260,18 @@ impl Gen<'_, '_> {
                 t.b.select(vc, va, vb)
             }
             Expr::Cast(Ty::F32, a) if self.ty(a).ok()? == Ty::F32 => self.wexpr(t, a)?,
+            // Bytes read at unit stride, widened.
+            Expr::Cast(Ty::F32, a)
+                if matches!(&**a, Expr::Load(buf, idx)
+                    if matches!(self.stream_elem(*buf), Some(x::Elem::U8 | x::Elem::I8))
+                        && stride(idx, t.var, &t.locals) == Some(1)) =>
+            {
+                let Expr::Load(buf, idx) = &**a else {
+                    return None;
+                };
+                let (s, disp) = t.stream(*buf, idx, self.stream_elem(*buf)?)?;
+                t.b.load(s, disp)
+            }
             Expr::Cast(Ty::F32, a) if self.ty(a).ok()? == Ty::U8 => {
                 // A comparison as 1.0 or 0.0 (Sign's `(x > 0) - (x < 0)`).
                 let m = self.wexpr(t, a)?;

@@ -203,11 +203,39 @@ pub struct Loop {
     pub unis: u16,
     pub reds: Vec<Red>,
     pub insts: Vec<Inst>,
-    /// Per stream (empty: none), whether its elements are f16: 2 bytes each, loads
-    /// widen them (`vcvtph2ps`), stores round to nearest even (`vcvtps2ph`) with a NaN
-    /// stored as the canonical quiet one (sign kept), as the scalar code stores it. Only
-    /// unit-stride [`Inst::Load`]s and step-1 [`Inst::Store`]s take such a stream.
-    pub half: Vec<bool>,
+    /// Per stream (empty: all f32), its elements' type. Only unit-stride
+    /// [`Inst::Load`]s and step-1 [`Inst::Store`]s take a stream of another type than
+    /// f32.
+    pub elem: Vec<Elem>,
+}
+
+/// The elements of a stream. Loads widen them to f32, stores narrow f32 lanes to them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Elem {
+    #[default]
+    F32,
+    /// 2 bytes each: loads widen (`vcvtph2ps`), stores round to nearest even
+    /// (`vcvtps2ph`) with a NaN stored as the canonical quiet one (sign kept), as the
+    /// scalar code stores it.
+    F16,
+    /// 1 byte each, zero- or sign-extended by loads (`vpmovzxbd` / `vpmovsxbd`, then
+    /// `vcvtdq2ps`); stores truncate toward zero and keep the low byte, as the scalar
+    /// code's saturating conversion to i64 then wrap: a lane of 2^63 and above (+inf)
+    /// stores 0xff, NaN 0 (`vcvttps2dq`'s 0x80000000 for NaN and out-of-range lanes has
+    /// the low byte of every other case: f32 values of 2^31 and above are multiples of
+    /// 256).
+    U8,
+    I8,
+}
+
+impl Elem {
+    pub fn bytes(self) -> i64 {
+        match self {
+            Elem::F32 => 4,
+            Elem::F16 => 2,
+            Elem::U8 | Elem::I8 => 1,
+        }
+    }
 }
 
 /// Byte offsets of the args block.
@@ -234,9 +262,14 @@ impl Layout {
 pub const LANES: u64 = 16;
 
 impl Loop {
-    /// Whether stream `s` holds f16 elements.
-    pub fn is_half(&self, s: u16) -> bool {
-        self.half.get(s as usize) == Some(&true)
+    /// The elements of stream `s`.
+    pub fn elem(&self, s: u16) -> Elem {
+        self.elem.get(s as usize).copied().unwrap_or_default()
+    }
+
+    /// Whether stream `s` holds other elements than f32.
+    pub fn is_narrow(&self, s: u16) -> bool {
+        self.elem(s) != Elem::F32
     }
 
     pub fn layout(&self) -> Layout {
@@ -359,6 +392,11 @@ const YMM: [AsmRegisterYmm; 32] = [
     ymm15, ymm16, ymm17, ymm18, ymm19, ymm20, ymm21, ymm22, ymm23, ymm24, ymm25, ymm26, ymm27,
     ymm28, ymm29, ymm30, ymm31,
 ];
+const XMM: [AsmRegisterXmm; 32] = [
+    xmm0, xmm1, xmm2, xmm3, xmm4, xmm5, xmm6, xmm7, xmm8, xmm9, xmm10, xmm11, xmm12, xmm13, xmm14,
+    xmm15, xmm16, xmm17, xmm18, xmm19, xmm20, xmm21, xmm22, xmm23, xmm24, xmm25, xmm26, xmm27,
+    xmm28, xmm29, xmm30, xmm31,
+];
 /// Mask registers for values (k6 is a temporary, k7 the tail mask).
 const KVAL: [AsmRegisterK; 5] = [k1, k2, k3, k4, k5];
 /// Stream base pointers, then: rdi = args, rax = element index, r11 = constant pool.
@@ -456,7 +494,7 @@ fn tile_stream(lp: &Loop) -> Option<Tile> {
     if lp.rows < 2
         || !lp.reds.is_empty()
         || lp.streams as usize + 2 > STREAMS.len()
-        || lp.half.contains(&true)
+        || lp.elem.iter().any(|&e| e != Elem::F32)
     {
         return None;
     }
@@ -502,13 +540,13 @@ pub fn generate(lp: &Loop) -> R<Vec<u8>> {
         return Err("x86 loop: too many reductions".into());
     }
     for i in &lp.insts {
-        let half = match *i {
-            Inst::Load2 { s, .. } | Inst::LoadS { s, .. } => lp.is_half(s),
-            Inst::Store { s, step, .. } => step != 1 && lp.is_half(s),
+        let narrow = match *i {
+            Inst::Load2 { s, .. } | Inst::LoadS { s, .. } => lp.is_narrow(s),
+            Inst::Store { s, step, .. } => step != 1 && lp.is_narrow(s),
             _ => false,
         };
-        if half {
-            return Err("x86 loop: an f16 stream read or written with a stride".into());
+        if narrow {
+            return Err("x86 loop: a narrow stream read or written with a stride".into());
         }
         if let Inst::LoadS { stride, .. } = i {
             let span = (lp.n + LANES) as i128 * i128::from(*stride);
@@ -1005,7 +1043,7 @@ impl Gen<'_> {
                         | Inst::Fma(..)
                         | Inst::Store { step: 2 | 4, .. }
                 )
-                || matches!(inst, Inst::Store { s, .. } if lp.is_half(*s))
+                || matches!(inst, Inst::Store { s, .. } if lp.is_narrow(*s))
             {
                 2
             } else {
@@ -1069,6 +1107,11 @@ impl Gen<'_> {
     /// Element `i + disp / 2` of f16 stream `s`: the 16 lanes' 32 bytes.
     fn stream_at_half(&self, s: u16, disp: i32) -> AsmMemoryOperand {
         ymmword_ptr(STREAMS[s as usize] + rax * 2 + (disp + self.rdisp[s as usize]))
+    }
+
+    /// Element `i + disp` of a stream of bytes: the 16 lanes' 16 bytes.
+    fn stream_at_byte(&self, s: u16, disp: i32) -> AsmMemoryOperand {
+        xmmword_ptr(STREAMS[s as usize] + rax + (disp + self.rdisp[s as usize]))
     }
 
     /// The same for an every-other-element access (element `2 i`): a vector's worth of
@@ -1262,7 +1305,29 @@ impl Gen<'_> {
         };
         let is_mem = |l: Loc| matches!(l, Loc::Uni(_) | Loc::Pool(_));
         match *inst {
-            Inst::Load { s, disp, .. } if self.lp.is_half(s) => {
+            Inst::Load { s, disp, .. } if matches!(self.lp.elem(s), Elem::U8 | Elem::I8) => {
+                // The bytes into the low 16 of d (masked: vmovdqu8 suppresses faults
+                // past the buffer's end), widened to i32 lanes, converted.
+                let m = self.stream_at_byte(s, disp);
+                let x = XMM[match out {
+                    Loc::Z(r) => r,
+                    _ => 0,
+                }];
+                let src = if masked {
+                    self.a.vmovdqu8(x.k7().z(), m).map_err(e)?;
+                    Some(x)
+                } else {
+                    None
+                };
+                match (self.lp.elem(s), src) {
+                    (Elem::U8, Some(x)) => self.a.vpmovzxbd(d, x).map_err(e)?,
+                    (Elem::U8, None) => self.a.vpmovzxbd(d, m).map_err(e)?,
+                    (_, Some(x)) => self.a.vpmovsxbd(d, x).map_err(e)?,
+                    (_, None) => self.a.vpmovsxbd(d, m).map_err(e)?,
+                }
+                self.a.vcvtdq2ps(d, d).map_err(e)?;
+            }
+            Inst::Load { s, disp, .. } if self.lp.elem(s) == Elem::F16 => {
                 let m = self.stream_at_half(s, disp);
                 if masked {
                     self.a.vcvtph2ps(d.k7().z(), m).map_err(e)?;
@@ -1643,7 +1708,26 @@ impl Gen<'_> {
                     self.a.vmovups(m.k6(), t).map_err(e)?;
                 }
             }
-            Inst::Store { s, disp, .. } if self.lp.is_half(s) => {
+            Inst::Store { s, disp, .. } if matches!(self.lp.elem(s), Elem::U8 | Elem::I8) => {
+                let x = self.reg(l(0), t0)?;
+                let t = ZMM[tmp[1]];
+                self.a.vcvttps2dq(t, x).map_err(e)?;
+                // Lanes of 2^63 and above (+inf): the scalar code's i64::MAX, 0xff.
+                let big = self.pool_off(0x5f00_0000);
+                self.a
+                    .vcmpps(k6, x, dword_bcst(r11 + big), 0x1d)
+                    .map_err(e)?;
+                self.a.vpternlogd(t.k6(), t, t, 0xff).map_err(e)?;
+                let xt = XMM[tmp[1]];
+                self.a.vpmovdb(xt, t).map_err(e)?;
+                let m = self.stream_at_byte(s, disp);
+                if masked {
+                    self.a.vmovdqu8(m.k7(), xt).map_err(e)?;
+                } else {
+                    self.a.vmovdqu8(m, xt).map_err(e)?;
+                }
+            }
+            Inst::Store { s, disp, .. } if self.lp.elem(s) == Elem::F16 => {
                 // NaN lanes become sign | the quiet NaN (vcvtps2ph would keep the top of
                 // their payload; the scalar code stores 0x7e00 | sign).
                 let x = self.reg(l(0), t0)?;
