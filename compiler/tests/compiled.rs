@@ -978,6 +978,55 @@ fn byte_streams_convert_as_the_reference() {
     assert_eq!(ran, 3);
 }
 
+/// Casts join the elementwise kernels around them when their target is its own compute
+/// type (u8 -> f32 here, and f16 -> f32), and a Cast to f16 (whose rounding in between
+/// a fused kernel would skip) stays a kernel of its own: `Cast(Cast(((f32(x) - 3) *
+/// 0.1), f16), f32) + 1`, on the host and aarch64 under qemu, bit for bit against the
+/// reference evaluator.
+#[test]
+fn casts_fuse_into_elementwise_kernels_unless_they_round() {
+    use common::{f32_tensor, int_attr, model, node, value_info};
+    use onnxc::ir::Tensor;
+    use onnxc::onnx::proto::tensor_proto::DataType;
+    use onnxc::onnx::proto::GraphProto;
+    let scratch = tempfile::tempdir().unwrap();
+    let cast = |i: &str, o: &str, to: DataType| {
+        let mut n = node("Cast", &[i], &[o]);
+        n.attribute = vec![int_attr("to", to as i64)];
+        n
+    };
+    let n = 16 * 7 + 3;
+    let g = GraphProto {
+        name: Some("cast_chain".into()),
+        node: vec![
+            cast("x", "xf", DataType::Float),
+            node("Sub", &["xf", "three"], &["d"]),
+            node("Mul", &["d", "tenth"], &["p"]),
+            cast("p", "h", DataType::Float16),
+            cast("h", "hf", DataType::Float),
+            node("Add", &["hf", "one"], &["y"]),
+        ],
+        input: vec![value_info("x", DataType::Uint8, &[n])],
+        output: vec![value_info("y", DataType::Float, &[n])],
+        initializer: vec![
+            f32_tensor("three", &[], &[3.0]),
+            f32_tensor("tenth", &[], &[0.1]),
+            f32_tensor("one", &[], &[1.0]),
+        ],
+        ..Default::default()
+    };
+    let x: Vec<u8> = (0..n as usize).map(|i| (i * 37 % 256) as u8).collect();
+    let inputs = vec![Value::Tensor(Tensor::from_vec(&[n as usize], x))];
+    for target in ["host", "aarch64-neon"] {
+        let (c, got, want) =
+            compiled_and_reference(scratch.path(), &model(g.clone()), target, &inputs);
+        let mut ops = op_types(&c);
+        ops.sort();
+        assert_eq!(ops, ["Cast", "Fused", "Fused"], "on {target}");
+        assert_eq!(bits(&got[0]), bits(&want[0]), "on {target}");
+    }
+}
+
 /// f16 through the vector loops: Cast f32 -> f16 of values chosen at the rounding edges
 /// (ties to even, the largest finite f16 and the first value past it, subnormal results
 /// and their ties, signed zeros, infinities, NaNs with payloads), Cast f16 -> f32 of
