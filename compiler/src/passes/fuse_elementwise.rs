@@ -2,12 +2,13 @@
 //! becomes one `onnxc.Fused` node, lowered as one loop nest that computes the whole
 //! expression per element. A producer joins the group of its consumers when every node
 //! reading its output is in the group and its output is not a graph output; every value
-//! of the group must broadcast to the group's output shape.
+//! of the group must broadcast to the group's output shape. Values of a type narrower than
+//! their compute type (f16 and smaller) are only a group's output (see [`narrow`]).
 
 use super::fuse_epilogue::fused_name;
 use super::fuse_util::{known_values, users};
 use crate::error::{Error, Result};
-use crate::ir::{broadcast_shapes, Graph, NodeId, Source};
+use crate::ir::{broadcast_shapes, Graph, NodeId, Source, ValueId};
 use crate::kir::Ty;
 use crate::ops::fused::{fuse_nodes, scalar_expr_of};
 use crate::ops::lowering::kir_ty;
@@ -35,6 +36,18 @@ fn elementwise(g: &Graph, n: NodeId) -> bool {
         .and_then(kir_ty)
         .is_some()
         && scalar_expr_of(node, &tys).is_some()
+}
+
+/// True when `v`'s type is narrower than the type it is computed in (f16, bf16, the
+/// 8- and 4-bit floats and integers): such a value is rounded where it is stored, so it
+/// may end a group (its output) but not be computed inside one, where it would stay
+/// unrounded (an f16 Mul read by a Cast to f32 came out a unit off).
+fn narrow(g: &Graph, v: ValueId) -> bool {
+    g.value(v)
+        .ty
+        .dtype()
+        .and_then(kir_ty)
+        .is_none_or(|t| t.compute() != t)
 }
 
 pub fn run(g: &mut Graph) -> Result<()> {
@@ -71,6 +84,7 @@ pub fn run(g: &mut Graph) -> Result<()> {
                     || known.contains_key(&v)
                     || g.outputs.contains(&v)
                     || !elementwise(g, p)
+                    || narrow(g, v)
                     || !users(g, v).iter().all(|u| group.contains(u))
                 {
                     continue;
