@@ -114,7 +114,8 @@ pub struct BenchReport {
     /// Largest relative error of each output against ONNX Runtime's.
     pub max_rel_err: Vec<f64>,
     /// The relative error each output may have ([`crate::check::tolerance`] of its type;
-    /// for 8- and 16-bit integer outputs [`crate::check::quantized_tolerance`]).
+    /// for 8- and 16-bit integer outputs [`crate::check::quantized_tolerance`], for
+    /// outputs of a DequantizeLinear [`crate::check::dequantized_tolerance`]).
     pub tolerance: Vec<f64>,
     /// The core's measured FP32 FMA peak for the target's vectors, GFLOP/s.
     pub peak_gflops: Option<f64>,
@@ -512,6 +513,10 @@ fn bench_in(
     } else {
         None
     };
+    // The model as written (before fusion): FLOPs, and which outputs a
+    // DequantizeLinear makes.
+    let mut orig = crate::onnx::load(model)?;
+    driver::prepare(&mut orig.graph, &opts.compile)?;
     let mut tolerance: Vec<f64> = g
         .outputs
         .iter()
@@ -523,8 +528,11 @@ fn bench_in(
             let p = dir.join(format!("ort_out_{k}.npy"));
             let want = crate::io::read_value(&p, &g.value(o).ty)?;
             let want = want.as_tensor().expect("npy holds a tensor");
-            if let Some(t) = crate::check::quantized_tolerance(want) {
-                tolerance[k] = t;
+            let written = orig.graph.outputs.get(k).copied();
+            if let Some(t) = crate::check::quantized_tolerance(want).or_else(|| {
+                written.and_then(|w| crate::check::dequantized_tolerance(&orig.graph, w, want))
+            }) {
+                tolerance[k] = tolerance[k].max(t);
             }
             errs.push(rel_err(got, want).map_err(|e| {
                 Error::Usage(format!(
@@ -539,8 +547,6 @@ fn bench_in(
         _ => None,
     };
     // FLOPs of the model as written (fused nodes do not count theirs).
-    let mut orig = crate::onnx::load(model)?;
-    driver::prepare(&mut orig.graph, &opts.compile)?;
     let flops = crate::inspect::summarize(&orig.graph).flops;
     let onnxc = Timing::best_round(onnxc_ns)
         .ok_or_else(|| Error::Usage("the benchmark wrote no times".into()))?;

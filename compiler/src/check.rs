@@ -3,7 +3,7 @@
 //! Also the random inputs and the error measure the benchmark's correctness check uses.
 
 use crate::error::{Error, Result};
-use crate::ir::{DType, Graph, Tensor, Value};
+use crate::ir::{DType, Graph, Tensor, Value, ValueId};
 use ndarray::{ArrayD, IxDyn};
 
 /// A small deterministic generator (SplitMix64): the same seed gives the same inputs on
@@ -98,6 +98,29 @@ pub fn quantized_tolerance(want: &Tensor) -> Option<f64> {
     })
 }
 
+/// For a float output `v` of `g` that a DequantizeLinear with one constant scale makes
+/// (a QDQ model's last step), the relative error of one quantization step (a little
+/// over `|scale|` over the largest magnitude of `want`): a product or sum rounded in another order
+/// upstream moves a value across a rounding boundary of the QuantizeLinear before it.
+/// `None` otherwise.
+pub fn dequantized_tolerance(g: &Graph, v: ValueId, want: &Tensor) -> Option<f64> {
+    let crate::ir::Source::Node(n) = g.value(v).source else {
+        return None;
+    };
+    let node = &g.nodes[n];
+    if node.op_type != "DequantizeLinear" || !node.domain.is_empty() {
+        return None;
+    }
+    let scale = g.const_of(node.inputs.get(1).copied().flatten()?)?;
+    let s = match scale.to_f64()?.iter().copied().collect::<Vec<f64>>()[..] {
+        [s] if s.is_finite() => s.abs(),
+        _ => return None,
+    };
+    let top = want.to_f64()?.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    // A little over one step: each engine's f32 `(q - zp) * scale` is rounded.
+    (top > 0.0).then(|| (1.001 * s / top).max(1e-4))
+}
+
 /// Largest absolute difference over the largest magnitude of the expected tensor (the
 /// measure every whole-model test uses). Shapes must agree; NaNs must match; strings
 /// must be equal (0).
@@ -180,5 +203,24 @@ mod tests {
             quantized_tolerance(&Tensor::from_vec(&[1], vec![0i8])),
             Some(1e-4)
         );
+    }
+
+    #[test]
+    fn dequantized_outputs_may_differ_by_one_step() {
+        use crate::passes::testutil::Builder;
+        let mut b = Builder::new();
+        let q = b.input_typed("q", DType::U8, &[2]);
+        let s = b.konst("s", &[], vec![0.5]);
+        let z = b.konst_t("z", Tensor::scalar(3u8));
+        let y = b.node_typed("DequantizeLinear", &[q, s, z], DType::F32, &[2]);
+        let r = b.node("Relu", &[y], &[2]);
+        let g = b.finish(&[y, r]);
+        let want = Tensor::from_vec(&[2], vec![-1.5f32, 4.0]);
+        let t = dequantized_tolerance(&g, y, &want).unwrap();
+        assert!(t > 0.5 / 4.0 && t < 1.01 * 0.5 / 4.0, "{t}");
+        // Not made by a DequantizeLinear.
+        assert_eq!(dequantized_tolerance(&g, r, &want), None);
+        let zeros = Tensor::from_vec(&[2], vec![0.0f32, 0.0]);
+        assert_eq!(dequantized_tolerance(&g, y, &zeros), None);
     }
 }
