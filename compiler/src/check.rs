@@ -90,7 +90,7 @@ pub fn quantized_tolerance(want: &Tensor) -> Option<f64> {
     ) {
         return None;
     }
-    let top = want.to_f64()?.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let top = largest_magnitude(&want.to_f64_vec()?);
     Some(if top > 0.0 {
         (1.0 / top).max(1e-4)
     } else {
@@ -116,9 +116,17 @@ pub fn dequantized_tolerance(g: &Graph, v: ValueId, want: &Tensor) -> Option<f64
         [s] if s.is_finite() => s.abs(),
         _ => return None,
     };
-    let top = want.to_f64()?.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    let top = largest_magnitude(&want.to_f64_vec()?);
     // A little over one step: each engine's f32 `(q - zp) * scale` is rounded.
     (top > 0.0).then(|| (1.001 * s / top).max(1e-4))
+}
+
+/// The largest finite `|v|` (0 for none): the scale relative errors are measured
+/// against.
+fn largest_magnitude(v: &[f64]) -> f64 {
+    v.iter()
+        .filter(|y| y.is_finite())
+        .fold(0.0f64, |m, y| m.max(y.abs()))
 }
 
 /// Largest absolute difference over the largest magnitude of the expected tensor (the
@@ -161,10 +169,7 @@ pub fn rel_err(got: &Tensor, want: &Tensor) -> std::result::Result<f64, String> 
             diff = diff.max((x - y).abs());
         }
     }
-    let scale = b
-        .iter()
-        .filter(|y| y.is_finite())
-        .fold(0.0f64, |m, y| m.max(y.abs()));
+    let scale = largest_magnitude(&b);
     Ok(if diff == 0.0 {
         0.0
     } else {

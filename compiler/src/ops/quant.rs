@@ -476,8 +476,15 @@ mod lower {
         // exact in f64, so f32's one rounding of the product is f64's final one.
         let small = matches!(
             x.dtype,
-            DType::U8 | DType::I8 | DType::U16 | DType::I16 | DType::U4 | DType::I4
-        ) || matches!(x.dtype, DType::U2 | DType::I2);
+            DType::U8
+                | DType::I8
+                | DType::U16
+                | DType::I16
+                | DType::U4
+                | DType::I4
+                | DType::U2
+                | DType::I2
+        );
         let at = if small && sc.ty().compute() == Ty::F32 && ot == Ty::F32 {
             Ty::F32
         } else {

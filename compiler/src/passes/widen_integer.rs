@@ -137,14 +137,12 @@ fn plan(g: &Graph, n: NodeId) -> Option<Plan> {
         }
     }
     let bt = g.const_of(b)?;
-    // Output columns (channels), the weight's values, and the column of each.
+    // Output columns (channels), and the weight's elements per step of them: element `i`
+    // is in column `(i / per) % cols` (`[K, N]`: per 1; `[M, ...]`: per the rest).
     let bv = bt.to_f64()?;
-    let (cols, col): (usize, Box<dyn Fn(usize) -> usize>) = match (conv, bt.shape()) {
-        (false, &[_, nn]) => (nn, Box::new(move |i| i % nn)),
-        (true, s) if s.len() == ar && s[0] > 0 => {
-            let per = bv.len() / s[0];
-            (s[0], Box::new(move |i| i / per))
-        }
+    let (cols, per) = match (conv, bt.shape()) {
+        (false, &[_, nn]) => (nn, 1),
+        (true, s) if s.len() == ar && s[0] > 0 => (s[0], bv.len() / s[0]),
         _ => return None,
     };
     let zb = match zb {
@@ -156,7 +154,7 @@ fn plan(g: &Graph, n: NodeId) -> Option<Plan> {
     let mut w = Vec::with_capacity(bv.len());
     let mut colsum = vec![0f64; cols];
     for (i, &x) in bv.iter().enumerate() {
-        let j = col(i);
+        let j = (i / per) % cols;
         let d = x - zb[if zb.len() == 1 { 0 } else { j }];
         w.push(d as f32);
         colsum[j] += d.abs();
