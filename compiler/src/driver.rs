@@ -101,6 +101,11 @@ pub fn prepare(g: &mut Graph, opts: &Options) -> Result<HashMap<ValueId, crate::
     Ok(rep.known)
 }
 
+/// Whether `target`'s back end runs 8-bit products natively ([`Graph::int8_dot`]).
+pub fn int8_dot(target: &Target) -> bool {
+    target.triple.starts_with("x86_64") && target.has("avx512vnni")
+}
+
 /// Runs the optimisation passes of `level` on a prepared graph; when any pass ran, shape
 /// inference runs again so `known` describes the optimised graph.
 pub fn optimize(
@@ -118,6 +123,7 @@ pub fn optimize(
 /// Compiles a graph (already imported) for a target.
 pub fn compile_graph(mut g: Graph, prefix: &str, opts: &Options) -> Result<Compiled> {
     let target = Target::load(&opts.target).map_err(Error::Usage)?;
+    g.int8_dot = int8_dot(&target);
     let mut known = prepare(&mut g, opts)?;
     let passes = optimize(&mut g, opts.opt_level, &mut known)?;
     let lowered = lower(&g, &known)?;

@@ -608,6 +608,8 @@ fn compile(args: CompileArgs) -> Result<()> {
     };
     if args.emit == Emit::Onnx {
         let mut m = onnx::load(&model)?;
+        let target = onnxc::targets::Target::load(&opts.target).map_err(Error::Usage)?;
+        m.graph.int8_dot = driver::int8_dot(&target);
         let mut known = driver::prepare(&mut m.graph, &opts)?;
         let stats = driver::optimize(&mut m.graph, opts.opt_level, &mut known)?;
         let bytes = onnxc::emit::onnx::model_bytes(&m.graph, &m.opsets, m.ir_version);

@@ -1355,6 +1355,148 @@ fn integer_products_run_exactly_on_the_f32_gemm() {
     }
 }
 
+/// Integer products on a target with 8-bit dot products (x86 AVX-512 VNNI): MatMulInteger
+/// of u8 by a constant i8 weight stays an integer product and runs as the `vpdpbusd`
+/// microkernel, bit for bit against the reference evaluator: A with batch dims folded
+/// into 46 rows (a partial register tile), 45 columns (a masked vector), k = 2100 (two k
+/// blocks), extremes of both operands and a run-time zero point for A; QLinearMatMul by
+/// uint8 weights with zero point 128 (the weight less it fits i8) then requantizes. On
+/// aarch64 under qemu the first product, too wide for f32 to hold exactly, runs the
+/// same 8-bit kernel-IR call as loops, and the second the f32 GEMM.
+#[test]
+fn int8_products_run_on_dot_product_kernels() {
+    use common::{f32_tensor, model, node, value_info};
+    use onnxc::ir::Tensor;
+    use onnxc::onnx::proto::tensor_proto::DataType;
+    use onnxc::onnx::proto::GraphProto;
+    let scratch = tempfile::tempdir().unwrap();
+    let mut next = lcg(2026);
+    let (b2, m, k, n) = (2usize, 23usize, 2100usize, 45usize);
+    let w: Vec<i64> = (0..k * n)
+        .map(|i| match (i % n, i % 41) {
+            (0, _) | (_, 1) => -128,
+            (1, _) | (_, 2) => 127,
+            _ => next() % 256 - 128,
+        })
+        .collect();
+    let a: Vec<u8> = (0..b2 * m * k)
+        .map(|i| match (i % (m * k) < k, i % 29) {
+            (true, _) | (_, 1) => 255,
+            (_, 0) => 0,
+            _ => (next() % 256) as u8,
+        })
+        .collect();
+    let mmi = GraphProto {
+        name: Some("mmi_int8".into()),
+        node: vec![node("MatMulInteger", &["a", "b", "za"], &["y"])],
+        input: vec![
+            value_info("a", DataType::Uint8, &[b2 as i64, m as i64, k as i64]),
+            value_info("za", DataType::Uint8, &[]),
+        ],
+        output: vec![value_info(
+            "y",
+            DataType::Int32,
+            &[b2 as i64, m as i64, n as i64],
+        )],
+        initializer: vec![int_tensor("b", DataType::Int8, &[k as i64, n as i64], &w)],
+        ..Default::default()
+    };
+    let mmi_in = vec![
+        Value::Tensor(Tensor::from_vec(&[b2, m, k], a)),
+        Value::Tensor(Tensor::from_vec(&[], vec![3u8])),
+    ];
+    let (qm, qk, qn) = (19usize, 96usize, 33usize);
+    let qw: Vec<i64> = (0..qk * qn).map(|_| next() % 256).collect();
+    let qlm = GraphProto {
+        name: Some("qlinear_matmul_int8".into()),
+        node: vec![node(
+            "QLinearMatMul",
+            &["a", "sa", "za", "b", "sb", "zb", "sy", "zy"],
+            &["y"],
+        )],
+        input: vec![value_info("a", DataType::Uint8, &[qm as i64, qk as i64])],
+        output: vec![value_info("y", DataType::Uint8, &[qm as i64, qn as i64])],
+        initializer: vec![
+            f32_tensor("sa", &[], &[0.2]),
+            int_tensor("za", DataType::Uint8, &[], &[121]),
+            int_tensor("b", DataType::Uint8, &[qk as i64, qn as i64], &qw),
+            f32_tensor("sb", &[], &[0.003]),
+            int_tensor("zb", DataType::Uint8, &[], &[128]),
+            f32_tensor("sy", &[], &[0.4]),
+            int_tensor("zy", DataType::Uint8, &[], &[117]),
+        ],
+        ..Default::default()
+    };
+    let qa: Vec<u8> = (0..qm * qk).map(|_| (next() % 256) as u8).collect();
+    let qlm_in = vec![Value::Tensor(Tensor::from_vec(&[qm, qk], qa))];
+    #[cfg(target_arch = "x86_64")]
+    let vnni = std::arch::is_x86_feature_detected!("avx512vnni");
+    #[cfg(not(target_arch = "x86_64"))]
+    let vnni = false;
+    if !vnni {
+        eprintln!("int8_products_run_on_dot_product_kernels: no AVX-512 VNNI here, so the host runs the f32 and loop forms only");
+    }
+    for target in ["host", "aarch64-neon"] {
+        let dot = vnni && target == "host";
+        for (g, inputs, steps) in [(&mmi, &mmi_in, k / 4), (&qlm, &qlm_in, qk / 4)] {
+            let name = g.name.clone().unwrap();
+            let (c, got, want) =
+                compiled_and_reference(scratch.path(), &model(g.clone()), target, inputs);
+            let ops = op_types(&c);
+            let int8_calls = int8_gemms(&c.lowered.program.kernels);
+            // The wide product stays integer everywhere; the narrow one only with dot
+            // products (else the exact f32 GEMM takes it).
+            let want_int8 = dot || name == "mmi_int8";
+            assert_eq!(int8_calls > 0, want_int8, "{name} on {target}: {ops:?}");
+            assert_eq!(
+                ops.contains(&"MatMul".into()),
+                !want_int8,
+                "{name} on {target}: {ops:?}"
+            );
+            if dot {
+                // The microkernel, named by its shape with k counted in steps of four.
+                let rows = if name == "mmi_int8" { b2 * m } else { qm };
+                let cols = if name == "mmi_int8" { n } else { qn };
+                let sym = format!("model__gemm0_{rows}x{cols}x{steps}");
+                let obj = &c.artifacts.object;
+                assert!(
+                    obj.windows(sym.len()).any(|w| w == sym.as_bytes()),
+                    "{name}: no {sym} microkernel"
+                );
+            }
+            let (g, w) = (got[0].as_tensor().unwrap(), want[0].as_tensor().unwrap());
+            if name == "mmi_int8" {
+                assert_eq!(g.array::<i32>(), w.array::<i32>(), "{name} on {target}");
+                let top = w.array::<i32>().unwrap().iter().map(|v| v.abs()).max();
+                assert!(top > Some(1 << 24), "{name}: small sums only");
+            } else {
+                assert_eq!(g.array::<u8>(), w.array::<u8>(), "{name} on {target}");
+                let w = w.array::<u8>().unwrap();
+                assert!(
+                    w.iter().filter(|&&v| v > 0 && v < 255).count() > qm * qn / 2,
+                    "{name}: mostly saturated"
+                );
+            }
+        }
+    }
+}
+
+/// The 8-bit `Stmt::Gemm` calls in `kernels`.
+fn int8_gemms(kernels: &[onnxc::kir::Kernel]) -> usize {
+    fn count(body: &[onnxc::kir::Stmt]) -> usize {
+        use onnxc::kir::Stmt;
+        body.iter()
+            .map(|s| match s {
+                Stmt::Gemm(g) => usize::from(g.int8),
+                Stmt::For { body, .. } | Stmt::While { body, .. } => count(body),
+                Stmt::If { then, els, .. } => count(then) + count(els),
+                _ => 0,
+            })
+            .sum()
+    }
+    kernels.iter().map(|k| count(&k.body)).sum()
+}
+
 /// ConvInteger and QLinearConv by constant int8 weights on the f32 convs (the
 /// `widen_integer` pass), on the host and on aarch64 under qemu, bit for bit against the
 /// reference evaluator: a 3x3 conv the size Winograd takes for f32 (it must not: its

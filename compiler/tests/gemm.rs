@@ -1677,6 +1677,7 @@ fn check_calls(target: &str) {
                 init: ib.map(|i| view(i, irs, ics)),
                 add: rb.map(|r| MatView::strided(r, Expr::Int(3), n as i64, 1)),
                 act,
+                int8: false,
             }))];
             p.kernels = vec![kern];
             let desc = |name: &str, shape: Vec<usize>| TensorDesc {

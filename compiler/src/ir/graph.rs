@@ -61,6 +61,10 @@ pub struct Graph {
     pub inputs: Vec<ValueId>,
     pub outputs: Vec<ValueId>,
     pub consts: HashMap<ValueId, Tensor>,
+    /// The target multiplies 8-bit integers in hardware (x86 AVX-512 VNNI), set by the
+    /// driver from the target's features: `passes::widen_integer` then leaves the
+    /// integer products that the 8-bit GEMM runs as integer products.
+    pub int8_dot: bool,
     by_name: HashMap<String, ValueId>,
 }
 

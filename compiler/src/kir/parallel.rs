@@ -833,6 +833,7 @@ mod tests {
                 init: None,
                 add: None,
                 act: crate::kir::GemmAct::None,
+                int8: false,
             };
             vec![for_(i, 4, vec![pack, Stmt::Gemm(Box::new(g))])]
         })
@@ -862,6 +863,7 @@ mod tests {
                 init: None,
                 add: None,
                 act: crate::kir::GemmAct::None,
+                int8: false,
             };
             vec![for_(i, 4, vec![Stmt::Gemm(Box::new(g))])]
         });

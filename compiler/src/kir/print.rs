@@ -78,7 +78,8 @@ fn stmts(body: &[Stmt], depth: usize, s: &mut String) {
                 }
                 let _ = writeln!(
                     s,
-                    "{pad}gemm {}x{}x{} {} = {rhs}",
+                    "{pad}gemm{} {}x{}x{} {} = {rhs}",
+                    if g.int8 { " u8*i8->i32" } else { "" },
                     g.m,
                     g.n,
                     g.k,

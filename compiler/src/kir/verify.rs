@@ -236,13 +236,31 @@ fn verify_gemm(g: &super::GemmCall, k: &Kernel, p: &Program) -> Result<(), Strin
     if g.m == 0 || g.n == 0 || g.k == 0 {
         return Err(format!("gemm of empty size {}x{}x{}", g.m, g.n, g.k));
     }
+    if g.int8
+        && (g.alpha != 1.0
+            || g.add.is_some()
+            || g.act != super::GemmAct::None
+            || g.a.panel.is_some()
+            || g.b.panel.is_some())
+    {
+        return Err("int8 gemm with alpha, add, activation or panels".into());
+    }
     for (what, v) in g.named_views() {
         let b = p
             .buffers
             .get(v.buf)
             .ok_or_else(|| format!("gemm {what} names missing buffer b{}", v.buf))?;
-        if b.elem != Ty::F32 {
-            return Err(format!("gemm {what} `{}` is {}, not f32", b.name, b.elem));
+        let want = match (g.int8, what) {
+            (false, _) => Ty::F32,
+            (true, "A") => Ty::U8,
+            (true, "B") => Ty::I8,
+            (true, _) => Ty::I32,
+        };
+        if b.elem != want {
+            return Err(format!(
+                "gemm {what} `{}` is {}, not {want}",
+                b.name, b.elem
+            ));
         }
         if type_of(&v.offset, k, p)? != Ty::I64 {
             return Err(format!("gemm {what} offset into `{}` is not i64", b.name));
@@ -426,6 +444,7 @@ mod tests {
                 init: None,
                 add: Some(add),
                 act: GemmAct::None,
+                int8: false,
             }))];
             verify_kernel(&k, &p).map_err(|e| e.join("\n"))
         };

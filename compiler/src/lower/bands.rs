@@ -182,6 +182,7 @@ mod tests {
                 init: None,
                 add: None,
                 act: GemmAct::None,
+                int8: false,
             }))],
         }];
         p.kernels = vec![a, b];

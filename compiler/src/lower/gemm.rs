@@ -227,9 +227,100 @@ pub fn matmul(lw: &mut LowerCtx) -> OpResult<bool> {
             alpha: 1.0,
             init: plan.init_view(&split, bv),
             act: plan.act,
+            int8: false,
         }))]
     });
     body.extend(plan.rest_pass(&mut k, &out));
+    k.body = body;
+    lw.push(k);
+    Ok(true)
+}
+
+/// MatMulInteger of a u8 A by a constant i8 `[K, N]` B without a zero point (what
+/// `passes::widen_integer` leaves for targets with 8-bit dot products) as one 8-bit
+/// [`GemmCall`], A's batch dims folded into its rows. A's zero point comes in through
+/// init: `sum_p (a - za) b = sum_p a b - za colsum(b)`, the column sums known at compile
+/// time and `-za colsum` computed on entry (za may be a run-time value, as after
+/// DynamicQuantizeLinear). All of it in wrapping i32, as the reference.
+pub fn matmul_int8(lw: &mut LowerCtx) -> OpResult<bool> {
+    let (Ok(a), Ok(b)) = (lw.input(0).cloned(), lw.input(1).cloned()) else {
+        return Ok(false);
+    };
+    let out = lw.outputs[0].clone();
+    let za = lw.opt_input(2).cloned();
+    let Some(bv) = b.value.as_ref().and_then(|t| t.to_i64_vec()) else {
+        return Ok(false);
+    };
+    if a.dtype != DType::U8
+        || b.dtype != DType::I8
+        || out.dtype != DType::I32
+        || a.shape.len() < 2
+        || b.shape.len() != 2
+        || lw.opt_input(3).is_some()
+        || za
+            .as_ref()
+            .is_some_and(|z| z.dtype != DType::U8 || z.len() != 1)
+    {
+        return Ok(false);
+    }
+    let (kd, n) = (b.shape[0], b.shape[1]);
+    let m = a.len() / kd.max(1);
+    if a.shape[a.shape.len() - 1] != kd || m == 0 || n == 0 || kd == 0 || out.len() != m * n {
+        return Ok(false);
+    }
+    let mut k = lw.kernel("");
+    let mut body = Vec::new();
+    let init = match &za {
+        None => None,
+        Some(z) => {
+            let mut colsum = vec![0i32; n];
+            for (i, x) in bv.iter().enumerate() {
+                colsum[i % n] = colsum[i % n].wrapping_add(*x as i32);
+            }
+            let data = colsum.iter().flat_map(|x| x.to_le_bytes()).collect();
+            let cs = lw.program.add_buffer(
+                format!("{}/colsum", lw.name),
+                BufKind::Const { data },
+                Ty::I32,
+                n as u64,
+            );
+            let ib = lw.program.add_buffer(
+                format!("{}/init", lw.name),
+                BufKind::Arena { offset: 0 },
+                Ty::I32,
+                n as u64,
+            );
+            let j = k.var(Ty::I64);
+            let zero = Expr::cast(Ty::I32, Expr::load(z.buf, Expr::Int(0)));
+            body.push(Stmt::For {
+                var: j,
+                extent: n as u64,
+                body: vec![store(
+                    ib,
+                    Expr::Var(j),
+                    Expr::bin(
+                        crate::kir::BinOp::Sub,
+                        Expr::cast(Ty::I32, Expr::Int(0)),
+                        Expr::mul(zero, Expr::load(cs, Expr::Var(j))),
+                    ),
+                )],
+            });
+            Some(MatView::strided(ib, Expr::Int(0), 0, 1))
+        }
+    };
+    body.push(Stmt::Gemm(Box::new(GemmCall {
+        m: m as u64,
+        n: n as u64,
+        k: kd as u64,
+        a: MatView::strided(a.buf, Expr::Int(0), kd as i64, 1),
+        b: MatView::strided(b.buf, Expr::Int(0), n as i64, 1),
+        c: MatView::strided(out.buf, Expr::Int(0), n as i64, 1),
+        alpha: 1.0,
+        init,
+        add: None,
+        act: GemmAct::None,
+        int8: true,
+    })));
     k.body = body;
     lw.push(k);
     Ok(true)
@@ -311,6 +402,7 @@ pub fn gemm(lw: &mut LowerCtx) -> OpResult<bool> {
         alpha,
         init,
         act: plan.act,
+        int8: false,
     }))];
     body.extend(plan.rest_pass(&mut k, &out));
     k.body = body;
@@ -440,6 +532,7 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
             alpha: 1.0,
             init: init_for(nv, col0),
             act: plan.act,
+            int8: false,
         }))
     };
     let mut k = lw.kernel("");
@@ -717,6 +810,7 @@ fn conv_transposed(
                 .map(|b| MatView::strided(b.buf, Expr::Int(0), 0, 1)),
             add: None,
             act: GemmAct::None,
+            int8: false,
         })));
         st.push(copy_out(
             k,
@@ -1041,6 +1135,7 @@ fn conv_padded(
         init: bias.map(|b| MatView::strided(b.buf, Expr::Int(0), 1, 0)),
         add: None,
         act: GemmAct::None,
+        int8: false,
     })));
     body.extend(loops(&[(hv, parts)], part));
     // Out: the pixels of each padded row, through the epilogue.

@@ -881,6 +881,9 @@ mod lower {
     }
 
     fn matmul_integer(lw: &mut LowerCtx) -> OpResult<()> {
+        if crate::lower::gemm::matmul_int8(lw)? {
+            return Ok(());
+        }
         let a = lw.input(0)?.clone();
         let b = lw.input(1)?.clone();
         // Zero points: one value, or one per row of A / per column of B.

@@ -2719,6 +2719,7 @@ mod lower {
             init: None,
             add: None,
             act: crate::kir::GemmAct::None,
+            int8: false,
         }));
         let plane = oh * ow;
         let obase = add(mul(v(nv), int(m as i64 * plane)), mul(v(mv), int(plane)));

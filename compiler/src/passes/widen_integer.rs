@@ -48,6 +48,10 @@ pub fn run(g: &mut Graph) -> Result<()> {
 struct Plan {
     /// Conv (else MatMul).
     conv: bool,
+    /// The product stays in integers on a target with 8-bit dot products: a
+    /// MatMulInteger of u8 A by this i8 weight (the weight less its zero point), which
+    /// `lower::gemm::matmul_int8` runs; `w` is then unused.
+    int8: Option<Tensor>,
     /// The weight less its zero point, f32, B's shape (`[K, N]`, or the conv's `[M, C/group,
     /// k...]`).
     w: Tensor,
@@ -159,8 +163,16 @@ fn plan(g: &Graph, n: NodeId) -> Option<Plan> {
         w.push(d as f32);
         colsum[j] += d.abs();
     }
+    // On a target with 8-bit dot products: u8 A by a weight that fits i8, k a multiple
+    // of 4 (the kernel reads A four bytes at a time).
+    let int8 = (g.int8_dot
+        && !conv
+        && dtype_of(g, a) == Some(DType::U8)
+        && bt.shape()[0].is_multiple_of(4)
+        && w.iter().all(|&x| (-128.0..=127.0).contains(&x)))
+    .then(|| Tensor::from_vec(bt.shape(), w.iter().map(|&x| x as i8).collect::<Vec<i8>>()));
     let worst = colsum.iter().copied().fold(0.0, f64::max);
-    if a_max(g, a, za)? * worst > EXACT {
+    if int8.is_none() && a_max(g, a, za)? * worst > EXACT {
         return None;
     }
     // The shape per-column values take against the output.
@@ -209,6 +221,7 @@ fn plan(g: &Graph, n: NodeId) -> Option<Plan> {
     };
     Some(Plan {
         conv,
+        int8,
         w: Tensor::from_vec(bt.shape(), w),
         requant,
     })
@@ -237,6 +250,18 @@ fn widen(g: &mut Graph, n: NodeId, plan: Plan) -> Result<()> {
         let v = g.fresh_name(base);
         g.add_value(v, ty, Source::Undefined)
     };
+    let za = node.inputs.get(2).copied().flatten();
+    if let Some(w8) = plan.int8 {
+        let wv = add_const(g, &format!("{name}/b_i8"), w8);
+        let mut ins = vec![a, wv];
+        ins.extend(za);
+        let Some(rq) = plan.requant else {
+            return add(g, format!("{name}/product"), "MatMulInteger", &[], &ins, y);
+        };
+        let p = value(g, &format!("{name}/product"), retyped(g, y, DType::I32));
+        add(g, format!("{name}/product"), "MatMulInteger", &[], &ins, p)?;
+        return requantize(g, &name, p, y, rq);
+    }
     let ty = retyped(g, a, DType::F32);
     let mut a32 = value(g, &format!("{name}/a_f32"), ty.clone());
     add(
@@ -247,7 +272,7 @@ fn widen(g: &mut Graph, n: NodeId, plan: Plan) -> Result<()> {
         &[a],
         a32,
     )?;
-    if let Some(za) = node.inputs.get(2).copied().flatten() {
+    if let Some(za) = za {
         let zty = retyped(g, za, DType::F32);
         let z32 = value(g, &format!("{name}/a_zero_f32"), zty);
         add(
@@ -287,7 +312,15 @@ fn widen(g: &mut Graph, n: NodeId, plan: Plan) -> Result<()> {
             y,
         );
     };
-    // The reference's requantization, in f64.
+    requantize(g, &name, p, y, rq)
+}
+
+/// `y = rq(p)`: the reference's requantization of the product `p`, in f64.
+fn requantize(g: &mut Graph, name: &str, p: ValueId, y: ValueId, rq: Requant) -> Result<()> {
+    let value = |g: &mut Graph, base: &str, ty: ValueType| {
+        let v = g.fresh_name(base);
+        g.add_value(v, ty, Source::Undefined)
+    };
     let f64t = retyped(g, y, DType::F64);
     let step = |g: &mut Graph, what: &str, op: &str, attrs: &[(&str, Attr)], ins: &[ValueId]| {
         let v = value(g, &format!("{name}/{what}"), f64t.clone());
@@ -344,6 +377,34 @@ mod tests {
             .collect();
         assert!(ops.contains(&"MatMul".to_string()), "{ops:?}");
         assert!(!ops.contains(&"MatMulInteger".to_string()), "{ops:?}");
+    }
+
+    #[test]
+    fn with_dot_products_a_weight_that_fits_i8_stays_integer() {
+        let ops = |g: &Graph| -> Vec<String> {
+            let o = order(g).unwrap();
+            o.into_iter().map(|n| g.nodes[n].op_type.clone()).collect()
+        };
+        // b - zb in [-128, 127]: MatMulInteger by the i8 difference, without zb.
+        let mut g = product(vec![-125, 127, 5, -7, 0, 1, 100, -100], 3);
+        g.int8_dot = true;
+        check_pass(&mut g, run);
+        assert_eq!(ops(&g), ["MatMulInteger"]);
+        let n = g.nodes.node_weights().next().expect("a node");
+        assert_eq!(n.inputs.len(), 3, "A, the weight, A's zero point; no zb");
+        let w = g
+            .const_of(n.inputs[1].expect("b"))
+            .expect("a constant weight");
+        assert_eq!(w.dtype(), DType::I8);
+        assert_eq!(
+            w.to_i64_vec().unwrap(),
+            [-128, 124, 2, -10, -3, -2, 97, -103]
+        );
+        // -128 - 3 does not fit i8: the f32 GEMM.
+        let mut g = product(vec![-128, 127, 5, -7, 0, 1, 100, -100], 3);
+        g.int8_dot = true;
+        check_pass(&mut g, run);
+        assert!(ops(&g).contains(&"MatMul".to_string()), "{:?}", ops(&g));
     }
 
     #[test]

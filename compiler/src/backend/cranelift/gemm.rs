@@ -95,6 +95,8 @@ pub struct GemmCtx {
     isa: Option<Isa>,
     /// aarch64: f32x4 tiles from Cranelift.
     vec4: bool,
+    /// AVX-512 VNNI: 8-bit products as `vpdpbusd` tiles.
+    vnni: bool,
     l1_kib: u32,
     l2_kib: u32,
     prefix: String,
@@ -118,6 +120,7 @@ impl GemmCtx {
             None
         };
         GemmCtx {
+            vnni: isa == Some(Isa::Avx512) && features.iter().any(|f| f == "avx512vnni"),
             isa,
             vec4: triple.starts_with("aarch64"),
             l1_kib,
@@ -215,7 +218,8 @@ impl GemmCtx {
     fn vec4_split(&self, g: &GemmCall) -> Option<(GemmCall, Option<GemmCall>)> {
         let init_ok = g.init.as_ref().is_none_or(|v| v.cs == 0 || v.cs == 1);
         let add_ok = g.add.as_ref().is_none_or(|v| v.cs == 1);
-        if !self.vec4 || g.b.cs != 1 || g.c.cs != 1 || !init_ok || !add_ok || g.n < VEC_NR {
+        if !self.vec4 || g.int8 || g.b.cs != 1 || g.c.cs != 1 || !init_ok || !add_ok || g.n < VEC_NR
+        {
             return None;
         }
         let n8 = g.n / VEC_NR * VEC_NR;
@@ -242,6 +246,9 @@ impl GemmCtx {
         let Some(isa) = self.isa else {
             return Ok(None);
         };
+        if g.int8 {
+            return self.plan_int8(module, g, p);
+        }
         let (m, n, k) = (g.m as usize, g.n as usize, g.k as usize);
         let (mr, nr) = (isa.mr() as i64, isa.nr() as i64);
         let konst = |v: &MatView| match (p.buffers.get(v.buf).map(|b| &b.kind), &v.offset) {
@@ -280,7 +287,16 @@ impl GemmCtx {
                 let alpha = if alpha_in_b { 1.0 } else { g.alpha };
                 let key = (g.a.buf, off, g.a.rs, g.a.cs, m, k, alpha.to_bits(), false);
                 let id = self.pack(module, key, || {
-                    x86::pack_a(isa, &floats(data), off, g.a.rs, g.a.cs, m, k, alpha)
+                    le_bytes(&x86::pack_a(
+                        isa,
+                        &floats(data),
+                        off,
+                        g.a.rs,
+                        g.a.cs,
+                        m,
+                        k,
+                        alpha,
+                    ))
                 })?;
                 (k as i64 * mr * 4, 4, mr * 4, Operand::Packed(id))
             }
@@ -298,7 +314,16 @@ impl GemmCtx {
             (Some((data, off)), None) => {
                 let key = (g.b.buf, off, g.b.rs, g.b.cs, k, n, g.alpha.to_bits(), true);
                 let id = self.pack(module, key, || {
-                    x86::pack_b(isa, &floats(data), off, g.b.rs, g.b.cs, k, n, g.alpha)
+                    le_bytes(&x86::pack_b(
+                        isa,
+                        &floats(data),
+                        off,
+                        g.b.rs,
+                        g.b.cs,
+                        k,
+                        n,
+                        g.alpha,
+                    ))
                 })?;
                 (k as i64 * nr * 4, nr * 4, true, Operand::Packed(id))
             }
@@ -328,6 +353,7 @@ impl GemmCtx {
             act: g.act.into(),
             kc,
             nc,
+            int8: false,
         };
         let Some(func) = self.func(module, &spec)? else {
             return Ok(None);
@@ -340,6 +366,70 @@ impl GemmCtx {
             func,
             a: a_op,
             b: b_op,
+            split,
+        }))
+    }
+
+    /// The `vpdpbusd` plan for an 8-bit product: B a constant (packed four k to a lane),
+    /// A read in place as rows of dwords (k a multiple of 4, contiguous), so each k step
+    /// of the microkernel is four of the product's.
+    fn plan_int8(
+        &mut self,
+        module: &mut ObjectModule,
+        g: &GemmCall,
+        p: &Program,
+    ) -> R<Option<Plan>> {
+        let (m, n, k) = (g.m as usize, g.n as usize, g.k as usize);
+        let data = match (p.buffers.get(g.b.buf).map(|b| &b.kind), &g.b.offset) {
+            (Some(BufKind::Const { data }), Expr::Int(off)) => (data, *off),
+            _ => return Ok(None),
+        };
+        let init = match &g.init {
+            None => None,
+            Some(v) if v.cs == 0 || v.cs == 1 => Some((v.rs * 4, v.cs * 4)),
+            Some(_) => return Ok(None),
+        };
+        if !self.vnni || !k.is_multiple_of(4) || g.a.cs != 1 || g.c.cs != 1 {
+            return Ok(None);
+        }
+        let isa = Isa::Avx512;
+        let (data, off) = data;
+        let key = (g.b.buf, off, g.b.rs, g.b.cs, k, n, 1f32.to_bits(), true);
+        let id = self.pack(module, key, || {
+            x86::pack_b_int8(data, off, g.b.rs, g.b.cs, k, n)
+        })?;
+        let steps = k / 4;
+        let nr = isa.nr() as i64;
+        let (kc, nc) = x86::blocking(isa, m, steps, n, self.l1_kib, self.l2_kib);
+        let spec = Spec {
+            isa,
+            m,
+            n,
+            k: steps,
+            a_tile: isa.mr() as i64 * g.a.rs,
+            a_row: g.a.rs,
+            a_k: 4,
+            b_panel: steps as i64 * nr * 4,
+            b_k: nr * 4,
+            b_padded: true,
+            b_group: 1,
+            c_rs: g.c.rs * 4,
+            init,
+            init_is_c: g.init.as_ref() == Some(&g.c),
+            add: false,
+            act: x86::ActBits::None,
+            kc,
+            nc,
+            int8: true,
+        };
+        let Some(func) = self.func(module, &spec)? else {
+            return Ok(None);
+        };
+        let split = self.split(module, &spec, false)?;
+        Ok(Some(Plan::Asm {
+            func,
+            a: Operand::Direct,
+            b: Operand::Packed(id),
             split,
         }))
     }
@@ -509,12 +599,12 @@ impl GemmCtx {
         &mut self,
         module: &mut ObjectModule,
         key: PackKey,
-        f: impl FnOnce() -> Vec<f32>,
+        f: impl FnOnce() -> Vec<u8>,
     ) -> R<DataId> {
         if let Some(id) = self.packs.get(&key) {
             return Ok(*id);
         }
-        let bytes: Vec<u8> = f().iter().flat_map(|x| x.to_le_bytes()).collect();
+        let bytes = f();
         let name = format!("{}__gemm_pack{}", self.prefix, self.packs.len());
         let id = module
             .declare_data(&name, Linkage::Local, false, false)
@@ -528,6 +618,10 @@ impl GemmCtx {
         self.packs.insert(key, id);
         Ok(id)
     }
+}
+
+fn le_bytes(x: &[f32]) -> Vec<u8> {
+    x.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 fn floats(data: &[u8]) -> Vec<f32> {
@@ -613,11 +707,15 @@ pub fn expand(g: &GemmCall, vars: &mut Vec<Ty>) -> Vec<Stmt> {
         vars.len() - 1
     };
     let (i, j, p) = (var(Ty::I64), var(Ty::I64), var(Ty::I64));
-    let acc = var(Ty::F32);
-    let f = |x: f32| Expr::f(x as f64, Ty::F32);
+    let acc = var(if g.int8 { Ty::I32 } else { Ty::F32 });
+    let f = |x: f32| match g.int8 {
+        false => Expr::f(x as f64, Ty::F32),
+        true => Expr::cast(Ty::I32, Expr::Int(x as i64)),
+    };
+    let widen = |e: Expr| if g.int8 { Expr::cast(Ty::I32, e) } else { e };
     let prod = Expr::mul(
-        Expr::load(g.a.buf, at(&g.a, i, p)),
-        Expr::load(g.b.buf, at(&g.b, p, j)),
+        widen(Expr::load(g.a.buf, at(&g.a, i, p))),
+        widen(Expr::load(g.b.buf, at(&g.b, p, j))),
     );
     let mut val = Expr::Var(acc);
     if g.alpha != 1.0 {

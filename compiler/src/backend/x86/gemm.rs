@@ -91,6 +91,11 @@ pub struct Spec {
     /// k block and column block.
     pub kc: usize,
     pub nc: usize,
+    /// An 8-bit product (AVX-512 VNNI): each k step is four k of the product, A's
+    /// elements are four u8 (one dword, broadcast), B's are four i8 along k (see
+    /// [`pack_b_int8`]), and `vpdpbusd` sums their products into i32 accumulators. The
+    /// init view is i32; no alpha, add or activation.
+    pub int8: bool,
 }
 
 /// [`GemmAct`] with its floats as bits (hashable).
@@ -179,6 +184,32 @@ pub fn pack_b(
                         .ok()
                         .and_then(|x| data.get(x))
                         .map_or(0.0, |x| x * alpha);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Packs an i8 B (`k x n`, element `(p, j)` at `off + p * rs + j * col_s` of `data`) for
+/// the 8-bit microkernel: `[ceil(n / NR)][ceil(k / 4)][NR][4]`, the four bytes of a
+/// column for k steps `4q..4q + 4` together (one i32 lane of `vpdpbusd`), zero-padded
+/// in both k and n (padding multiplies A by 0). With NR = 32 a k step is 128 bytes, as
+/// the f32 panels' are.
+pub fn pack_b_int8(data: &[u8], off: i64, rs: i64, col_s: i64, k: usize, n: usize) -> Vec<u8> {
+    let nr = Isa::Avx512.nr();
+    let (panels, steps) = (n.div_ceil(nr), k.div_ceil(4));
+    let mut out = vec![0u8; panels * steps * nr * 4];
+    for jp in 0..panels {
+        for p in 0..k {
+            for jj in 0..nr {
+                let j = jp * nr + jj;
+                if j < n {
+                    let idx = off + p as i64 * rs + j as i64 * col_s;
+                    out[((jp * steps + p / 4) * nr + jj) * 4 + p % 4] = usize::try_from(idx)
+                        .ok()
+                        .and_then(|x| data.get(x))
+                        .map_or(0, |x| *x);
                 }
             }
         }
@@ -328,6 +359,9 @@ pub fn generate(s: &Spec) -> R<Vec<u8>> {
         || !s.nc.is_multiple_of(s.isa.nr())
     {
         return Err("x86 gemm: empty or badly blocked shape".into());
+    }
+    if s.int8 && (s.isa != Isa::Avx512 || s.add || s.act != ActBits::None) {
+        return Err("x86 gemm: an 8-bit product is AVX-512 without add or activation".into());
     }
     if let Some((_, ics)) = s.init {
         if ics != 0 && ics != 4 {
@@ -745,7 +779,20 @@ impl Gen<'_> {
                         self.a.vmovups(ZMM[2 * s.isa.mr() + v], at).map_err(e)?;
                     }
                 }
-                if nv == 1 {
+                if s.int8 {
+                    // vpdpbusd: the broadcast A dword is the unsigned operand, B the
+                    // signed one.
+                    for i in 0..rows {
+                        let t = ZMM[30 + (i & 1)];
+                        let at = dword_ptr(rax + d32(da + i as i64 * s.a_row)?);
+                        self.a.vpbroadcastd(t, at).map_err(e)?;
+                        for v in 0..nv {
+                            self.a
+                                .vpdpbusd(ZMM[2 * i + v], t, ZMM[2 * s.isa.mr() + v])
+                                .map_err(e)?;
+                        }
+                    }
+                } else if nv == 1 {
                     for i in 0..rows {
                         let at = dword_bcst(rax + d32(da + i as i64 * s.a_row)?);
                         for v in 0..nv {

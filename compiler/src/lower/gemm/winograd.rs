@@ -820,6 +820,7 @@ impl Geo<'_> {
                 init,
                 add: None,
                 act: GemmAct::None,
+                int8: false,
             })));
         }
         for (r0, nr, out_rows) in [(0, rows, r), (rows, last, short)] {
