@@ -1287,7 +1287,7 @@ fn f16_convs_and_products_run_on_the_f32_kernels() {
 /// uint8 zero point for A, as dynamic quantization makes it: on the f32 GEMM (the
 /// `widen_integer` pass, exact while the sums stay within 2^24), on the host and
 /// on aarch64 under qemu, against the reference evaluator bit for bit; and a weight
-/// whose sums could pass 2^24 keeps the integer product.
+/// whose sums could pass 2^24 as f32 products over ranges of K, summed in int32.
 #[test]
 fn integer_products_run_exactly_on_the_f32_gemm() {
     use common::{model, node, value_info};
@@ -1316,7 +1316,7 @@ fn integer_products_run_exactly_on_the_f32_gemm() {
             _ => (next() % 256) as u8,
         })
         .collect();
-    for (case, kk, wide) in [("mmi_exact", k, true), ("mmi_too_wide", 600, false)] {
+    for (case, kk, wide) in [("mmi_exact", k, true), ("mmi_in_ranges", 600, false)] {
         let wv: Vec<i64> = if wide { w.clone() } else { vec![-128; kk * n] };
         let zv: Vec<i64> = if wide { zb.clone() } else { vec![127; n] };
         let g = GraphProto {
@@ -1342,9 +1342,11 @@ fn integer_products_run_exactly_on_the_f32_gemm() {
             let (c, got, want) =
                 compiled_and_reference(scratch.path(), &model(g.clone()), target, &inputs);
             let ops = op_types(&c);
+            // |w - zb| = 255 by a run-time zero point: 258 rows of K per f32 product.
+            let products = ops.iter().filter(|o| *o == "MatMul").count();
             assert_eq!(
-                ops.contains(&"MatMul".into()),
-                wide,
+                products,
+                if wide { 1 } else { 3 },
                 "{case} on {target}: {ops:?}"
             );
             let (g, w) = (got[0].as_tensor().unwrap(), want[0].as_tensor().unwrap());
@@ -1361,8 +1363,8 @@ fn integer_products_run_exactly_on_the_f32_gemm() {
 /// into 46 rows (a partial register tile), 45 columns (a masked vector), k = 2100 (two k
 /// blocks), extremes of both operands and a run-time zero point for A; QLinearMatMul by
 /// uint8 weights with zero point 128 (the weight less it fits i8) then requantizes. On
-/// aarch64 under qemu the first product, too wide for f32 to hold exactly, runs the
-/// same 8-bit kernel-IR call as loops, and the second the f32 GEMM.
+/// aarch64 under qemu both run on the f32 GEMM (the first, too wide for f32 to hold
+/// exactly, over ranges of K summed in int32).
 #[test]
 fn int8_products_run_on_dot_product_kernels() {
     use common::{f32_tensor, model, node, value_info};
@@ -1444,15 +1446,11 @@ fn int8_products_run_on_dot_product_kernels() {
                 compiled_and_reference(scratch.path(), &model(g.clone()), target, inputs);
             let ops = op_types(&c);
             let int8_calls = int8_gemms(&c.lowered.program.kernels);
-            // The wide product stays integer everywhere; the narrow one only with dot
-            // products (else the exact f32 GEMM takes it).
-            let want_int8 = dot || name == "mmi_int8";
-            assert_eq!(int8_calls > 0, want_int8, "{name} on {target}: {ops:?}");
-            assert_eq!(
-                ops.contains(&"MatMul".into()),
-                !want_int8,
-                "{name} on {target}: {ops:?}"
-            );
+            assert_eq!(int8_calls > 0, dot, "{name} on {target}: {ops:?}");
+            let products = ops.iter().filter(|o| *o == "MatMul").count();
+            let ranges = if name == "mmi_int8" { 5 } else { 1 };
+            let f32_products = if dot { 0 } else { ranges };
+            assert_eq!(products, f32_products, "{name} on {target}: {ops:?}");
             if dot {
                 // The microkernel, named by its shape with k counted in steps of four.
                 let rows = if name == "mmi_int8" { b2 * m } else { qm };

@@ -6,7 +6,13 @@
 //! weight: the largest `|a - za|` times the largest sum of `|b - zb|` over one output
 //! column or channel) f32 holds each exactly, whatever the order of the sums, so the
 //! result is the int32 product bit for bit. The Conv is marked [`EXACT_SUMS`] so that
-//! its lowering does not take Winograd (whose transforms round). Zero padding of `x -
+//! its lowering does not take Winograd (whose transforms round). A product whose sums
+//! could pass 2^24 (a run-time zero point for A allows |a - za| up to 255) runs as f32
+//! products over ranges of K that each stay within it, cast to int32 and summed there
+//! (up to [`MOST_CHUNKS`] ranges: dynamically quantized BERT on AVX2, 762 -> 43 ms). On a
+//! target with 8-bit dot products ([`Graph::int8_dot`]) a product of uint8 A by a weight
+//! whose difference from its zero point fits int8 (k a multiple of 4) stays a
+//! MatMulInteger by that difference, for the VNNI GEMM (`lower::gemm::matmul_int8`). Zero padding of `x -
 //! x_zero_point` is the reference's padding with the zero point. Without this the
 //! product ran as a scalar loop nest: 128 x 768 by 768 x 768 took 134 ms, ONNX Runtime
 //! 0.1 ms (its int8 kernels); a 64 -> 64 3x3 QLinearConv on 56x56, 134 ms. The dynamic
@@ -55,6 +61,10 @@ struct Plan {
     /// The weight less its zero point, f32, B's shape (`[K, N]`, or the conv's `[M, C/group,
     /// k...]`).
     w: Tensor,
+    /// A product whose sums over the whole of K could pass 2^24: the ranges of K whose
+    /// partial products stay within it, each an f32 MatMul cast to int32, summed in
+    /// int32 (one range when the whole product is exact).
+    chunks: Vec<(usize, usize)>,
     /// QLinearMatMul's or QLinearConv's requantization.
     requant: Option<Requant>,
 }
@@ -172,9 +182,14 @@ fn plan(g: &Graph, n: NodeId) -> Option<Plan> {
         && w.iter().all(|&x| (-128.0..=127.0).contains(&x)))
     .then(|| Tensor::from_vec(bt.shape(), w.iter().map(|&x| x as i8).collect::<Vec<i8>>()));
     let worst = colsum.iter().copied().fold(0.0, f64::max);
-    if int8.is_none() && a_max(g, a, za)? * worst > EXACT {
+    let amax = a_max(g, a, za)?;
+    let chunks = if int8.is_some() || amax * worst <= EXACT {
+        vec![(0, bt.shape()[0])]
+    } else if conv {
         return None;
-    }
+    } else {
+        exact_chunks(&w, cols, amax)?
+    };
     // The shape per-column values take against the output.
     let mut col_shape = vec![cols];
     if conv {
@@ -222,9 +237,40 @@ fn plan(g: &Graph, n: NodeId) -> Option<Plan> {
     Some(Plan {
         conv,
         int8,
+        chunks,
         w: Tensor::from_vec(bt.shape(), w),
         requant,
     })
+}
+
+/// Most ranges of K a product is cut into (see [`exact_chunks`]); past it the product
+/// stays an integer loop nest.
+const MOST_CHUNKS: usize = 16;
+
+/// Consecutive ranges of the rows of `w` (`[K, cols]`, row-major) over which every
+/// column's sum of `|w|` times `amax` stays within 2^24, each as long as it can be.
+fn exact_chunks(w: &[f32], cols: usize, amax: f64) -> Option<Vec<(usize, usize)>> {
+    let k = w.len() / cols.max(1);
+    let mut chunks = Vec::new();
+    let mut sums = vec![0f64; cols];
+    let mut start = 0;
+    for p in 0..k {
+        let row = &w[p * cols..(p + 1) * cols];
+        let over = sums
+            .iter()
+            .zip(row)
+            .any(|(s, x)| (s + x.abs() as f64) * amax > EXACT);
+        if over {
+            chunks.push((start, p));
+            start = p;
+            sums.iter_mut().for_each(|s| *s = 0.0);
+        }
+        sums.iter_mut()
+            .zip(row)
+            .for_each(|(s, x)| *s += x.abs() as f64);
+    }
+    chunks.push((start, k));
+    (chunks.len() <= MOST_CHUNKS && chunks.iter().all(|(a, b)| a < b)).then_some(chunks)
 }
 
 /// Adds `op(inputs) -> out` (opset 13: every op used here has its current form there).
@@ -260,7 +306,7 @@ fn widen(g: &mut Graph, n: NodeId, plan: Plan) -> Result<()> {
         };
         let p = value(g, &format!("{name}/product"), retyped(g, y, DType::I32));
         add(g, format!("{name}/product"), "MatMulInteger", &[], &ins, p)?;
-        return requantize(g, &name, p, y, rq);
+        return requantize(g, &name, p, y, &rq);
     }
     let ty = retyped(g, a, DType::F32);
     let mut a32 = value(g, &format!("{name}/a_f32"), ty.clone());
@@ -287,6 +333,9 @@ fn widen(g: &mut Graph, n: NodeId, plan: Plan) -> Result<()> {
         add(g, format!("{name}/a_less_zero"), "Sub", &[], &[a32, z32], d)?;
         a32 = d;
     }
+    if plan.chunks.len() > 1 {
+        return chunked(g, &name, a32, y, &plan);
+    }
     let wv = add_const(g, &format!("{name}/b_f32"), plan.w);
     let p = value(g, &format!("{name}/product"), retyped(g, y, DType::F32));
     if plan.conv {
@@ -312,11 +361,97 @@ fn widen(g: &mut Graph, n: NodeId, plan: Plan) -> Result<()> {
             y,
         );
     };
-    requantize(g, &name, p, y, rq)
+    requantize(g, &name, p, y, &rq)
+}
+
+/// A product over `plan.chunks` of K: each range's f32 MatMul (exact) cast to int32, the
+/// parts summed in int32 (as the reference's int32 sum, whose order does not matter),
+/// then requantized if the node was a QLinearMatMul.
+fn chunked(g: &mut Graph, name: &str, a32: ValueId, y: ValueId, plan: &Plan) -> Result<()> {
+    let value = |g: &mut Graph, base: &str, ty: ValueType| {
+        let v = g.fresh_name(base);
+        g.add_value(v, ty, Source::Undefined)
+    };
+    let ashape = shape_of(g, a32).expect("planned on a static shape");
+    let axis = ashape.len() - 1;
+    let n = plan.w.shape()[1];
+    let w = plan.w.to_f64().expect("an f32 weight");
+    let w = w.as_slice().expect("a standard layout");
+    let i32c = Attr::Int(i64::from(DType::I32.onnx_code()));
+    let mut parts = Vec::new();
+    for (c, &(k0, k1)) in plan.chunks.iter().enumerate() {
+        let i64s = |x: usize| Tensor::from_vec(&[1], vec![x as i64]);
+        let st = add_const(g, &format!("{name}/k{c}_start"), i64s(k0));
+        let en = add_const(g, &format!("{name}/k{c}_end"), i64s(k1));
+        let ax = add_const(g, &format!("{name}/k{c}_axis"), i64s(axis));
+        let mut sh = ashape.clone();
+        sh[axis] = k1 - k0;
+        let ac = value(
+            g,
+            &format!("{name}/a_k{c}"),
+            ValueType::tensor(DType::F32, &sh),
+        );
+        add(
+            g,
+            format!("{name}/a_k{c}"),
+            "Slice",
+            &[],
+            &[a32, st, en, ax],
+            ac,
+        )?;
+        let wk: Vec<f32> = w[k0 * n..k1 * n].iter().map(|&x| x as f32).collect();
+        let wc = add_const(
+            g,
+            &format!("{name}/b_f32_k{c}"),
+            Tensor::from_vec(&[k1 - k0, n], wk),
+        );
+        let pc = value(
+            g,
+            &format!("{name}/product_k{c}"),
+            retyped(g, y, DType::F32),
+        );
+        add(
+            g,
+            format!("{name}/product_k{c}"),
+            "MatMul",
+            &[],
+            &[ac, wc],
+            pc,
+        )?;
+        let ic = value(
+            g,
+            &format!("{name}/product_k{c}_i32"),
+            retyped(g, y, DType::I32),
+        );
+        let to = [("to", i32c.clone())];
+        add(
+            g,
+            format!("{name}/product_k{c}_i32"),
+            "Cast",
+            &to,
+            &[pc],
+            ic,
+        )?;
+        parts.push(ic);
+    }
+    let last = parts.len() - 1;
+    let mut sum = parts[0];
+    for (c, &part) in parts.iter().enumerate().skip(1) {
+        let out = match (c == last, &plan.requant) {
+            (true, None) => y,
+            _ => value(g, &format!("{name}/sum_k{c}"), retyped(g, y, DType::I32)),
+        };
+        add(g, format!("{name}/sum_k{c}"), "Add", &[], &[sum, part], out)?;
+        sum = out;
+    }
+    match &plan.requant {
+        None => Ok(()),
+        Some(rq) => requantize(g, name, sum, y, rq),
+    }
 }
 
 /// `y = rq(p)`: the reference's requantization of the product `p`, in f64.
-fn requantize(g: &mut Graph, name: &str, p: ValueId, y: ValueId, rq: Requant) -> Result<()> {
+fn requantize(g: &mut Graph, name: &str, p: ValueId, y: ValueId, rq: &Requant) -> Result<()> {
     let value = |g: &mut Graph, base: &str, ty: ValueType| {
         let v = g.fresh_name(base);
         g.add_value(v, ty, Source::Undefined)
@@ -328,11 +463,11 @@ fn requantize(g: &mut Graph, name: &str, p: ValueId, y: ValueId, rq: Requant) ->
     };
     let f64c = Attr::Int(i64::from(DType::F64.onnx_code()));
     let mut c = step(g, "product_f64", "Cast", &[("to", f64c)], &[p])?;
-    if let Some(b) = rq.bias {
+    if let Some(b) = rq.bias.clone() {
         let b = add_const(g, &format!("{name}/bias_f64"), b);
         c = step(g, "biased", "Add", &[], &[c, b])?;
     }
-    let factor = add_const(g, &format!("{name}/factor"), rq.factor);
+    let factor = add_const(g, &format!("{name}/factor"), rq.factor.clone());
     let c = step(g, "scaled", "Mul", &[], &[c, factor])?;
     let zp = add_const(g, &format!("{name}/y_zero_f64"), Tensor::scalar(rq.zp));
     let c = step(g, "shifted", "Add", &[], &[c, zp])?;
@@ -408,12 +543,36 @@ mod tests {
     }
 
     #[test]
-    fn a_product_past_f32s_integers_stays() {
-        // 255 * (K = 4) * 128 is far below 2^24; a weight of K = 600 columns of
-        // |b - zb| = 255 is not (255 * 600 * 255 > 2^24).
+    fn a_product_past_f32s_integers_runs_in_exact_ranges_of_k() {
+        // |b - zb| = 255 and |a - za| up to 255: 258 rows stay within 2^24, 259 do not.
+        let w = vec![255f32; 600 * 2];
+        assert_eq!(
+            exact_chunks(&w, 2, 255.0),
+            Some(vec![(0, 258), (258, 516), (516, 600)])
+        );
+        let w = vec![255f32; 258 * MOST_CHUNKS + 1];
+        assert_eq!(exact_chunks(&w, 1, 255.0), None);
         let mut t = Builder::new();
         let a = t.input_typed("a", DType::U8, &[2, 600]);
         let w = t.konst_t("b", Tensor::from_vec(&[600, 1], vec![-128i8; 600]));
+        let z = t.konst_t("zb", Tensor::from_vec(&[1], vec![127i8]));
+        let za = t.input_typed("za", DType::U8, &[]);
+        let y = t.node_typed("MatMulInteger", &[a, w, za, z], DType::I32, &[2, 1]);
+        let mut g = t.finish(&[y]);
+        check_pass(&mut g, run);
+        let count = |op: &str| g.nodes.node_weights().filter(|n| n.op_type == op).count();
+        assert_eq!((count("Slice"), count("MatMul"), count("Add")), (3, 3, 2));
+        assert_eq!(count("MatMulInteger"), 0);
+    }
+
+    #[test]
+    fn a_product_past_f32s_integers_stays() {
+        // 255 * (K = 4) * 128 is far below 2^24; a weight of K = 4200 rows of
+        // |b - zb| = 255 needs more than MOST_CHUNKS ranges of 258 rows.
+        let k = 4200;
+        let mut t = Builder::new();
+        let a = t.input_typed("a", DType::U8, &[2, k]);
+        let w = t.konst_t("b", Tensor::from_vec(&[k, 1], vec![-128i8; k]));
         let z = t.konst_t("zb", Tensor::from_vec(&[1], vec![127i8]));
         let za = t.input_typed("za", DType::U8, &[]);
         let y = t.node_typed("MatMulInteger", &[a, w, za, z], DType::I32, &[2, 1]);
