@@ -1623,17 +1623,25 @@ fn integer_convs_run_exactly_on_the_f32_convs() {
             false,
         ),
     ];
+    #[cfg(target_arch = "x86_64")]
+    let vnni = std::arch::is_x86_feature_detected!("avx512vnni");
+    #[cfg(not(target_arch = "x86_64"))]
+    let vnni = false;
     for (g, inputs, widened) in cases {
         let case = g.name.clone().unwrap();
         for target in ["host", "aarch64-neon"] {
             let (c, got, want) =
                 compiled_and_reference(scratch.path(), &model(g.clone()), target, &inputs);
             let ops = op_types(&c);
+            // With 8-bit dot products the weight that fits i8 takes the 8-bit GEMM
+            // (`int8_convs_run_on_dot_product_kernels`).
+            let int8 = vnni && target == "host" && case == "qlinearconv_bias";
             assert_eq!(
                 ops.contains(&"Conv".into()),
-                widened,
+                widened && !int8,
                 "{case} on {target}: {ops:?}"
             );
+            assert_eq!(int8_gemms(&c.lowered.program.kernels) > 0, int8, "{case}");
             assert_eq!(bits(&got[0]), bits(&want[0]), "{case} on {target}");
             let w = want[0].as_tensor().unwrap().to_f64().unwrap();
             if case.starts_with("qlinear") {
@@ -1642,6 +1650,194 @@ fn integer_convs_run_exactly_on_the_f32_convs() {
             } else {
                 let top = w.iter().map(|v| v.abs()).fold(0.0, f64::max);
                 assert!(top > (1 << 17) as f64, "{case}: small sums only ({top})");
+            }
+        }
+    }
+}
+
+/// ConvInteger and QLinearConv on the 8-bit GEMM where the target has dot products (x86
+/// AVX-512 VNNI), bit for bit against the reference evaluator: x copied to pixels x
+/// channels, an im2col padded with the zero point (rows padded to a multiple of 4), the
+/// product by pixels, the output transposed back. 3x3 with padding, a run-time zero
+/// point and two images; 1x1 read in place (8 channels); 3 channels (27 taps, rows of
+/// 28) by a 5x5 kernel with strides, dilations and uneven pads; a 1-D conv; QLinearConv
+/// by uint8 weights at zero point 128 with a bias, requantized. Without dot products
+/// (aarch64 under qemu) the same models run on the f32 convs or loops.
+#[test]
+fn int8_convs_run_on_dot_product_kernels() {
+    use common::{f32_tensor, ints_attr, model, node, value_info};
+    use onnxc::ir::Tensor;
+    use onnxc::onnx::proto::tensor_proto::DataType;
+    use onnxc::onnx::proto::GraphProto;
+    let scratch = tempfile::tempdir().unwrap();
+    let mut next = lcg(4242);
+    let mut bytes = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|i| match i % 23 {
+                0 => 0,
+                1 => 255,
+                _ => (next() % 256) as u8,
+            })
+            .collect()
+    };
+    let mut wnext = lcg(17);
+    let mut weights = |n: usize| -> Vec<i64> {
+        (0..n)
+            .map(|i| match i % 19 {
+                0 => -128,
+                1 => 127,
+                _ => wnext() % 256 - 128,
+            })
+            .collect()
+    };
+    let i8s = |name: &str, dims: &[i64], v: &[i64]| int_tensor(name, DataType::Int8, dims, v);
+    let u8s = |name: &str, dims: &[i64], v: &[i64]| int_tensor(name, DataType::Uint8, dims, v);
+    let x_of = |dims: &[usize], v: Vec<u8>| Value::Tensor(Tensor::from_vec(dims, v));
+    let conv = |op: &str, ins: &[&str], attrs: Vec<_>| {
+        let mut n = node(op, ins, &["y"]);
+        n.attribute = attrs;
+        n
+    };
+    // (graph, inputs)
+    let wq: Vec<i64> = weights(24 * 16 * 9).iter().map(|w| w + 128).collect();
+    let bias: Vec<i64> = (0..24).map(|j| (j - 12) * 700).collect();
+    let cases: Vec<(GraphProto, Vec<Value>)> = vec![
+        (
+            GraphProto {
+                name: Some("ci8_3x3".into()),
+                node: vec![conv(
+                    "ConvInteger",
+                    &["x", "w", "xz"],
+                    vec![ints_attr("pads", &[1, 1, 1, 1])],
+                )],
+                input: vec![
+                    value_info("x", DataType::Uint8, &[2, 16, 13, 13]),
+                    value_info("xz", DataType::Uint8, &[]),
+                ],
+                output: vec![value_info("y", DataType::Int32, &[2, 20, 13, 13])],
+                initializer: vec![i8s("w", &[20, 16, 3, 3], &weights(20 * 16 * 9))],
+                ..Default::default()
+            },
+            vec![
+                x_of(&[2, 16, 13, 13], bytes(2 * 16 * 169)),
+                x_of(&[], vec![9]),
+            ],
+        ),
+        (
+            GraphProto {
+                name: Some("ci8_1x1".into()),
+                node: vec![conv("ConvInteger", &["x", "w", "xz"], vec![])],
+                input: vec![value_info("x", DataType::Uint8, &[1, 8, 7, 9])],
+                output: vec![value_info("y", DataType::Int32, &[1, 33, 7, 9])],
+                initializer: vec![
+                    i8s("w", &[33, 8, 1, 1], &weights(33 * 8)),
+                    u8s("xz", &[], &[200]),
+                ],
+                ..Default::default()
+            },
+            vec![x_of(&[1, 8, 7, 9], bytes(8 * 63))],
+        ),
+        (
+            GraphProto {
+                name: Some("ci8_5x5_strided".into()),
+                node: vec![conv(
+                    "ConvInteger",
+                    &["x", "w"],
+                    vec![
+                        ints_attr("strides", &[2, 3]),
+                        ints_attr("dilations", &[2, 1]),
+                        ints_attr("pads", &[2, 1, 0, 3]),
+                    ],
+                )],
+                input: vec![value_info("x", DataType::Uint8, &[1, 3, 17, 19])],
+                output: vec![value_info("y", DataType::Int32, &[1, 12, 5, 6])],
+                initializer: vec![i8s("w", &[12, 3, 5, 5], &weights(12 * 75))],
+                ..Default::default()
+            },
+            vec![x_of(&[1, 3, 17, 19], bytes(3 * 17 * 19))],
+        ),
+        (
+            GraphProto {
+                name: Some("ci8_1d".into()),
+                node: vec![conv(
+                    "ConvInteger",
+                    &["x", "w", "xz"],
+                    vec![ints_attr("pads", &[1, 2])],
+                )],
+                input: vec![value_info("x", DataType::Uint8, &[1, 8, 30])],
+                output: vec![value_info("y", DataType::Int32, &[1, 5, 31])],
+                initializer: vec![
+                    i8s("w", &[5, 8, 3], &weights(5 * 8 * 3)),
+                    u8s("xz", &[], &[128]),
+                ],
+                ..Default::default()
+            },
+            vec![x_of(&[1, 8, 30], bytes(8 * 30))],
+        ),
+        (
+            GraphProto {
+                name: Some("qlc8_3x3_s2".into()),
+                node: vec![conv(
+                    "QLinearConv",
+                    &["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"],
+                    vec![
+                        ints_attr("pads", &[1, 1, 1, 1]),
+                        ints_attr("strides", &[2, 2]),
+                    ],
+                )],
+                input: vec![value_info("x", DataType::Uint8, &[1, 16, 15, 15])],
+                output: vec![value_info("y", DataType::Uint8, &[1, 24, 8, 8])],
+                initializer: vec![
+                    f32_tensor("xs", &[], &[0.05]),
+                    u8s("xz", &[], &[121]),
+                    u8s("w", &[24, 16, 3, 3], &wq),
+                    f32_tensor("ws", &[], &[0.004]),
+                    u8s("wz", &[], &[128]),
+                    f32_tensor("ys", &[], &[0.1]),
+                    u8s("yz", &[], &[110]),
+                    int_tensor("b", DataType::Int32, &[24], &bias),
+                ],
+                ..Default::default()
+            },
+            vec![x_of(&[1, 16, 15, 15], bytes(16 * 225))],
+        ),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    let vnni = std::arch::is_x86_feature_detected!("avx512vnni");
+    #[cfg(not(target_arch = "x86_64"))]
+    let vnni = false;
+    if !vnni {
+        eprintln!("int8_convs_run_on_dot_product_kernels: no AVX-512 VNNI here, so the host runs the f32 and loop forms only");
+    }
+    for (g, inputs) in cases {
+        let case = g.name.clone().unwrap();
+        for target in ["host", "aarch64-neon"] {
+            let dot = vnni && target == "host";
+            let (c, got, want) =
+                compiled_and_reference(scratch.path(), &model(g.clone()), target, &inputs);
+            let ops = op_types(&c);
+            assert_eq!(
+                int8_gemms(&c.lowered.program.kernels) > 0,
+                dot,
+                "{case} on {target}: {ops:?}"
+            );
+            if dot {
+                assert!(ops.contains(&"ConvInteger".into()), "{case}: {ops:?}");
+            }
+            assert_eq!(bits(&got[0]), bits(&want[0]), "{case} on {target}");
+            let w = want[0].as_tensor().unwrap().to_f64().unwrap();
+            if case.starts_with("qlc") {
+                assert!(
+                    w.iter().any(|&v| v == 0.0) && w.iter().any(|&v| v == 255.0),
+                    "{case}"
+                );
+                assert!(
+                    w.iter().filter(|&&v| v > 0.0 && v < 255.0).count() > w.len() / 2,
+                    "{case}"
+                );
+            } else {
+                let top = w.iter().map(|v| v.abs()).fold(0.0, f64::max);
+                assert!(top > 30000.0, "{case}: small sums only ({top})");
             }
         }
     }

@@ -13,7 +13,9 @@ mod winograd;
 
 use crate::backend::cranelift::gemm::SPLIT_MIN_ROWS_PACKED;
 use crate::ir::{broadcast_shapes, DType, OpResult, EXACT_SUMS};
-use crate::kir::build::{add, divisor_at_most, int, lin, loops, per_part, store, two_threads_end};
+use crate::kir::build::{
+    add, divisor_at_most, for_, int, lin, loops, per_part, store, two_threads_end,
+};
 use crate::kir::{BufKind, CmpOp, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId};
 use crate::ops::lowering::{
     broadcast_strides, index, nest, strides, Act, EpStep, Epilogue, LowerCtx, TensorRef,
@@ -321,6 +323,210 @@ pub fn matmul_int8(lw: &mut LowerCtx) -> OpResult<bool> {
         act: GemmAct::None,
         int8: true,
     })));
+    k.body = body;
+    lw.push(k);
+    Ok(true)
+}
+
+/// ConvInteger of u8 x by a constant i8 weight without a weight zero point (what
+/// `passes::widen_integer` leaves for targets with 8-bit dot products), group 1, 1-D or
+/// 2-D, as the 8-bit [`GemmCall`] per image with the output pixels as rows: x copied to
+/// pixels x channels (`xt`), then, unless the conv is 1x1 over every pixel with a multiple
+/// of 4 channels (`xt` is then A), an im2col `a[pixel][tap * c + ci]` (rows padded to a
+/// multiple of 4 with the zero point, taps' padding the zero point too), the product into
+/// `ct[pixel][co]`, and `ct` transposed into the NCHW output. A's zero point comes in
+/// through init, as in [`matmul_int8`]: an input pixel equal to it adds nothing, which is
+/// the reference's padding.
+pub fn conv_int8(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
+    let (Ok(x), Ok(w)) = (lw.input(0).cloned(), lw.input(1).cloned()) else {
+        return Ok(false);
+    };
+    let out = lw.outputs[0].clone();
+    let za = lw.opt_input(2).cloned();
+    let Some(wv) = w.value.as_ref().and_then(|t| t.to_i64_vec()) else {
+        return Ok(false);
+    };
+    let Some(p2) = Plane::of(g) else {
+        return Ok(false);
+    };
+    if x.dtype != DType::U8
+        || w.dtype != DType::I8
+        || out.dtype != DType::I32
+        || g.group != 1
+        || x.shape.len() < 3
+        || lw.opt_input(3).is_some()
+        || za
+            .as_ref()
+            .is_some_and(|z| z.dtype != DType::U8 || z.len() != 1)
+    {
+        return Ok(false);
+    }
+    let (nimg, c, m) = (x.shape[0], x.shape[1], w.shape[0]);
+    let taps = p2.kh * p2.kw;
+    let (il, ol) = (p2.h * p2.w, p2.oh * p2.ow);
+    let kd = c * taps;
+    let kp = kd.next_multiple_of(4);
+    if nimg == 0 || m == 0 || ol == 0 || kd == 0 || out.len() != nimg * m * ol {
+        return Ok(false);
+    }
+    if wv.len() != m * kd || x.len() != nimg * c * il {
+        return Ok(false);
+    }
+    // B: [kp][m], row `tap * c + ci`; and each column's sum.
+    let mut bdata = vec![0u8; kp * m];
+    let mut colsum = vec![0i32; m];
+    for co in 0..m {
+        for ci in 0..c {
+            for t in 0..taps {
+                let v = wv[(co * c + ci) * taps + t] as i8;
+                bdata[(t * c + ci) * m + co] = v as u8;
+                colsum[co] = colsum[co].wrapping_add(i32::from(v));
+            }
+        }
+    }
+    let name = lw.name.clone();
+    let buf = |lw: &mut LowerCtx, what: &str, kind: BufKind, ty: Ty, len: usize| {
+        lw.program
+            .add_buffer(format!("{name}/{what}"), kind, ty, len as u64)
+    };
+    let arena = || BufKind::Arena { offset: 0 };
+    let wb = buf(lw, "w_i8", BufKind::Const { data: bdata }, Ty::I8, kp * m);
+    let xt = buf(lw, "x_nhwc", arena(), Ty::U8, il * c);
+    let direct =
+        taps == 1 && p2.sh == 1 && p2.sw == 1 && p2.ph == 0 && p2.pw == 0 && ol == il && kp == kd;
+    let a = if direct {
+        xt
+    } else {
+        buf(lw, "im2col", arena(), Ty::U8, ol * kp)
+    };
+    let ct = buf(lw, "product", arena(), Ty::I32, ol * m);
+    let mut k = lw.kernel("");
+    let mut body = Vec::new();
+    // A byte as the vector loops copy bytes: through f32, exactly.
+    let byte = |e: Expr| Expr::cast(Ty::U8, Expr::cast(Ty::F32, e));
+    let zero_byte = match &za {
+        Some(z) => byte(Expr::load(z.buf, Expr::Int(0))),
+        None => Expr::cast(Ty::U8, Expr::f(0.0, Ty::F32)),
+    };
+    let init = match &za {
+        None => None,
+        Some(z) => {
+            let data = colsum.iter().flat_map(|x| x.to_le_bytes()).collect();
+            let cs = buf(lw, "colsum", BufKind::Const { data }, Ty::I32, m);
+            let ib = buf(lw, "init", arena(), Ty::I32, m);
+            let j = k.var(Ty::I64);
+            let zero = Expr::cast(Ty::I32, Expr::load(z.buf, Expr::Int(0)));
+            body.push(for_(
+                j,
+                m,
+                vec![store(
+                    ib,
+                    Expr::Var(j),
+                    Expr::bin(
+                        crate::kir::BinOp::Sub,
+                        Expr::cast(Ty::I32, Expr::Int(0)),
+                        Expr::mul(zero, Expr::load(cs, Expr::Var(j))),
+                    ),
+                )],
+            ));
+            Some(MatView::strided(ib, Expr::Int(0), 0, 1))
+        }
+    };
+    let nv = k.var(Ty::I64);
+    let (q, ci, co) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+    let (oy, ox) = (k.var(Ty::I64), k.var(Ty::I64));
+    let v = Expr::Var;
+    let mut img = Vec::new();
+    // x[nv] as pixels x channels.
+    img.push(for_(
+        q,
+        il,
+        vec![for_(
+            ci,
+            c,
+            vec![store(
+                xt,
+                lin(vec![(v(q), c), (v(ci), 1)]),
+                byte(Expr::load(
+                    x.buf,
+                    lin(vec![(v(nv), c * il), (v(ci), il), (v(q), 1)]),
+                )),
+            )],
+        )],
+    ));
+    if !direct {
+        // The zero point wherever a tap falls in the padding, and in the rows' padding.
+        let padded = (0..p2.kh)
+            .any(|r| Plane::valid(p2.oh, p2.sh, p2.ph, r, p2.dh, p2.h) != (0, p2.oh))
+            || (0..p2.kw).any(|s| Plane::valid(p2.ow, p2.sw, p2.pw, s, p2.dw, p2.w) != (0, p2.ow));
+        if padded || kp > kd {
+            img.push(for_(q, ol * kp, vec![store(a, v(q), zero_byte.clone())]));
+        }
+        for r in 0..p2.kh {
+            let (ylo, yhi) = Plane::valid(p2.oh, p2.sh, p2.ph, r, p2.dh, p2.h);
+            for s in 0..p2.kw {
+                let (xlo, xhi) = Plane::valid(p2.ow, p2.sw, p2.pw, s, p2.dw, p2.w);
+                if ylo >= yhi || xlo >= xhi {
+                    continue;
+                }
+                let iy0 = (ylo * p2.sh) as i64 - p2.ph + (r * p2.dh) as i64;
+                let ix0 = (xlo * p2.sw) as i64 - p2.pw + (s * p2.dw) as i64;
+                let src0 = (iy0 as usize * p2.w + ix0 as usize) * c;
+                let dst0 = (ylo * p2.ow + xlo) * kp + (r * p2.kw + s) * c;
+                let copy = store(
+                    a,
+                    lin(vec![
+                        (v(oy), p2.ow * kp),
+                        (v(ox), kp),
+                        (v(ci), 1),
+                        (int(dst0), 1),
+                    ]),
+                    byte(Expr::load(
+                        xt,
+                        lin(vec![
+                            (v(oy), p2.sh * p2.w * c),
+                            (v(ox), p2.sw * c),
+                            (v(ci), 1),
+                            (int(src0), 1),
+                        ]),
+                    )),
+                );
+                img.push(for_(
+                    oy,
+                    yhi - ylo,
+                    vec![for_(ox, xhi - xlo, vec![for_(ci, c, vec![copy])])],
+                ));
+            }
+        }
+    }
+    img.push(Stmt::Gemm(Box::new(GemmCall {
+        m: ol as u64,
+        n: m as u64,
+        k: kp as u64,
+        a: MatView::strided(a, Expr::Int(0), kp as i64, 1),
+        b: MatView::strided(wb, Expr::Int(0), m as i64, 1),
+        c: MatView::strided(ct, Expr::Int(0), m as i64, 1),
+        alpha: 1.0,
+        init,
+        add: None,
+        act: GemmAct::None,
+        int8: true,
+    })));
+    // ct[pixel][co] into out[nv][co][pixel].
+    img.push(for_(
+        co,
+        m,
+        vec![for_(
+            q,
+            ol,
+            vec![store(
+                out.buf,
+                lin(vec![(v(nv), m * ol), (v(co), ol), (v(q), 1)]),
+                Expr::load(ct, lin(vec![(v(q), m), (v(co), 1)])),
+            )],
+        )],
+    ));
+    body.push(for_(nv, nimg, img));
     k.body = body;
     lw.push(k);
     Ok(true)

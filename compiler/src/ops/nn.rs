@@ -985,6 +985,21 @@ mod lower {
                 return Ok(());
             }
         }
+        if mode == Mode::Integer {
+            let (k, s, d, pb, in_sp, out_sp) = (&k, &win.s, &win.d, &win.pb, &win.in_sp, &win.out);
+            let g = crate::lower::gemm::ConvGeom {
+                group,
+                k,
+                s,
+                d,
+                pb,
+                in_sp,
+                out_sp,
+            };
+            if crate::lower::gemm::conv_int8(lw, &g)? {
+                return Ok(());
+            }
+        }
         if mode == Mode::Float
             && group > 1
             && std::env::var_os("ONNXC_NO_DW_LANES").is_none()

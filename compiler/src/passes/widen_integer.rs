@@ -175,10 +175,14 @@ fn plan(g: &Graph, n: NodeId) -> Option<Plan> {
     }
     // On a target with 8-bit dot products: u8 A by a weight that fits i8, k a multiple
     // of 4 (the kernel reads A four bytes at a time).
+    // (A conv's im2col pads its rows to a multiple of 4; group 1, 1-D or 2-D.)
+    let int8_shape = match conv {
+        false => bt.shape()[0].is_multiple_of(4),
+        true => ar <= 4 && node.attrs.int("group", 1).ok() == Some(1),
+    };
     let int8 = (g.int8_dot
-        && !conv
+        && int8_shape
         && dtype_of(g, a) == Some(DType::U8)
-        && bt.shape()[0].is_multiple_of(4)
         && w.iter().all(|&x| (-128.0..=127.0).contains(&x)))
     .then(|| Tensor::from_vec(bt.shape(), w.iter().map(|&x| x as i8).collect::<Vec<i8>>()));
     let worst = colsum.iter().copied().fold(0.0, f64::max);
@@ -301,11 +305,18 @@ fn widen(g: &mut Graph, n: NodeId, plan: Plan) -> Result<()> {
         let wv = add_const(g, &format!("{name}/b_i8"), w8);
         let mut ins = vec![a, wv];
         ins.extend(za);
+        // A conv keeps its attributes (group, kernel, pads, strides, dilations).
+        let (op, attrs): (&str, Vec<(&str, Attr)>) = if plan.conv {
+            let attrs = node.attrs.iter().map(|(k, v)| (k.as_str(), v.clone()));
+            ("ConvInteger", attrs.collect())
+        } else {
+            ("MatMulInteger", vec![])
+        };
         let Some(rq) = plan.requant else {
-            return add(g, format!("{name}/product"), "MatMulInteger", &[], &ins, y);
+            return add(g, format!("{name}/product"), op, &attrs, &ins, y);
         };
         let p = value(g, &format!("{name}/product"), retyped(g, y, DType::I32));
-        add(g, format!("{name}/product"), "MatMulInteger", &[], &ins, p)?;
+        add(g, format!("{name}/product"), op, &attrs, &ins, p)?;
         return requantize(g, &name, p, y, &rq);
     }
     let ty = retyped(g, a, DType::F32);
@@ -540,6 +551,30 @@ mod tests {
         g.int8_dot = true;
         check_pass(&mut g, run);
         assert!(ops(&g).contains(&"MatMul".to_string()), "{:?}", ops(&g));
+        // A conv of group 1 stays ConvInteger with its attributes; of group 2, f32.
+        for (group, want) in [(1, "ConvInteger"), (2, "Conv")] {
+            let mut t = Builder::new();
+            let x = t.input_typed("x", DType::U8, &[1, 2, 5, 5]);
+            let w = t.konst_t(
+                "w",
+                Tensor::from_vec(&[2, 2 / group, 3, 3], vec![5i8; 36 / group]),
+            );
+            let attrs = [
+                ("pads", Attr::Ints(vec![1; 4])),
+                ("group", Attr::Int(group as i64)),
+            ];
+            let y = t.node_attrs("ConvInteger", &[x, w], DType::I32, &[1, 2, 5, 5], &attrs);
+            let mut g = t.finish(&[y]);
+            g.int8_dot = true;
+            check_pass(&mut g, run);
+            let conv = g
+                .nodes
+                .node_weights()
+                .find(|n| n.op_type.starts_with("Conv"));
+            let conv = conv.expect("a conv");
+            assert_eq!(conv.op_type, want);
+            assert_eq!(conv.attrs.get_ints("pads").unwrap(), Some(vec![1; 4]));
+        }
     }
 
     #[test]
