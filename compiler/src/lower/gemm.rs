@@ -272,44 +272,13 @@ pub fn matmul_int8(lw: &mut LowerCtx) -> OpResult<bool> {
     }
     let mut k = lw.kernel("");
     let mut body = Vec::new();
-    let init = match &za {
-        None => None,
-        Some(z) => {
-            let mut colsum = vec![0i32; n];
-            for (i, x) in bv.iter().enumerate() {
-                colsum[i % n] = colsum[i % n].wrapping_add(*x as i32);
-            }
-            let data = colsum.iter().flat_map(|x| x.to_le_bytes()).collect();
-            let cs = lw.program.add_buffer(
-                format!("{}/colsum", lw.name),
-                BufKind::Const { data },
-                Ty::I32,
-                n as u64,
-            );
-            let ib = lw.program.add_buffer(
-                format!("{}/init", lw.name),
-                BufKind::Arena { offset: 0 },
-                Ty::I32,
-                n as u64,
-            );
-            let j = k.var(Ty::I64);
-            let zero = Expr::cast(Ty::I32, Expr::load(z.buf, Expr::Int(0)));
-            body.push(Stmt::For {
-                var: j,
-                extent: n as u64,
-                body: vec![store(
-                    ib,
-                    Expr::Var(j),
-                    Expr::bin(
-                        crate::kir::BinOp::Sub,
-                        Expr::cast(Ty::I32, Expr::Int(0)),
-                        Expr::mul(zero, Expr::load(cs, Expr::Var(j))),
-                    ),
-                )],
-            });
-            Some(MatView::strided(ib, Expr::Int(0), 0, 1))
+    let init = za.as_ref().map(|z| {
+        let mut colsum = vec![0i32; n];
+        for (i, x) in bv.iter().enumerate() {
+            colsum[i % n] = colsum[i % n].wrapping_add(*x as i32);
         }
-    };
+        zero_point_init(lw, &mut k, &mut body, z, &colsum)
+    });
     body.push(Stmt::Gemm(Box::new(GemmCall {
         m: m as u64,
         n: n as u64,
@@ -326,6 +295,49 @@ pub fn matmul_int8(lw: &mut LowerCtx) -> OpResult<bool> {
     k.body = body;
     lw.push(k);
     Ok(true)
+}
+
+/// The init view of an 8-bit product whose A has the zero point `z` (one u8): `-z
+/// colsum[j]` for each column, computed into arena scratch by a loop appended to `body`
+/// (the column sums of B are constants; `z` may be a run-time value).
+fn zero_point_init(
+    lw: &mut LowerCtx,
+    k: &mut Kernel,
+    body: &mut Vec<Stmt>,
+    z: &TensorRef,
+    colsum: &[i32],
+) -> MatView {
+    let n = colsum.len();
+    let data = colsum.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let name = &lw.name;
+    let cs = lw.program.add_buffer(
+        format!("{name}/colsum"),
+        BufKind::Const { data },
+        Ty::I32,
+        n as u64,
+    );
+    let ib = lw.program.add_buffer(
+        format!("{name}/init"),
+        BufKind::Arena { offset: 0 },
+        Ty::I32,
+        n as u64,
+    );
+    let j = k.var(Ty::I64);
+    let zero = Expr::cast(Ty::I32, Expr::load(z.buf, Expr::Int(0)));
+    body.push(for_(
+        j,
+        n,
+        vec![store(
+            ib,
+            Expr::Var(j),
+            Expr::bin(
+                crate::kir::BinOp::Sub,
+                Expr::cast(Ty::I32, Expr::Int(0)),
+                Expr::mul(zero, Expr::load(cs, Expr::Var(j))),
+            ),
+        )],
+    ));
+    MatView::strided(ib, Expr::Int(0), 0, 1)
 }
 
 /// ConvInteger of u8 x by a constant i8 weight without a weight zero point (what
@@ -408,30 +420,9 @@ pub fn conv_int8(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
         Some(z) => byte(Expr::load(z.buf, Expr::Int(0))),
         None => Expr::cast(Ty::U8, Expr::f(0.0, Ty::F32)),
     };
-    let init = match &za {
-        None => None,
-        Some(z) => {
-            let data = colsum.iter().flat_map(|x| x.to_le_bytes()).collect();
-            let cs = buf(lw, "colsum", BufKind::Const { data }, Ty::I32, m);
-            let ib = buf(lw, "init", arena(), Ty::I32, m);
-            let j = k.var(Ty::I64);
-            let zero = Expr::cast(Ty::I32, Expr::load(z.buf, Expr::Int(0)));
-            body.push(for_(
-                j,
-                m,
-                vec![store(
-                    ib,
-                    Expr::Var(j),
-                    Expr::bin(
-                        crate::kir::BinOp::Sub,
-                        Expr::cast(Ty::I32, Expr::Int(0)),
-                        Expr::mul(zero, Expr::load(cs, Expr::Var(j))),
-                    ),
-                )],
-            ));
-            Some(MatView::strided(ib, Expr::Int(0), 0, 1))
-        }
-    };
+    let init = za
+        .as_ref()
+        .map(|z| zero_point_init(lw, &mut k, &mut body, z, &colsum));
     let nv = k.var(Ty::I64);
     let (q, ci, co) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
     let (oy, ox) = (k.var(Ty::I64), k.var(Ty::I64));

@@ -970,35 +970,24 @@ mod lower {
         {
             return Ok(());
         }
-        if mode == Mode::Float {
-            let (k, s, d, pb, in_sp, out_sp) = (&k, &win.s, &win.d, &win.pb, &win.in_sp, &win.out);
-            let g = crate::lower::gemm::ConvGeom {
-                group,
-                k,
-                s,
-                d,
-                pb,
-                in_sp,
-                out_sp,
-            };
-            if crate::lower::gemm::conv(lw, &g)? {
-                return Ok(());
-            }
-        }
-        if mode == Mode::Integer {
-            let (k, s, d, pb, in_sp, out_sp) = (&k, &win.s, &win.d, &win.pb, &win.in_sp, &win.out);
-            let g = crate::lower::gemm::ConvGeom {
-                group,
-                k,
-                s,
-                d,
-                pb,
-                in_sp,
-                out_sp,
-            };
-            if crate::lower::gemm::conv_int8(lw, &g)? {
-                return Ok(());
-            }
+        // The GEMM lowerings: f32 convs, and integer ones on the 8-bit GEMM.
+        let (kk, s, d, pb, in_sp, out_sp) = (&k, &win.s, &win.d, &win.pb, &win.in_sp, &win.out);
+        let g = crate::lower::gemm::ConvGeom {
+            group,
+            k: kk,
+            s,
+            d,
+            pb,
+            in_sp,
+            out_sp,
+        };
+        let gemm = match mode {
+            Mode::Float => crate::lower::gemm::conv(lw, &g)?,
+            Mode::Integer => crate::lower::gemm::conv_int8(lw, &g)?,
+            Mode::QLinear => false,
+        };
+        if gemm {
+            return Ok(());
         }
         if mode == Mode::Float
             && group > 1
