@@ -1847,10 +1847,14 @@ mod lower {
                 k.var(Ty::I64),
                 k.var(Ty::I64),
             );
-            let e = Expr::load(
-                x.buf,
-                index(&[o, i], &[n * inner, 1]).add_term(Expr::mul(v(j), Expr::Int(inner as i64))),
-            );
+            let thr = k.var(x.ty().compute());
+            let elem = |jx: Expr| {
+                Expr::load(
+                    x.buf,
+                    index(&[o, i], &[n * inner, 1])
+                        .add_term(Expr::mul(jx, Expr::Int(inner as i64))),
+                )
+            };
             let opos = |r: Expr| {
                 index(&[o, i], &[kk * inner, 1]).add_term(Expr::mul(r, Expr::Int(inner as i64)))
             };
@@ -1874,77 +1878,99 @@ mod lower {
             let k64 = Expr::Int(kk as i64);
             let room = cmp(CmpOp::Lt, v(kept), k64.clone());
             let last = kept_at(Expr::Int(kk as i64 - 1));
-            let takes = bin(BinOp::Or, room.clone(), before(e.clone(), last.clone()));
-            // Its place: the kept ones it does not come before (a prefix).
-            let place = for_(
-                r,
-                kk,
-                vec![set(
-                    pos,
-                    Expr::add(
-                        v(pos),
-                        Expr::cast(
-                            Ty::I64,
-                            bin(
-                                BinOp::And,
-                                cmp(CmpOp::Lt, v(r), v(kept)),
-                                not(before(e.clone(), kept_at(v(r)))),
+            // The element at index `jx` inserted where it belongs, if it does.
+            let insert = |jx: Expr| {
+                let e = elem(jx.clone());
+                let takes = bin(BinOp::Or, room.clone(), before(e.clone(), last.clone()));
+                // Its place: the kept ones it does not come before (a prefix).
+                let place = for_(
+                    r,
+                    kk,
+                    vec![set(
+                        pos,
+                        Expr::add(
+                            v(pos),
+                            Expr::cast(
+                                Ty::I64,
+                                bin(
+                                    BinOp::And,
+                                    cmp(CmpOp::Lt, v(r), v(kept)),
+                                    not(before(e.clone(), kept_at(v(r)))),
+                                ),
                             ),
                         ),
-                    ),
-                )],
-            );
-            // Kept ones from `pos` move down one, the last first: position `k - 2 - r`.
-            let from = bin(BinOp::Sub, Expr::Int(kk as i64 - 2), v(r));
-            let shift = for_(
-                r,
-                kk - 1,
-                vec![iff(
-                    bin(
-                        BinOp::And,
-                        cmp(CmpOp::Ge, from.clone(), v(pos)),
-                        cmp(CmpOp::Lt, from.clone(), v(kept)),
-                    ),
-                    vec![
-                        store(
-                            vals.buf,
-                            opos(Expr::add(from.clone(), Expr::Int(1))),
-                            kept_at(from.clone()),
+                    )],
+                );
+                // Kept ones from `pos` move down one, the last first: position `k - 2 - r`.
+                let from = bin(BinOp::Sub, Expr::Int(kk as i64 - 2), v(r));
+                let shift = for_(
+                    r,
+                    kk - 1,
+                    vec![iff(
+                        bin(
+                            BinOp::And,
+                            cmp(CmpOp::Ge, from.clone(), v(pos)),
+                            cmp(CmpOp::Lt, from.clone(), v(kept)),
                         ),
-                        store(
-                            idxs.buf,
-                            opos(Expr::add(from.clone(), Expr::Int(1))),
-                            Expr::load(idxs.buf, opos(from.clone())),
+                        vec![
+                            store(
+                                vals.buf,
+                                opos(Expr::add(from.clone(), Expr::Int(1))),
+                                kept_at(from.clone()),
+                            ),
+                            store(
+                                idxs.buf,
+                                opos(Expr::add(from.clone(), Expr::Int(1))),
+                                Expr::load(idxs.buf, opos(from.clone())),
+                            ),
+                        ],
+                    )],
+                );
+                iff(
+                    takes,
+                    vec![
+                        set(pos, Expr::Int(0)),
+                        place,
+                        shift,
+                        store(vals.buf, opos(v(pos)), e.clone()),
+                        store(idxs.buf, opos(v(pos)), jx),
+                        set(
+                            kept,
+                            Expr::select(
+                                cmp(CmpOp::Lt, v(kept), k64.clone()),
+                                Expr::add(v(kept), Expr::Int(1)),
+                                v(kept),
+                            ),
                         ),
                     ],
-                )],
-            );
-            let mut insert = iff(
-                takes,
-                vec![
-                    set(pos, Expr::Int(0)),
-                    place,
-                    shift,
-                    store(vals.buf, opos(v(pos)), e.clone()),
-                    store(idxs.buf, opos(v(pos)), v(j)),
-                    set(
-                        kept,
-                        Expr::select(
-                            cmp(CmpOp::Lt, v(kept), k64),
-                            Expr::add(v(kept), Expr::Int(1)),
-                            v(kept),
-                        ),
-                    ),
-                ],
-            );
-            if float {
-                // First a looser test of one comparison, true also where either is NaN
-                // (the NaN order is only then worked out): most elements of a long lane
-                // fail it. (For integers `takes` is already one comparison.)
+                )
+            };
+            // The first k elements all go in; after them an element is tested against the
+            // k-th kept value held in `thr` (set again after each insertion): one
+            // comparison with a register per element. For floats the test is looser, true
+            // also where either is NaN (the insertion then works out the NaN order).
+            let pass = |e: Expr| {
                 let op = if largest { CmpOp::Le } else { CmpOp::Ge };
-                insert = iff(bin(BinOp::Or, room, not(cmp(op, e, last))), vec![insert]);
+                if float {
+                    not(cmp(op, e, v(thr)))
+                } else {
+                    before(e, v(thr))
+                }
+            };
+            let after = Expr::add(v(j), Expr::Int(kk as i64));
+            let mut lane = vec![set(kept, Expr::Int(0)), for_(j, kk, vec![insert(v(j))])];
+            if n > kk {
+                lane.push(set(thr, last.clone()));
+                lane.push(for_(
+                    j,
+                    n - kk,
+                    vec![iff(
+                        pass(elem(after.clone())),
+                        vec![insert(after), set(thr, last.clone())],
+                    )],
+                ));
             }
-            vec![set(kept, Expr::Int(0)), for_(j, n, vec![insert])]
+            lane
         });
         k.body = body;
         lw.push(k);
