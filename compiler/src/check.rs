@@ -98,6 +98,23 @@ pub fn quantized_tolerance(want: &Tensor) -> Option<f64> {
     })
 }
 
+/// Why outputs may be further from another engine's than the float tolerance although
+/// every kernel is right: a DynamicQuantizeLinear rounds its input to 255 levels at run
+/// time, so a difference of an ulp before it can move a value a whole level, and the
+/// moves compound (docs/decisions.md). `None` for a graph without one.
+pub fn run_time_quantization_note(g: &Graph) -> Option<&'static str> {
+    let dynamic = g
+        .nodes
+        .node_weights()
+        .any(|n| n.op_type == "DynamicQuantizeLinear" && n.domain.is_empty());
+    dynamic.then_some(
+        "the model quantizes activations at run time (DynamicQuantizeLinear): a float \
+         difference of one ulp before one can move a value a whole quantization level, so \
+         such models differ by about 5e-3 between engines (ONNX Runtime from its own \
+         unoptimized run as well)",
+    )
+}
+
 /// For a float output `v` of `g` that a DequantizeLinear with one constant scale makes
 /// (a QDQ model's last step), the relative error of one quantization step (a little
 /// over `|scale|` over the largest magnitude of `want`): a product or sum rounded in another order
@@ -227,5 +244,18 @@ mod tests {
         assert_eq!(dequantized_tolerance(&g, r, &want), None);
         let zeros = Tensor::from_vec(&[2], vec![0.0f32, 0.0]);
         assert_eq!(dequantized_tolerance(&g, y, &zeros), None);
+        assert_eq!(run_time_quantization_note(&g), None);
+    }
+
+    #[test]
+    fn run_time_quantization_is_named_as_a_cause() {
+        use crate::passes::testutil::Builder;
+        let mut b = Builder::new();
+        let x = b.input("x", &[4]);
+        // (Its first output only: the note looks at the op.)
+        let y = b.node_typed("DynamicQuantizeLinear", &[x], DType::U8, &[4]);
+        let g = b.finish(&[y]);
+        let note = run_time_quantization_note(&g).expect("a note");
+        assert!(note.contains("DynamicQuantizeLinear"), "{note}");
     }
 }

@@ -378,8 +378,13 @@ fn real_main(cli: Cli) -> Result<()> {
                 .zip(&r.tolerance)
                 .find(|(e, t)| **e > **t)
             {
+                let why = onnx::load(&model)
+                    .ok()
+                    .and_then(|m| onnxc::check::run_time_quantization_note(&m.graph))
+                    .map(|n| format!("\n  note: {n}"))
+                    .unwrap_or_default();
                 return Err(Error::Usage(format!(
-                    "compiled outputs differ from onnxruntime's: relative error {e:.2e} > {t:.0e}"
+                    "compiled outputs differ from onnxruntime's: relative error {e:.2e} > {t:.0e}{why}"
                 )));
             }
             Ok(())
@@ -768,9 +773,12 @@ fn check(
         );
     }
     if over {
+        let why = onnxc::check::run_time_quantization_note(&m.graph)
+            .map(|n| format!("\n  note: {n}"))
+            .unwrap_or_default();
         return Err(Error::Usage(format!(
             "an output exceeds its tolerance ({tolerance:.0e}, or one quantization step for \
-             a DequantizeLinear's output)"
+             a DequantizeLinear's output){why}"
         )));
     }
     Ok(())
