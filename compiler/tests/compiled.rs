@@ -1479,6 +1479,70 @@ fn int8_products_run_on_dot_product_kernels() {
     }
 }
 
+/// 32-bit integer copies in the AVX-512 loops (moved as f32 lanes): a Transpose (the
+/// in-register tile transpose), a Concat (unit-stride copies) and a strided Slice of
+/// int32 values whose bits are f32 NaNs (quiet and signalling, both signs), infinities,
+/// subnormals and negative zero must come out bit for bit, on the host and on aarch64
+/// under qemu.
+#[test]
+fn int32_copies_keep_every_bit() {
+    use common::{ints_attr, model, node, value_info};
+    use onnxc::ir::Tensor;
+    use onnxc::onnx::proto::tensor_proto::DataType;
+    use onnxc::onnx::proto::GraphProto;
+    let scratch = tempfile::tempdir().unwrap();
+    let (r, c) = (37usize, 70usize);
+    let special: [u32; 8] = [
+        0x7fc0_0001,
+        0x7f80_0001,
+        0xffc0_0000,
+        0xff80_0123,
+        0x7f80_0000,
+        0x0000_0001,
+        0x8000_0000,
+        0xffff_ffff,
+    ];
+    let mut next = lcg(32);
+    let x: Vec<i32> = (0..r * c)
+        .map(|i| match i % 11 {
+            k if k < 8 => special[k] as i32,
+            _ => next() as i32,
+        })
+        .collect();
+    let mut slice = node("Slice", &["x", "st", "en", "ax", "sp"], &["s"]);
+    slice.attribute = vec![];
+    let mut transpose = node("Transpose", &["x"], &["t"]);
+    transpose.attribute = vec![ints_attr("perm", &[1, 0])];
+    let mut concat = node("Concat", &["x", "x"], &["k"]);
+    concat.attribute = vec![common::int_attr("axis", 1)];
+    let i64s = common::i64_tensor;
+    let g = GraphProto {
+        name: Some("int32_copies".into()),
+        node: vec![transpose, concat, slice],
+        input: vec![value_info("x", DataType::Int32, &[r as i64, c as i64])],
+        output: vec![
+            value_info("t", DataType::Int32, &[c as i64, r as i64]),
+            value_info("k", DataType::Int32, &[r as i64, 2 * c as i64]),
+            value_info("s", DataType::Int32, &[r as i64, 23]),
+        ],
+        initializer: vec![
+            i64s("st", &[1]),
+            i64s("en", &[70]),
+            i64s("ax", &[1]),
+            i64s("sp", &[3]),
+        ],
+        ..Default::default()
+    };
+    let inputs = vec![Value::Tensor(Tensor::from_vec(&[r, c], x))];
+    for target in ["host", "aarch64-neon"] {
+        let (_, got, want) =
+            compiled_and_reference(scratch.path(), &model(g.clone()), target, &inputs);
+        for (o, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(bits(g), bits(w), "output {o} on {target}");
+        }
+    }
+}
+
 /// The 8-bit `Stmt::Gemm` calls in `kernels`.
 fn int8_gemms(kernels: &[onnxc::kir::Kernel]) -> usize {
     fn count(body: &[onnxc::kir::Stmt]) -> usize {

@@ -17,7 +17,7 @@
 //! vector code (vmath.rs; sin, cos and tan with a branch to libm past `SINCOS_MAX`).
 
 use super::Gen;
-use crate::kir::{BinOp, BufKind, CmpOp, Expr, Stmt, Ty, UnOp, VarId};
+use crate::kir::{BinOp, BufId, BufKind, CmpOp, Expr, Stmt, Ty, UnOp, VarId};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{types, InstBuilder, MemFlagsData, Value};
 use cranelift_module::Module;
@@ -48,6 +48,11 @@ pub(super) struct Plan {
     pub(super) locals: Vec<VarId>,
     /// Accumulators carried across iterations (see [`reduction`]).
     pub(super) reds: Vec<Red>,
+    /// The body copies 32-bit integers (`buf[i] = src[j]`, both i32 or u32): only the
+    /// AVX-512 loops take such a loop, moving the values through f32 lanes bit for bit
+    /// (loads, stores and in-register transposes do not look at the bits); the f32x4
+    /// code leaves it scalar.
+    pub(super) int_copy: bool,
 }
 
 /// How an accumulator combines: `acc + e`, `max(acc, e)`, `min(acc, e)`, or the
@@ -271,6 +276,7 @@ impl Gen<'_, '_> {
     pub(super) fn qualifies(&self, var: VarId, extent: u64, body: &[Stmt]) -> Option<Plan> {
         let mut locals = Vec::new();
         let mut reds: Vec<Red> = Vec::new();
+        let mut int_copy = false;
         for s in body {
             if let Stmt::Set { var: t, value } = s {
                 let sets = body
@@ -337,12 +343,16 @@ impl Gen<'_, '_> {
                     // f32 stores; f16 ones and f32 values converted to bytes too (the
                     // AVX-512 loops store them whole, the f32x4 code lane by lane).
                     let b = &self.p.buffers[*buf];
-                    let stored = match b.elem {
-                        Ty::F32 | Ty::F16 => Some(value),
-                        e => self.byte_store_value(e, value),
-                    };
-                    if stored.and_then(|v| self.ty(v).ok()) != Some(Ty::F32) {
-                        return None;
+                    if self.wide.enabled() && self.int_copy_value(b.elem, value).is_some() {
+                        int_copy = true;
+                    } else {
+                        let stored = match b.elem {
+                            Ty::F32 | Ty::F16 => Some(value),
+                            e => self.byte_store_value(e, value),
+                        };
+                        if stored.and_then(|v| self.ty(v).ok()) != Some(Ty::F32) {
+                            return None;
+                        }
                     }
                     let st = stride(index, var, &locals)?;
                     if st < 1 {
@@ -397,7 +407,27 @@ impl Gen<'_, '_> {
                 return None;
             }
         }
-        Some(Plan { locals, reds })
+        Some(Plan {
+            locals,
+            reds,
+            int_copy,
+        })
+    }
+
+    /// For a store of `value` to a buffer of `elem`: the load it copies, when both are
+    /// 32-bit integers (see [`Plan::int_copy`]).
+    pub(super) fn int_copy_value<'e>(
+        &self,
+        elem: Ty,
+        value: &'e Expr,
+    ) -> Option<(BufId, &'e Expr)> {
+        let int32 = |t: Ty| matches!(t, Ty::I32 | Ty::U32);
+        match value {
+            Expr::Load(src, idx) if int32(elem) && int32(self.p.buffers[*src].elem) => {
+                Some((*src, &**idx))
+            }
+            _ => None,
+        }
     }
 
     /// For a store of `value` to a buffer of `elem` bytes (u8, i8): the f32 value it
@@ -512,6 +542,9 @@ impl Gen<'_, '_> {
         };
         if self.wide_for(var, extent, body, &plan)? {
             return Ok(extent);
+        }
+        if plan.int_copy {
+            return Ok(0);
         }
         let n4 = extent / W * W;
         let v = self.vars[var];

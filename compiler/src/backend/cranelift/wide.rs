@@ -52,6 +52,11 @@ pub struct WideFuncs {
 }
 
 impl WideFuncs {
+    /// Whether this object's loops may be AVX-512 code.
+    pub(super) fn enabled(&self) -> bool {
+        self.enabled
+    }
+
     /// Enabled for x86_64 targets with AVX-512F, unless `ONNXC_NO_WIDE` is set (for
     /// comparisons).
     pub fn new(prefix: &str, triple: &str, features: &[String], exact: bool) -> WideFuncs {
@@ -937,6 +942,21 @@ impl Gen<'_, '_> {
                     let v = self.wexpr(&mut t, value)?;
                     t.vals.insert(*local, v);
                 }
+                Stmt::Store { buf, index, value }
+                    if self
+                        .int_copy_value(self.p.buffers[*buf].elem, value)
+                        .is_some() =>
+                {
+                    // 32-bit integers moved as f32 lanes, bit for bit (Plan::int_copy).
+                    let (src, sidx) = self.int_copy_value(self.p.buffers[*buf].elem, value)?;
+                    let v = self.wload(&mut t, src, sidx, x::Elem::F32)?;
+                    let step = match stride(index, var, &t.locals)? {
+                        st @ (1 | 2 | 4) => st as u8,
+                        _ => return None,
+                    };
+                    let (s, disp) = t.stream(*buf, index, x::Elem::F32)?;
+                    t.b.push(Inst::Store { s, disp, v, step });
+                }
                 Stmt::Store { buf, index, value } => {
                     let elem = self.stream_elem(*buf)?;
                     // Bytes: the f32 value converted.
@@ -1051,6 +1071,26 @@ impl Gen<'_, '_> {
         })
     }
 
+    /// `buf[idx]` as a wide value, its elements read as `elem` (f16 only at unit stride).
+    fn wload(&self, t: &mut Tr, buf: BufId, idx: &Expr, elem: x::Elem) -> Option<V> {
+        Some(match stride(idx, t.var, &t.locals)? {
+            1 => {
+                let (s, disp) = t.stream(buf, idx, elem)?;
+                t.b.load(s, disp)
+            }
+            _ if elem != x::Elem::F32 => return None,
+            2 => {
+                let (s, disp) = t.stream(buf, idx, x::Elem::F32)?;
+                t.b.load2(s, disp)
+            }
+            st => {
+                let st = i32::try_from(st).ok()?;
+                let (s, disp) = t.stream(buf, idx, x::Elem::F32)?;
+                t.b.load_strided(s, disp, st)
+            }
+        })
+    }
+
     /// `e` as a wide value: f32 vectors, masks for f32 comparisons; `None` for what the
     /// generator does not do (gathers, integer arithmetic, libm calls).
     fn wexpr(&self, t: &mut Tr, e: &Expr) -> Option<V> {
@@ -1078,22 +1118,7 @@ impl Gen<'_, '_> {
                 if ty != Ty::F32 || !matches!(elem, x::Elem::F32 | x::Elem::F16) {
                     return None;
                 }
-                match stride(idx, t.var, &t.locals)? {
-                    1 => {
-                        let (s, disp) = t.stream(*buf, idx, elem)?;
-                        t.b.load(s, disp)
-                    }
-                    _ if elem != x::Elem::F32 => return None,
-                    2 => {
-                        let (s, disp) = t.stream(*buf, idx, x::Elem::F32)?;
-                        t.b.load2(s, disp)
-                    }
-                    st => {
-                        let st = i32::try_from(st).ok()?;
-                        let (s, disp) = t.stream(*buf, idx, x::Elem::F32)?;
-                        t.b.load_strided(s, disp, st)
-                    }
-                }
+                self.wload(t, *buf, idx, elem)?
             }
             Expr::Un(op, a) if ty == Ty::F32 => {
                 let op = match op {
