@@ -129,17 +129,7 @@ fn quantize_linear(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> 
     };
     if let Some((lo, hi)) = odt.int_range() {
         ensure!(
-            matches!(
-                odt,
-                DType::U8
-                    | DType::I8
-                    | DType::U16
-                    | DType::I16
-                    | DType::U4
-                    | DType::I4
-                    | DType::U2
-                    | DType::I2
-            ),
+            odt.bits() <= 16,
             "QuantizeLinear does not support output dtype {odt}"
         );
         let r = zip_broadcast(&q, &z, |v, zz| {
@@ -474,17 +464,7 @@ mod lower {
         // In f64, or in f32 for integers of 16 bits or fewer, an f32 (or narrower) scale
         // and output: `x - zero_point` is exact in f32 and its product by the scale
         // exact in f64, so f32's one rounding of the product is f64's final one.
-        let small = matches!(
-            x.dtype,
-            DType::U8
-                | DType::I8
-                | DType::U16
-                | DType::I16
-                | DType::U4
-                | DType::I4
-                | DType::U2
-                | DType::I2
-        );
+        let small = x.dtype.is_int() && x.dtype.bits() <= 16;
         let at = if small && sc.ty().compute() == Ty::F32 && ot == Ty::F32 {
             Ty::F32
         } else {

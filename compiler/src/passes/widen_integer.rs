@@ -277,6 +277,12 @@ fn exact_chunks(w: &[f32], cols: usize, amax: f64) -> Option<Vec<(usize, usize)>
     (chunks.len() <= MOST_CHUNKS && chunks.iter().all(|(a, b)| a < b)).then_some(chunks)
 }
 
+/// A new value named after `base`, made by the node the caller adds next.
+fn value(g: &mut Graph, base: &str, ty: ValueType) -> ValueId {
+    let v = g.fresh_name(base);
+    g.add_value(v, ty, Source::Undefined)
+}
+
 /// Adds `op(inputs) -> out` (opset 13: every op used here has its current form there).
 fn add(
     g: &mut Graph,
@@ -296,10 +302,6 @@ fn widen(g: &mut Graph, n: NodeId, plan: Plan) -> Result<()> {
     let a = node.inputs[0].expect("checked");
     let y = node.outputs[0];
     let f32c = Attr::Int(i64::from(DType::F32.onnx_code()));
-    let value = |g: &mut Graph, base: &str, ty: ValueType| {
-        let v = g.fresh_name(base);
-        g.add_value(v, ty, Source::Undefined)
-    };
     let za = node.inputs.get(2).copied().flatten();
     if let Some(w8) = plan.int8 {
         let wv = add_const(g, &format!("{name}/b_i8"), w8);
@@ -379,14 +381,10 @@ fn widen(g: &mut Graph, n: NodeId, plan: Plan) -> Result<()> {
 /// parts summed in int32 (as the reference's int32 sum, whose order does not matter),
 /// then requantized if the node was a QLinearMatMul.
 fn chunked(g: &mut Graph, name: &str, a32: ValueId, y: ValueId, plan: &Plan) -> Result<()> {
-    let value = |g: &mut Graph, base: &str, ty: ValueType| {
-        let v = g.fresh_name(base);
-        g.add_value(v, ty, Source::Undefined)
-    };
     let ashape = shape_of(g, a32).expect("planned on a static shape");
     let axis = ashape.len() - 1;
     let n = plan.w.shape()[1];
-    let w = plan.w.to_f64().expect("an f32 weight");
+    let w = plan.w.array::<f32>().expect("an f32 weight");
     let w = w.as_slice().expect("a standard layout");
     let i32c = Attr::Int(i64::from(DType::I32.onnx_code()));
     let mut parts = Vec::new();
@@ -410,7 +408,7 @@ fn chunked(g: &mut Graph, name: &str, a32: ValueId, y: ValueId, plan: &Plan) -> 
             &[a32, st, en, ax],
             ac,
         )?;
-        let wk: Vec<f32> = w[k0 * n..k1 * n].iter().map(|&x| x as f32).collect();
+        let wk = w[k0 * n..k1 * n].to_vec();
         let wc = add_const(
             g,
             &format!("{name}/b_f32_k{c}"),
@@ -463,10 +461,6 @@ fn chunked(g: &mut Graph, name: &str, a32: ValueId, y: ValueId, plan: &Plan) -> 
 
 /// `y = rq(p)`: the reference's requantization of the product `p`, in f64.
 fn requantize(g: &mut Graph, name: &str, p: ValueId, y: ValueId, rq: &Requant) -> Result<()> {
-    let value = |g: &mut Graph, base: &str, ty: ValueType| {
-        let v = g.fresh_name(base);
-        g.add_value(v, ty, Source::Undefined)
-    };
     let f64t = retyped(g, y, DType::F64);
     let step = |g: &mut Graph, what: &str, op: &str, attrs: &[(&str, Attr)], ins: &[ValueId]| {
         let v = value(g, &format!("{name}/{what}"), f64t.clone());

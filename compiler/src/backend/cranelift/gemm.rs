@@ -265,10 +265,8 @@ impl GemmCtx {
         }
         // alpha goes into one packed operand (B when both are).
         let alpha_in_b = cb.is_some();
-        let init = match &g.init {
-            None => None,
-            Some(v) if v.cs == 0 || v.cs == 1 => Some((v.rs * 4, v.cs * 4)),
-            Some(_) => return Ok(None),
+        let Some(init) = init_strides(g) else {
+            return Ok(None);
         };
         let init_is_c = g.init.as_ref() == Some(&g.c);
         // The add view at C's positions in another buffer: one byte offset from C.
@@ -384,16 +382,15 @@ impl GemmCtx {
             (Some(BufKind::Const { data }), Expr::Int(off)) => (data, *off),
             _ => return Ok(None),
         };
-        let init = match &g.init {
-            None => None,
-            Some(v) if v.cs == 0 || v.cs == 1 => Some((v.rs * 4, v.cs * 4)),
-            Some(_) => return Ok(None),
+        let Some(init) = init_strides(g) else {
+            return Ok(None);
         };
         if !self.vnni || !k.is_multiple_of(4) || g.a.cs != 1 || g.c.cs != 1 {
             return Ok(None);
         }
         let isa = Isa::Avx512;
         let (data, off) = data;
+        // (alpha 1: an i8 buffer is never an f32 call's B, so the keys cannot meet.)
         let key = (g.b.buf, off, g.b.rs, g.b.cs, k, n, 1f32.to_bits(), true);
         let id = self.pack(module, key, || {
             x86::pack_b_int8(data, off, g.b.rs, g.b.cs, k, n)
@@ -617,6 +614,16 @@ impl GemmCtx {
             .map_err(|e| format!("define {name}: {e}"))?;
         self.packs.insert(key, id);
         Ok(id)
+    }
+}
+
+/// The init view's byte strides for the microkernel (`None` inside: no init), or `None`
+/// when its columns are neither contiguous nor broadcast.
+fn init_strides(g: &GemmCall) -> Option<Option<(i64, i64)>> {
+    match &g.init {
+        None => Some(None),
+        Some(v) if v.cs == 0 || v.cs == 1 => Some(Some((v.rs * 4, v.cs * 4))),
+        Some(_) => None,
     }
 }
 

@@ -942,32 +942,27 @@ impl Gen<'_, '_> {
                     let v = self.wexpr(&mut t, value)?;
                     t.vals.insert(*local, v);
                 }
-                Stmt::Store { buf, index, value }
-                    if self
-                        .int_copy_value(self.p.buffers[*buf].elem, value)
-                        .is_some() =>
-                {
-                    // 32-bit integers moved as f32 lanes, bit for bit (Plan::int_copy).
-                    let (src, sidx) = self.int_copy_value(self.p.buffers[*buf].elem, value)?;
-                    let v = self.wload(&mut t, src, sidx, x::Elem::F32)?;
-                    let step = match stride(index, var, &t.locals)? {
-                        st @ (1 | 2 | 4) => st as u8,
-                        _ => return None,
-                    };
-                    let (s, disp) = t.stream(*buf, index, x::Elem::F32)?;
-                    t.b.push(Inst::Store { s, disp, v, step });
-                }
                 Stmt::Store { buf, index, value } => {
-                    let elem = self.stream_elem(*buf)?;
-                    // Bytes: the f32 value converted.
-                    let value = match elem {
-                        x::Elem::F32 | x::Elem::F16 => value,
-                        _ => self.byte_store_value(self.p.buffers[*buf].elem, value)?,
+                    let to = self.p.buffers[*buf].elem;
+                    let (elem, v) = match self.int_copy_value(to, value) {
+                        // 32-bit integers moved as f32 lanes, bit for bit (Plan::int_copy).
+                        Some((src, sidx)) => {
+                            (x::Elem::F32, self.wload(&mut t, src, sidx, x::Elem::F32)?)
+                        }
+                        None => {
+                            let elem = self.stream_elem(*buf)?;
+                            // Bytes: the f32 value converted.
+                            let value = match elem {
+                                x::Elem::F32 | x::Elem::F16 => value,
+                                _ => self.byte_store_value(to, value)?,
+                            };
+                            let v = self.wexpr(&mut t, value)?;
+                            if t.is_mask(v) {
+                                return None;
+                            }
+                            (elem, v)
+                        }
                     };
-                    let v = self.wexpr(&mut t, value)?;
-                    if t.is_mask(v) {
-                        return None;
-                    }
                     let step = match stride(index, var, &t.locals)? {
                         st @ (1 | 2 | 4) if elem == x::Elem::F32 || st == 1 => st as u8,
                         _ => return None,

@@ -157,9 +157,21 @@ pub fn blocking(
     (kc, nc)
 }
 
+/// Element `off + r * rs + c * c_step` of `data`, or `None` where that is outside it
+/// (packed as 0; the kernel-IR verifier reports such a view).
+fn element<T: Copy>(
+    data: &[T],
+    off: i64,
+    (r, rs): (usize, i64),
+    (c, c_step): (usize, i64),
+) -> Option<T> {
+    let idx = off + r as i64 * rs + c as i64 * c_step;
+    usize::try_from(idx).ok().and_then(|x| data.get(x)).copied()
+}
+
 /// Packs B (`k x n`, element `(p, j)` at `off + p * rs + j * col_s` of `data`) scaled by
-/// `alpha` into `[ceil(n / NR)][k][NR]` panels, zero-padded. (Elements outside `data` read
-/// as 0: the kernel-IR verifier reports such a view.)
+/// `alpha` into `[ceil(n / NR)][k][NR]` panels, zero-padded (elements outside `data` read
+/// as 0, see [`element`]).
 #[allow(clippy::too_many_arguments)]
 pub fn pack_b(
     isa: Isa,
@@ -179,11 +191,8 @@ pub fn pack_b(
             for jj in 0..nr {
                 let j = jp * nr + jj;
                 if j < n {
-                    let idx = off + p as i64 * rs + j as i64 * col_s;
-                    out[(jp * k + p) * nr + jj] = usize::try_from(idx)
-                        .ok()
-                        .and_then(|x| data.get(x))
-                        .map_or(0.0, |x| x * alpha);
+                    out[(jp * k + p) * nr + jj] =
+                        element(data, off, (p, rs), (j, col_s)).map_or(0.0, |x| x * alpha);
                 }
             }
         }
@@ -205,11 +214,8 @@ pub fn pack_b_int8(data: &[u8], off: i64, rs: i64, col_s: i64, k: usize, n: usiz
             for jj in 0..nr {
                 let j = jp * nr + jj;
                 if j < n {
-                    let idx = off + p as i64 * rs + j as i64 * col_s;
-                    out[((jp * steps + p / 4) * nr + jj) * 4 + p % 4] = usize::try_from(idx)
-                        .ok()
-                        .and_then(|x| data.get(x))
-                        .map_or(0, |x| *x);
+                    out[((jp * steps + p / 4) * nr + jj) * 4 + p % 4] =
+                        element(data, off, (p, rs), (j, col_s)).unwrap_or(0);
                 }
             }
         }
@@ -237,11 +243,8 @@ pub fn pack_a(
             for ii in 0..mr {
                 let i = it * mr + ii;
                 if i < m {
-                    let idx = off + i as i64 * rs + p as i64 * col_s;
-                    out[(it * k + p) * mr + ii] = usize::try_from(idx)
-                        .ok()
-                        .and_then(|x| data.get(x))
-                        .map_or(0.0, |x| x * alpha);
+                    out[(it * k + p) * mr + ii] =
+                        element(data, off, (i, rs), (p, col_s)).map_or(0.0, |x| x * alpha);
                 }
             }
         }
@@ -779,20 +782,7 @@ impl Gen<'_> {
                         self.a.vmovups(ZMM[2 * s.isa.mr() + v], at).map_err(e)?;
                     }
                 }
-                if s.int8 {
-                    // vpdpbusd: the broadcast A dword is the unsigned operand, B the
-                    // signed one.
-                    for i in 0..rows {
-                        let t = ZMM[30 + (i & 1)];
-                        let at = dword_ptr(rax + d32(da + i as i64 * s.a_row)?);
-                        self.a.vpbroadcastd(t, at).map_err(e)?;
-                        for v in 0..nv {
-                            self.a
-                                .vpdpbusd(ZMM[2 * i + v], t, ZMM[2 * s.isa.mr() + v])
-                                .map_err(e)?;
-                        }
-                    }
-                } else if nv == 1 {
+                if nv == 1 && !s.int8 {
                     for i in 0..rows {
                         let at = dword_bcst(rax + d32(da + i as i64 * s.a_row)?);
                         for v in 0..nv {
@@ -804,15 +794,24 @@ impl Gen<'_> {
                 } else {
                     // One broadcast per A element, shared by the row's two FMAs: an
                     // embedded broadcast loads it once per FMA, which measured 8%
-                    // slower on a 512^3 GEMM (Intel, two 512-bit FMA ports).
+                    // slower on a 512^3 GEMM (Intel, two 512-bit FMA ports). An 8-bit
+                    // product always broadcasts: `vpdpbusd` takes the broadcast A dword
+                    // as its unsigned operand and B as the signed one.
                     for i in 0..rows {
                         let t = ZMM[30 + (i & 1)];
                         let at = dword_ptr(rax + d32(da + i as i64 * s.a_row)?);
-                        self.a.vbroadcastss(t, at).map_err(e)?;
+                        if s.int8 {
+                            self.a.vpbroadcastd(t, at).map_err(e)?;
+                        } else {
+                            self.a.vbroadcastss(t, at).map_err(e)?;
+                        }
                         for v in 0..nv {
-                            self.a
-                                .vfmadd231ps(ZMM[2 * i + v], ZMM[2 * s.isa.mr() + v], t)
-                                .map_err(e)?;
+                            let (acc, bv) = (ZMM[2 * i + v], ZMM[2 * s.isa.mr() + v]);
+                            if s.int8 {
+                                self.a.vpdpbusd(acc, t, bv).map_err(e)?;
+                            } else {
+                                self.a.vfmadd231ps(acc, bv, t).map_err(e)?;
+                            }
                         }
                     }
                 }
