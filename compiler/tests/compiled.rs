@@ -1887,6 +1887,21 @@ fn int8_convs_run_on_dot_product_kernels() {
             );
             if dot {
                 assert!(ops.contains(&"ConvInteger".into()), "{case}: {ops:?}");
+                // The microkernel (not loops): output channels x output pixels x k
+                // steps of four (taps times channels padded to quads).
+                let shape = match case.as_str() {
+                    "ci8_3x3" => "20x169x36",
+                    "ci8_1x1" => "33x63x2",
+                    "ci8_5x5_strided" => "12x42x25",
+                    "ci8_1d" => "5x31x6",
+                    _ => "24x64x36",
+                };
+                let sym = format!("_{shape}");
+                let obj = &c.artifacts.object;
+                assert!(
+                    obj.windows(sym.len()).any(|w| w == sym.as_bytes()),
+                    "{case}: no {sym} microkernel"
+                );
             }
             assert_eq!(bits(&got[0]), bits(&want[0]), "{case} on {target}");
             let w = want[0].as_tensor().unwrap().to_f64().unwrap();

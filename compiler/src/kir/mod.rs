@@ -482,7 +482,8 @@ pub enum GemmAct {
 }
 
 /// `C[i, j] = act((init[i, j] + alpha * sum_p A[i, p] * B[p, j]) + add[i, j])` for `i < m,
-/// j < n, p < k`, all views f32 (with `int8`: A u8, B i8, C and init i32, see there). `init` absent means 0; `init` equal to `c` accumulates
+/// j < n, p < k`, all views f32 (with `int8`: 8-bit A and B, C and init i32, see there).
+/// `init` absent means 0; `init` equal to `c` accumulates
 /// into C. `add` (a residual: the second addend of a bias-then-residual epilogue, summed
 /// in that order) is absent or a view of another buffer. C must not overlap A, B or
 /// `add`. A constant-buffer operand (weights) with a literal offset may be repacked by
@@ -499,9 +500,12 @@ pub struct GemmCall {
     pub init: Option<MatView>,
     pub add: Option<MatView>,
     pub act: GemmAct,
-    /// An 8-bit product: A u8, B i8, C and init i32, `C = init + sum_p A B` in wrapping
-    /// i32 arithmetic (alpha 1, no add, no activation, no panels). MatMulInteger by a
-    /// constant weight lowers to it; x86 AVX-512 VNNI runs it as `vpdpbusd` tiles.
+    /// An 8-bit product: A u8 and B i8, or A i8 and B u8; C and init i32; `C = init +
+    /// sum_p A B` in wrapping i32 arithmetic (alpha 1, no add, no activation, no panels,
+    /// k a multiple of 4). B is stored in quads, four k of a column together: element
+    /// `(p, j)` at `offset + (p / 4) * rs + j * cs + p % 4` (`[k/4][n][4]` with `rs = 4n,
+    /// cs = 4`, one i32 lane of `vpdpbusd` per column). MatMulInteger by a constant
+    /// weight and ConvInteger lower to it; x86 AVX-512 VNNI runs it as `vpdpbusd` tiles.
     pub int8: bool,
 }
 

@@ -501,11 +501,15 @@ fn gemm_forms(g: &GemmCall, env: &Env, scope: &Scope, out: &mut Vec<Access>) {
         next
     };
     let (m, n, k) = (g.m, g.n, g.k);
-    let mut view = |v: &MatView, rows: u64, cols: u64, is_a: bool, store: bool| {
+    let mut view = |v: &MatView, rows: u64, cols: u64, is_a: bool, quads: bool, store: bool| {
         let mut sc = scope.clone();
         let form = aff(&v.offset, env).and_then(|mut f| {
             // (coefficient, extent) of each fresh variable.
             let dims = match v.panel {
+                // An 8-bit product's B in quads: `(p / 4) rs + j cs + p % 4`.
+                None if quads => {
+                    vec![(v.rs, rows / 4), (v.cs, cols), (1, 4)]
+                }
                 None => vec![(v.rs, rows), (v.cs, cols)],
                 // Panels across the rows of A or the columns of B.
                 Some((w, ps)) => {
@@ -531,12 +535,12 @@ fn gemm_forms(g: &GemmCall, env: &Env, scope: &Scope, out: &mut Vec<Access>) {
         });
         out.push((v.buf, form.map(|f| (f, sc)), store));
     };
-    view(&g.a, m, k, true, false);
-    view(&g.b, k, n, false, false);
+    view(&g.a, m, k, true, false, false);
+    view(&g.b, k, n, false, g.int8, false);
     for v in g.init.iter().chain(&g.add) {
-        view(v, m, n, false, false);
+        view(v, m, n, false, false, false);
     }
-    view(&g.c, m, n, false, true);
+    view(&g.c, m, n, false, false, true);
 }
 
 /// The affine form of an index, variables set in the body replaced by their current

@@ -79,7 +79,11 @@ fn stmts(body: &[Stmt], depth: usize, s: &mut String) {
                 let _ = writeln!(
                     s,
                     "{pad}gemm{} {}x{}x{} {} = {rhs}",
-                    if g.int8 { " u8*i8->i32" } else { "" },
+                    if g.int8 {
+                        " 8-bit->i32 (B in quads)"
+                    } else {
+                        ""
+                    },
                     g.m,
                     g.n,
                     g.k,

@@ -241,10 +241,20 @@ fn verify_gemm(g: &super::GemmCall, k: &Kernel, p: &Program) -> Result<(), Strin
             || g.add.is_some()
             || g.act != super::GemmAct::None
             || g.a.panel.is_some()
-            || g.b.panel.is_some())
+            || g.b.panel.is_some()
+            || !g.k.is_multiple_of(4))
     {
-        return Err("int8 gemm with alpha, add, activation or panels".into());
+        return Err(
+            "int8 gemm with alpha, add, activation, panels or k not a multiple of 4".into(),
+        );
     }
+    // An 8-bit product multiplies one u8 operand by one i8.
+    let a_elem = p.buffers.get(g.a.buf).map(|b| b.elem);
+    let b8 = if a_elem == Some(Ty::I8) {
+        Ty::U8
+    } else {
+        Ty::I8
+    };
     for (what, v) in g.named_views() {
         let b = p
             .buffers
@@ -252,8 +262,9 @@ fn verify_gemm(g: &super::GemmCall, k: &Kernel, p: &Program) -> Result<(), Strin
             .ok_or_else(|| format!("gemm {what} names missing buffer b{}", v.buf))?;
         let want = match (g.int8, what) {
             (false, _) => Ty::F32,
+            (true, "A") if b8 == Ty::U8 => Ty::I8,
             (true, "A") => Ty::U8,
-            (true, "B") => Ty::I8,
+            (true, "B") => b8,
             (true, _) => Ty::I32,
         };
         if b.elem != want {
@@ -273,6 +284,8 @@ fn verify_gemm(g: &super::GemmCall, k: &Kernel, p: &Program) -> Result<(), Strin
         // Panels (columns of B, rows of A): the extent within one panel, and the panels'
         // extent (whole panels).
         let (prows, pcols, pext) = match v.panel {
+            // B's quads: rows k / 4 apart by rs, then 4 bytes.
+            None if g.int8 && what == "B" => (rows / 4, cols, 3),
             None => (rows, cols, 0),
             Some((w, ps)) => {
                 if what != "B" && what != "A" {

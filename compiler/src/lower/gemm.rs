@@ -16,7 +16,9 @@ use crate::ir::{broadcast_shapes, DType, OpResult, EXACT_SUMS};
 use crate::kir::build::{
     add, divisor_at_most, for_, int, lin, loops, per_part, store, two_threads_end,
 };
-use crate::kir::{BufKind, CmpOp, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId};
+use crate::kir::{
+    BufId, BufKind, CmpOp, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId,
+};
 use crate::ops::lowering::{
     broadcast_strides, index, nest, strides, Act, EpStep, Epilogue, LowerCtx, TensorRef,
 };
@@ -239,8 +241,8 @@ pub fn matmul(lw: &mut LowerCtx) -> OpResult<bool> {
 }
 
 /// MatMulInteger of a u8 A by a constant i8 `[K, N]` B without a zero point (what
-/// `passes::widen_integer` leaves for targets with 8-bit dot products) as one 8-bit
-/// [`GemmCall`], A's batch dims folded into its rows. A's zero point comes in through
+/// `passes::widen_integer` leaves for targets with 8-bit dot products), K a multiple of
+/// 4, as one 8-bit [`GemmCall`], A's batch dims folded into its rows, B in quads. A's zero point comes in through
 /// init: `sum_p (a - za) b = sum_p a b - za colsum(b)`, the column sums known at compile
 /// time and `-za colsum` computed on entry (za may be a run-time value, as after
 /// DynamicQuantizeLinear). All of it in wrapping i32, as the reference.
@@ -267,9 +269,28 @@ pub fn matmul_int8(lw: &mut LowerCtx) -> OpResult<bool> {
     }
     let (kd, n) = (b.shape[0], b.shape[1]);
     let m = a.len() / kd.max(1);
-    if a.shape[a.shape.len() - 1] != kd || m == 0 || n == 0 || kd == 0 || out.len() != m * n {
+    if a.shape[a.shape.len() - 1] != kd
+        || m == 0
+        || n == 0
+        || kd == 0
+        || !kd.is_multiple_of(4)
+        || out.len() != m * n
+        || bv.len() != kd * n
+    {
         return Ok(false);
     }
+    let quads = (0..kd * n)
+        .map(|e| {
+            let (q, j, t) = (e / (4 * n), e / 4 % n, e % 4);
+            bv[(4 * q + t) * n + j] as i8 as u8
+        })
+        .collect::<Vec<u8>>();
+    let wq = lw.program.add_buffer(
+        format!("{}/w_quads", lw.name),
+        BufKind::Const { data: quads },
+        Ty::I8,
+        (kd * n) as u64,
+    );
     let mut k = lw.kernel("");
     let mut body = Vec::new();
     let init = za.as_ref().map(|z| {
@@ -277,14 +298,19 @@ pub fn matmul_int8(lw: &mut LowerCtx) -> OpResult<bool> {
         for (i, x) in bv.iter().enumerate() {
             colsum[i % n] = colsum[i % n].wrapping_add(*x as i32);
         }
-        zero_point_init(lw, &mut k, &mut body, z, &colsum)
+        MatView::strided(
+            zero_point_init(lw, &mut k, &mut body, z, &colsum),
+            Expr::Int(0),
+            0,
+            1,
+        )
     });
     body.push(Stmt::Gemm(Box::new(GemmCall {
         m: m as u64,
         n: n as u64,
         k: kd as u64,
         a: MatView::strided(a.buf, Expr::Int(0), kd as i64, 1),
-        b: MatView::strided(b.buf, Expr::Int(0), n as i64, 1),
+        b: MatView::strided(wq, Expr::Int(0), 4 * n as i64, 4),
         c: MatView::strided(out.buf, Expr::Int(0), n as i64, 1),
         alpha: 1.0,
         init,
@@ -297,16 +323,17 @@ pub fn matmul_int8(lw: &mut LowerCtx) -> OpResult<bool> {
     Ok(true)
 }
 
-/// The init view of an 8-bit product whose A has the zero point `z` (one u8): `-z
-/// colsum[j]` for each column, computed into arena scratch by a loop appended to `body`
-/// (the column sums of B are constants; `z` may be a run-time value).
+/// The init of an 8-bit product whose u8 operand has the zero point `z` (one u8): `-z
+/// sums[j]` for each sum of the other operand over k (B's columns, or A's rows),
+/// computed into arena scratch by a loop appended to `body` (the sums are constants;
+/// `z` may be a run-time value).
 fn zero_point_init(
     lw: &mut LowerCtx,
     k: &mut Kernel,
     body: &mut Vec<Stmt>,
     z: &TensorRef,
     colsum: &[i32],
-) -> MatView {
+) -> BufId {
     let n = colsum.len();
     let data = colsum.iter().flat_map(|x| x.to_le_bytes()).collect();
     let name = &lw.name;
@@ -337,18 +364,19 @@ fn zero_point_init(
             ),
         )],
     ));
-    MatView::strided(ib, Expr::Int(0), 0, 1)
+    ib
 }
 
 /// ConvInteger of u8 x by a constant i8 weight without a weight zero point (what
 /// `passes::widen_integer` leaves for targets with 8-bit dot products), group 1, 1-D or
-/// 2-D, as the 8-bit [`GemmCall`] per image with the output pixels as rows: x copied to
-/// pixels x channels (`xt`), then, unless the conv is 1x1 over every pixel with a multiple
-/// of 4 channels (`xt` is then A), an im2col `a[pixel][tap * c + ci]` (rows padded to a
-/// multiple of 4 with the zero point, taps' padding the zero point too), the product into
-/// `ct[pixel][co]`, and `ct` transposed into the NCHW output. A's zero point comes in
-/// through init, as in [`matmul_int8`]: an input pixel equal to it adds nothing, which is
-/// the reference's padding.
+/// 2-D, as one 8-bit [`GemmCall`] per image in the output's own layout: the weights are
+/// A (`[co][k]`, k ordered tap, channel, channels padded to a multiple of 4 with zero
+/// weights), the input's columns B, the output channels' planes C. B is in quads (four
+/// channels of a pixel together): x goes once into `xq[c/4][pixel][4]`, then, unless
+/// the conv is 1x1 over every pixel (`xq` is then B), each tap's rows are copied out of
+/// it as runs of bytes (`cols[tap][c/4][out pixel][4]`), the zero point wherever a tap
+/// falls in the padding. x's zero point comes in through init, as in [`matmul_int8`]:
+/// `-za` times each row's weight sum, and an input pixel equal to it adds nothing.
 pub fn conv_int8(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
     let (Ok(x), Ok(w)) = (lw.input(0).cloned(), lw.input(1).cloned()) else {
         return Ok(false);
@@ -376,23 +404,23 @@ pub fn conv_int8(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
     let (nimg, c, m) = (x.shape[0], x.shape[1], w.shape[0]);
     let taps = p2.kh * p2.kw;
     let (il, ol) = (p2.h * p2.w, p2.oh * p2.ow);
-    let kd = c * taps;
-    let kp = kd.next_multiple_of(4);
-    if nimg == 0 || m == 0 || ol == 0 || kd == 0 || out.len() != nimg * m * ol {
+    let cq = c.div_ceil(4);
+    let kp = taps * cq * 4;
+    if nimg == 0 || m == 0 || ol == 0 || c == 0 || out.len() != nimg * m * ol {
         return Ok(false);
     }
-    if wv.len() != m * kd || x.len() != nimg * c * il {
+    if wv.len() != m * c * taps || x.len() != nimg * c * il {
         return Ok(false);
     }
-    // B: [kp][m], row `tap * c + ci`; and each column's sum.
-    let mut bdata = vec![0u8; kp * m];
-    let mut colsum = vec![0i32; m];
+    // A: [m][kp], column `(tap * cq + ci / 4) * 4 + ci % 4`; and each row's sum.
+    let mut adata = vec![0u8; m * kp];
+    let mut rowsum = vec![0i32; m];
     for co in 0..m {
         for ci in 0..c {
             for t in 0..taps {
                 let v = wv[(co * c + ci) * taps + t] as i8;
-                bdata[(t * c + ci) * m + co] = v as u8;
-                colsum[co] = colsum[co].wrapping_add(i32::from(v));
+                adata[co * kp + (t * cq + ci / 4) * 4 + ci % 4] = v as u8;
+                rowsum[co] = rowsum[co].wrapping_add(i32::from(v));
             }
         }
     }
@@ -402,16 +430,14 @@ pub fn conv_int8(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
             .add_buffer(format!("{name}/{what}"), kind, ty, len as u64)
     };
     let arena = || BufKind::Arena { offset: 0 };
-    let wb = buf(lw, "w_i8", BufKind::Const { data: bdata }, Ty::I8, kp * m);
-    let xt = buf(lw, "x_nhwc", arena(), Ty::U8, il * c);
-    let direct =
-        taps == 1 && p2.sh == 1 && p2.sw == 1 && p2.ph == 0 && p2.pw == 0 && ol == il && kp == kd;
-    let a = if direct {
-        xt
+    let wb = buf(lw, "w_i8", BufKind::Const { data: adata }, Ty::I8, m * kp);
+    let xq = buf(lw, "x_quads", arena(), Ty::U8, cq * il * 4);
+    let direct = taps == 1 && p2.sh == 1 && p2.sw == 1 && p2.ph == 0 && p2.pw == 0 && ol == il;
+    let cols = if direct {
+        xq
     } else {
-        buf(lw, "im2col", arena(), Ty::U8, ol * kp)
+        buf(lw, "cols", arena(), Ty::U8, taps * cq * ol * 4)
     };
-    let ct = buf(lw, "product", arena(), Ty::I32, ol * m);
     let mut k = lw.kernel("");
     let mut body = Vec::new();
     // A byte as the vector loops copy bytes: through f32, exactly.
@@ -420,103 +446,152 @@ pub fn conv_int8(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
         Some(z) => byte(Expr::load(z.buf, Expr::Int(0))),
         None => Expr::cast(Ty::U8, Expr::f(0.0, Ty::F32)),
     };
-    let init = za
-        .as_ref()
-        .map(|z| zero_point_init(lw, &mut k, &mut body, z, &colsum));
+    let init = za.as_ref().map(|z| {
+        let ib = zero_point_init(lw, &mut k, &mut body, z, &rowsum);
+        MatView::strided(ib, Expr::Int(0), 1, 0)
+    });
     let nv = k.var(Ty::I64);
-    let (q, ci, co) = (k.var(Ty::I64), k.var(Ty::I64), k.var(Ty::I64));
+    let (q, c4, t, e) = (
+        k.var(Ty::I64),
+        k.var(Ty::I64),
+        k.var(Ty::I64),
+        k.var(Ty::I64),
+    );
     let (oy, ox) = (k.var(Ty::I64), k.var(Ty::I64));
     let v = Expr::Var;
     let mut img = Vec::new();
-    // x[nv] as pixels x channels.
-    img.push(for_(
-        q,
-        il,
-        vec![for_(
-            ci,
-            c,
-            vec![store(
-                xt,
-                lin(vec![(v(q), c), (v(ci), 1)]),
-                byte(Expr::load(
-                    x.buf,
-                    lin(vec![(v(nv), c * il), (v(ci), il), (v(q), 1)]),
-                )),
-            )],
-        )],
-    ));
+    // x[nv] into quads: channel ci's byte of pixel q at `((ci / 4) il + q) 4 + ci % 4`,
+    // the four channels of a quad stored by one iteration (a loop over them, or over
+    // pixels with a stride of 4, runs as scalar code four times as long); the last
+    // quad's missing channels (zero weights) hold the zero point.
+    let quad = |c4v: Expr, present: usize| {
+        let body = (0..4)
+            .map(|t| {
+                let dst = lin(vec![(c4v.clone(), 4 * il), (v(q), 4), (int(t), 1)]);
+                let val = if t < present {
+                    Expr::load(
+                        x.buf,
+                        lin(vec![
+                            (v(nv), c * il),
+                            (c4v.clone(), 4 * il),
+                            (int(t * il), 1),
+                            (v(q), 1),
+                        ]),
+                    )
+                } else {
+                    zero_byte.clone()
+                };
+                store(xq, dst, val)
+            })
+            .collect();
+        for_(q, il, body)
+    };
+    if c >= 4 {
+        img.push(for_(c4, c / 4, vec![quad(v(c4), 4)]));
+    }
+    if c % 4 != 0 {
+        img.push(quad(int(c / 4), c % 4));
+    }
     if !direct {
-        // The zero point wherever a tap falls in the padding, and in the rows' padding.
-        let padded = (0..p2.kh)
-            .any(|r| Plane::valid(p2.oh, p2.sh, p2.ph, r, p2.dh, p2.h) != (0, p2.oh))
-            || (0..p2.kw).any(|s| Plane::valid(p2.ow, p2.sw, p2.pw, s, p2.dw, p2.w) != (0, p2.ow));
-        if padded || kp > kd {
-            img.push(for_(q, ol * kp, vec![store(a, v(q), zero_byte.clone())]));
-        }
         for r in 0..p2.kh {
             let (ylo, yhi) = Plane::valid(p2.oh, p2.sh, p2.ph, r, p2.dh, p2.h);
             for s in 0..p2.kw {
                 let (xlo, xhi) = Plane::valid(p2.ow, p2.sw, p2.pw, s, p2.dw, p2.w);
+                // This tap's rows of cols: [cq][ol][4] bytes from `tap0`.
+                let tap0 = (r * p2.kw + s) * cq * ol * 4;
+                let fill = |lo: usize, n: usize| {
+                    // Bytes lo..lo + n of every quad row's plane.
+                    for_(
+                        c4,
+                        cq,
+                        vec![for_(
+                            e,
+                            n,
+                            vec![store(
+                                cols,
+                                lin(vec![(v(c4), ol * 4), (v(e), 1), (int(tap0 + lo), 1)]),
+                                zero_byte.clone(),
+                            )],
+                        )],
+                    )
+                };
                 if ylo >= yhi || xlo >= xhi {
+                    img.push(fill(0, ol * 4));
                     continue;
+                }
+                // Padding: whole output rows above and below, then the ends of the others.
+                if ylo > 0 {
+                    img.push(fill(0, ylo * p2.ow * 4));
+                }
+                if yhi < p2.oh {
+                    img.push(fill(yhi * p2.ow * 4, (p2.oh - yhi) * p2.ow * 4));
+                }
+                for (x0, x1) in [(0, xlo), (xhi, p2.ow)] {
+                    if x1 > x0 {
+                        img.push(for_(
+                            oy,
+                            yhi - ylo,
+                            vec![for_(
+                                c4,
+                                cq,
+                                vec![for_(
+                                    e,
+                                    (x1 - x0) * 4,
+                                    vec![store(
+                                        cols,
+                                        lin(vec![
+                                            (v(c4), ol * 4),
+                                            (v(oy), p2.ow * 4),
+                                            (v(e), 1),
+                                            (int(tap0 + (ylo * p2.ow + x0) * 4), 1),
+                                        ]),
+                                        zero_byte.clone(),
+                                    )],
+                                )],
+                            )],
+                        ));
+                    }
                 }
                 let iy0 = (ylo * p2.sh) as i64 - p2.ph + (r * p2.dh) as i64;
                 let ix0 = (xlo * p2.sw) as i64 - p2.pw + (s * p2.dw) as i64;
-                let src0 = (iy0 as usize * p2.w + ix0 as usize) * c;
-                let dst0 = (ylo * p2.ow + xlo) * kp + (r * p2.kw + s) * c;
-                let copy = store(
-                    a,
-                    lin(vec![
-                        (v(oy), p2.ow * kp),
-                        (v(ox), kp),
-                        (v(ci), 1),
-                        (int(dst0), 1),
-                    ]),
-                    byte(Expr::load(
-                        xt,
-                        lin(vec![
-                            (v(oy), p2.sh * p2.w * c),
-                            (v(ox), p2.sw * c),
-                            (v(ci), 1),
-                            (int(src0), 1),
-                        ]),
-                    )),
-                );
-                img.push(for_(
-                    oy,
-                    yhi - ylo,
-                    vec![for_(ox, xhi - xlo, vec![for_(ci, c, vec![copy])])],
-                ));
+                let src0 = (iy0 as usize * p2.w + ix0 as usize) * 4;
+                let dst0 = tap0 + (ylo * p2.ow + xlo) * 4;
+                let n = xhi - xlo;
+                // A run of n pixels' quads: contiguous bytes at stride 1, else per pixel.
+                let (inner, src_e, dst_e) = if p2.sw == 1 {
+                    (vec![(e, n * 4)], vec![(v(e), 1)], vec![(v(e), 1)])
+                } else {
+                    (
+                        vec![(ox, n), (t, 4)],
+                        vec![(v(ox), p2.sw * 4), (v(t), 1)],
+                        vec![(v(ox), 4), (v(t), 1)],
+                    )
+                };
+                let mut src = vec![(v(c4), il * 4), (v(oy), p2.sh * p2.w * 4), (int(src0), 1)];
+                src.extend(src_e);
+                let mut dst = vec![(v(c4), ol * 4), (v(oy), p2.ow * 4), (int(dst0), 1)];
+                dst.extend(dst_e);
+                let mut copy = vec![store(cols, lin(dst), byte(Expr::load(xq, lin(src))))];
+                for (var, extent) in inner.into_iter().rev() {
+                    copy = vec![for_(var, extent, copy)];
+                }
+                img.push(for_(oy, yhi - ylo, vec![for_(c4, cq, copy)]));
             }
         }
     }
     img.push(Stmt::Gemm(Box::new(GemmCall {
-        m: ol as u64,
-        n: m as u64,
+        m: m as u64,
+        n: ol as u64,
         k: kp as u64,
-        a: MatView::strided(a, Expr::Int(0), kp as i64, 1),
-        b: MatView::strided(wb, Expr::Int(0), m as i64, 1),
-        c: MatView::strided(ct, Expr::Int(0), m as i64, 1),
+        a: MatView::strided(wb, Expr::Int(0), kp as i64, 1),
+        b: MatView::strided(cols, Expr::Int(0), (ol * 4) as i64, 4),
+        c: MatView::strided(out.buf, lin(vec![(v(nv), m * ol)]), ol as i64, 1),
         alpha: 1.0,
         init,
         add: None,
         act: GemmAct::None,
         int8: true,
     })));
-    // ct[pixel][co] into out[nv][co][pixel].
-    img.push(for_(
-        co,
-        m,
-        vec![for_(
-            q,
-            ol,
-            vec![store(
-                out.buf,
-                lin(vec![(v(nv), m * ol), (v(co), ol), (v(q), 1)]),
-                Expr::load(ct, lin(vec![(v(q), m), (v(co), 1)])),
-            )],
-        )],
-    ));
     body.push(for_(nv, nimg, img));
     k.body = body;
     lw.push(k);

@@ -351,7 +351,7 @@ impl GemmCtx {
             act: g.act.into(),
             kc,
             nc,
-            int8: false,
+            int8: None,
         };
         let Some(func) = self.func(module, &spec)? else {
             return Ok(None);
@@ -368,9 +368,10 @@ impl GemmCtx {
         }))
     }
 
-    /// The `vpdpbusd` plan for an 8-bit product: B a constant (packed four k to a lane),
-    /// A read in place as rows of dwords (k a multiple of 4, contiguous), so each k step
-    /// of the microkernel is four of the product's.
+    /// The `vpdpbusd` plan for an 8-bit product: A read in place as rows of dwords (four
+    /// k, contiguous); B a constant (packed into the microkernel's panels) or read in
+    /// place from its quads when they are contiguous along the columns (`cs == 4`). Each k
+    /// step of the microkernel is four of the product's.
     fn plan_int8(
         &mut self,
         module: &mut ObjectModule,
@@ -378,10 +379,6 @@ impl GemmCtx {
         p: &Program,
     ) -> R<Option<Plan>> {
         let (m, n, k) = (g.m as usize, g.n as usize, g.k as usize);
-        let data = match (p.buffers.get(g.b.buf).map(|b| &b.kind), &g.b.offset) {
-            (Some(BufKind::Const { data }), Expr::Int(off)) => (data, *off),
-            _ => return Ok(None),
-        };
         let Some(init) = init_strides(g) else {
             return Ok(None);
         };
@@ -389,14 +386,29 @@ impl GemmCtx {
             return Ok(None);
         }
         let isa = Isa::Avx512;
-        let (data, off) = data;
-        // (alpha 1: an i8 buffer is never an f32 call's B, so the keys cannot meet.)
-        let key = (g.b.buf, off, g.b.rs, g.b.cs, k, n, 1f32.to_bits(), true);
-        let id = self.pack(module, key, || {
-            x86::pack_b_int8(data, off, g.b.rs, g.b.cs, k, n)
-        })?;
         let steps = k / 4;
         let nr = isa.nr() as i64;
+        let int8 = match p.buffers.get(g.a.buf).map(|b| b.elem) {
+            Some(Ty::I8) => x86::Int8::SignedA,
+            _ => x86::Int8::UnsignedA,
+        };
+        let konst = match (p.buffers.get(g.b.buf).map(|b| &b.kind), &g.b.offset) {
+            (Some(BufKind::Const { data }), Expr::Int(off)) => Some((data, *off)),
+            _ => None,
+        };
+        let (b_panel, b_k, b_padded, b_op) = match konst {
+            Some((data, off)) => {
+                // (alpha 1: an 8-bit buffer is never an f32 call's B, so the keys cannot
+                // meet.)
+                let key = (g.b.buf, off, g.b.rs, g.b.cs, k, n, 1f32.to_bits(), true);
+                let id = self.pack(module, key, || {
+                    x86::pack_b_int8(data, off, g.b.rs, g.b.cs, k, n)
+                })?;
+                (steps as i64 * nr * 4, nr * 4, true, Operand::Packed(id))
+            }
+            None if g.b.cs == 4 => (nr * 4, g.b.rs, false, Operand::Direct),
+            None => return Ok(None),
+        };
         let (kc, nc) = x86::blocking(isa, m, steps, n, self.l1_kib, self.l2_kib);
         let spec = Spec {
             isa,
@@ -406,9 +418,9 @@ impl GemmCtx {
             a_tile: isa.mr() as i64 * g.a.rs,
             a_row: g.a.rs,
             a_k: 4,
-            b_panel: steps as i64 * nr * 4,
-            b_k: nr * 4,
-            b_padded: true,
+            b_panel,
+            b_k,
+            b_padded,
             b_group: 1,
             c_rs: g.c.rs * 4,
             init,
@@ -417,7 +429,7 @@ impl GemmCtx {
             act: x86::ActBits::None,
             kc,
             nc,
-            int8: true,
+            int8: Some(int8),
         };
         let Some(func) = self.func(module, &spec)? else {
             return Ok(None);
@@ -426,7 +438,7 @@ impl GemmCtx {
         Ok(Some(Plan::Asm {
             func,
             a: Operand::Direct,
-            b: Operand::Packed(id),
+            b: b_op,
             split,
         }))
     }
@@ -654,6 +666,21 @@ fn at(v: &MatView, r: usize, c: usize) -> Expr {
     e
 }
 
+/// An 8-bit product's B element `(r, c)` in quads: `v.offset + (r / 4) * rs + c * cs + r % 4`.
+fn quad_at(v: &MatView, r: usize, c: usize) -> Expr {
+    let four = || Expr::Int(4);
+    let rows = MatView {
+        offset: Expr::add(
+            v.offset.clone(),
+            Expr::bin(BinOp::Rem, Expr::Var(r), four()),
+        ),
+        rs: 0,
+        ..v.clone()
+    };
+    let q = Expr::mul(Expr::bin(BinOp::Div, Expr::Var(r), four()), Expr::Int(v.rs));
+    Expr::add(at(&rows, r, c), q)
+}
+
 /// A GEMM whose B is in panels as one GEMM per panel, each with a plain B view.
 pub fn unpanel(g: &GemmCall) -> Vec<GemmCall> {
     let shift = |v: &MatView, by: i64| MatView {
@@ -720,9 +747,14 @@ pub fn expand(g: &GemmCall, vars: &mut Vec<Ty>) -> Vec<Stmt> {
         true => Expr::cast(Ty::I32, Expr::Int(x as i64)),
     };
     let widen = |e: Expr| if g.int8 { Expr::cast(Ty::I32, e) } else { e };
+    let b_at = if g.int8 {
+        quad_at(&g.b, p, j)
+    } else {
+        at(&g.b, p, j)
+    };
     let prod = Expr::mul(
         widen(Expr::load(g.a.buf, at(&g.a, i, p))),
-        widen(Expr::load(g.b.buf, at(&g.b, p, j))),
+        widen(Expr::load(g.b.buf, b_at)),
     );
     let mut val = Expr::Var(acc);
     if g.alpha != 1.0 {

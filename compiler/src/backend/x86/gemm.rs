@@ -92,10 +92,20 @@ pub struct Spec {
     pub kc: usize,
     pub nc: usize,
     /// An 8-bit product (AVX-512 VNNI): each k step is four k of the product, A's
-    /// elements are four u8 (one dword, broadcast), B's are four i8 along k (see
-    /// [`pack_b_int8`]), and `vpdpbusd` sums their products into i32 accumulators. The
-    /// init view is i32; no alpha, add or activation.
-    pub int8: bool,
+    /// elements are four bytes (one dword, broadcast), B's four bytes along k (packed by
+    /// [`pack_b_int8`], or quads read in place), and `vpdpbusd` sums their products into
+    /// i32 accumulators. The init view is i32; no alpha, add or activation.
+    pub int8: Option<Int8>,
+}
+
+/// Which operand of an 8-bit product is signed (`vpdpbusd` multiplies unsigned bytes
+/// by signed ones).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Int8 {
+    /// A u8, B i8 (MatMulInteger: activations by weights).
+    UnsignedA,
+    /// A i8, B u8 (a convolution's weights by its input's columns).
+    SignedA,
 }
 
 /// [`GemmAct`] with its floats as bits (hashable).
@@ -200,22 +210,24 @@ pub fn pack_b(
     out
 }
 
-/// Packs an i8 B (`k x n`, element `(p, j)` at `off + p * rs + j * col_s` of `data`) for
-/// the 8-bit microkernel: `[ceil(n / NR)][ceil(k / 4)][NR][4]`, the four bytes of a
-/// column for k steps `4q..4q + 4` together (one i32 lane of `vpdpbusd`), zero-padded
-/// in both k and n (padding multiplies A by 0). With NR = 32 a k step is 128 bytes, as
-/// the f32 panels' are.
+/// Packs an 8-bit B (`k x n` in quads, element `(p, j)` at `off + (p / 4) * rs + j *
+/// col_s + p % 4` of `data`, see `kir::GemmCall::int8`) for the 8-bit microkernel:
+/// `[ceil(n / NR)][k / 4][NR][4]`, the four bytes of a column for k steps `4q..4q + 4`
+/// together (one i32 lane of `vpdpbusd`), the last panel zero-padded (padding multiplies
+/// A by 0). With NR = 32 a k step is 128 bytes, as the f32 panels' are.
 pub fn pack_b_int8(data: &[u8], off: i64, rs: i64, col_s: i64, k: usize, n: usize) -> Vec<u8> {
     let nr = Isa::Avx512.nr();
-    let (panels, steps) = (n.div_ceil(nr), k.div_ceil(4));
+    let (panels, steps) = (n.div_ceil(nr), k / 4);
     let mut out = vec![0u8; panels * steps * nr * 4];
     for jp in 0..panels {
-        for p in 0..k {
+        for q in 0..steps {
             for jj in 0..nr {
                 let j = jp * nr + jj;
                 if j < n {
-                    out[((jp * steps + p / 4) * nr + jj) * 4 + p % 4] =
-                        element(data, off, (p, rs), (j, col_s)).unwrap_or(0);
+                    for t in 0..4 {
+                        out[((jp * steps + q) * nr + jj) * 4 + t] =
+                            element(data, off + t as i64, (q, rs), (j, col_s)).unwrap_or(0);
+                    }
                 }
             }
         }
@@ -363,7 +375,7 @@ pub fn generate(s: &Spec) -> R<Vec<u8>> {
     {
         return Err("x86 gemm: empty or badly blocked shape".into());
     }
-    if s.int8 && (s.isa != Isa::Avx512 || s.add || s.act != ActBits::None) {
+    if s.int8.is_some() && (s.isa != Isa::Avx512 || s.add || s.act != ActBits::None) {
         return Err("x86 gemm: an 8-bit product is AVX-512 without add or activation".into());
     }
     if let Some((_, ics)) = s.init {
@@ -782,7 +794,7 @@ impl Gen<'_> {
                         self.a.vmovups(ZMM[2 * s.isa.mr() + v], at).map_err(e)?;
                     }
                 }
-                if nv == 1 && !s.int8 {
+                if nv == 1 && s.int8.is_none() {
                     for i in 0..rows {
                         let at = dword_bcst(rax + d32(da + i as i64 * s.a_row)?);
                         for v in 0..nv {
@@ -795,23 +807,25 @@ impl Gen<'_> {
                     // One broadcast per A element, shared by the row's two FMAs: an
                     // embedded broadcast loads it once per FMA, which measured 8%
                     // slower on a 512^3 GEMM (Intel, two 512-bit FMA ports). An 8-bit
-                    // product always broadcasts: `vpdpbusd` takes the broadcast A dword
-                    // as its unsigned operand and B as the signed one.
+                    // product always broadcasts: `vpdpbusd` takes its unsigned operand
+                    // first, the signed one second (the broadcast A dword and B, or B
+                    // and A when A is the signed one).
                     for i in 0..rows {
                         let t = ZMM[30 + (i & 1)];
                         let at = dword_ptr(rax + d32(da + i as i64 * s.a_row)?);
-                        if s.int8 {
+                        if s.int8.is_some() {
                             self.a.vpbroadcastd(t, at).map_err(e)?;
                         } else {
                             self.a.vbroadcastss(t, at).map_err(e)?;
                         }
                         for v in 0..nv {
                             let (acc, bv) = (ZMM[2 * i + v], ZMM[2 * s.isa.mr() + v]);
-                            if s.int8 {
-                                self.a.vpdpbusd(acc, t, bv).map_err(e)?;
-                            } else {
-                                self.a.vfmadd231ps(acc, bv, t).map_err(e)?;
+                            match s.int8 {
+                                Some(Int8::UnsignedA) => self.a.vpdpbusd(acc, t, bv),
+                                Some(Int8::SignedA) => self.a.vpdpbusd(acc, bv, t),
+                                None => self.a.vfmadd231ps(acc, bv, t),
                             }
+                            .map_err(e)?;
                         }
                     }
                 }
