@@ -1922,6 +1922,38 @@ fn int8_convs_run_on_dot_product_kernels() {
     }
 }
 
+/// QuantizeLinear of values on a grid of half its scale (x = k * 0.01 at scale 0.02, so
+/// the quotients sit a bit or so off .5): each rounded quotient must be the division's,
+/// as the reference's, on every target (the AVX-512 loops once multiplied by the scale's
+/// reciprocal, 2.21 * 50 = 110.49999 where 2.21 / 0.02 = 110.50001: a step off).
+#[test]
+fn quantize_linear_rounds_the_quotient_itself() {
+    use common::{f32_tensor, model, node, value_info};
+    use onnxc::ir::Tensor;
+    use onnxc::onnx::proto::tensor_proto::DataType;
+    use onnxc::onnx::proto::GraphProto;
+    let scratch = tempfile::tempdir().unwrap();
+    let x: Vec<f32> = (-300..=300).map(|k| k as f32 * 0.01).collect();
+    let n = x.len() as i64;
+    let g = GraphProto {
+        name: Some("quantize_ties".into()),
+        node: vec![node("QuantizeLinear", &["x", "s", "z"], &["y"])],
+        input: vec![value_info("x", DataType::Float, &[n])],
+        output: vec![value_info("y", DataType::Uint8, &[n])],
+        initializer: vec![
+            f32_tensor("s", &[], &[0.02]),
+            int_tensor("z", DataType::Uint8, &[], &[110]),
+        ],
+        ..Default::default()
+    };
+    let inputs = vec![Value::Tensor(Tensor::from_vec(&[x.len()], x))];
+    for target in ["host", "x86_64-sse4", "aarch64-neon"] {
+        let (_, got, want) =
+            compiled_and_reference(scratch.path(), &model(g.clone()), target, &inputs);
+        assert_eq!(bits(&got[0]), bits(&want[0]), "on {target}");
+    }
+}
+
 /// QLinearMatMul by a constant int8 weight with per-column scales and zero points: the
 /// exact product on the f32 GEMM, then the reference's requantization in f64, on the
 /// host and on aarch64 under qemu, bit for bit against the reference (outputs that

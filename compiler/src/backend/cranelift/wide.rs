@@ -951,12 +951,14 @@ impl Gen<'_, '_> {
                         }
                         None => {
                             let elem = self.stream_elem(*buf)?;
-                            // Bytes: the f32 value converted.
-                            let value = match elem {
-                                x::Elem::F32 | x::Elem::F16 => value,
-                                _ => self.byte_store_value(to, value)?,
+                            // Bytes: the f32 value converted (truncated: a rounding).
+                            let v = match elem {
+                                x::Elem::F32 | x::Elem::F16 => self.wexpr(&mut t, value)?,
+                                _ => {
+                                    let value = self.byte_store_value(to, value)?;
+                                    self.wexpr_rounded(&mut t, value)?
+                                }
                             };
-                            let v = self.wexpr(&mut t, value)?;
                             if t.is_mask(v) {
                                 return None;
                             }
@@ -1054,6 +1056,25 @@ impl Gen<'_, '_> {
         prod(a).map(|(x, y)| (false, x, y, b))
     }
 
+    /// `e` as the operand of a rounding (floor, ceil, nearest, trunc, a conversion to
+    /// bytes): a quotient there is the division's own, never the product by the
+    /// divisor's reciprocal, whose last-bit difference moves a value across a rounding
+    /// boundary (QuantizeLinear's `round(x / 0.02)` of x = 2.21: 110.50001 rounds to
+    /// 111, 2.21 * 50 = 110.49999 to 110, a step off the reference).
+    fn wexpr_rounded(&self, t: &mut Tr, e: &Expr) -> Option<V> {
+        match e {
+            Expr::Bin(BinOp::Div, a, d) if self.ty(e).ok()? == Ty::F32 => {
+                let va = self.wexpr(t, a)?;
+                let vd = self.wexpr(t, d)?;
+                if t.is_mask(va) || t.is_mask(vd) {
+                    return None;
+                }
+                Some(t.b.bin(x::Bin::Div, va, vd))
+            }
+            _ => self.wexpr(t, e),
+        }
+    }
+
     /// The stream element type of `buf`'s elements, if the wide loops read and write
     /// such streams.
     fn stream_elem(&self, buf: BufId) -> Option<x::Elem> {
@@ -1126,7 +1147,7 @@ impl Gen<'_, '_> {
                     UnOp::Trunc => x::Un::Trunc,
                     UnOp::Not => return None,
                 };
-                let v = self.wexpr(t, a)?;
+                let v = self.wexpr_rounded(t, a)?;
                 if t.is_mask(v) {
                     return None;
                 }
