@@ -1954,6 +1954,125 @@ fn quantize_linear_rounds_the_quotient_itself() {
     }
 }
 
+/// A QDQ conv (x quantized and dequantized, a per-channel int8 weight and an int32 bias
+/// dequantized, into an f32 Conv) on the host and on aarch64 under qemu: with VNNI the
+/// host runs the conv of the quantized values on the 8-bit GEMM (its microkernel in the
+/// object) and scales the exact sums back; either way the outputs stay within 1e-5 of the
+/// reference's f32 conv (they differ by its rounding only). A 3x3 conv padded and a 1x1
+/// one strided, 16 and 20 input channels.
+#[test]
+fn qdq_convs_run_on_dot_product_kernels() {
+    use common::{f32_tensor, ints_attr, model, node, value_info};
+    use onnxc::ir::Tensor;
+    use onnxc::onnx::proto::tensor_proto::DataType;
+    use onnxc::onnx::proto::{AttributeProto, GraphProto};
+    let scratch = tempfile::tempdir().unwrap();
+    let mut next = lcg(77);
+    #[cfg(target_arch = "x86_64")]
+    let vnni = std::arch::is_x86_feature_detected!("avx512vnni");
+    #[cfg(not(target_arch = "x86_64"))]
+    let vnni = false;
+    if !vnni {
+        eprintln!("qdq_convs_run_on_dot_product_kernels: no AVX-512 VNNI here, so the host runs the f32 conv");
+    }
+    let axis0 = AttributeProto {
+        name: Some("axis".into()),
+        r#type: Some(onnxc::onnx::proto::attribute_proto::AttributeType::Int as i32),
+        i: Some(0),
+        ..Default::default()
+    };
+    // (name, c, co, h, kernel, attrs, output size, microkernel shape)
+    let cases = [
+        (
+            "qdq_3x3",
+            16,
+            24,
+            9,
+            3,
+            vec![ints_attr("pads", &[1, 1, 1, 1])],
+            9,
+            "24x81x36",
+        ),
+        (
+            "qdq_1x1_s2",
+            20,
+            12,
+            10,
+            1,
+            vec![ints_attr("strides", &[2, 2])],
+            5,
+            "12x25x5",
+        ),
+    ];
+    for (name, c, co, h, kk, attrs, oh, shape) in cases {
+        let w: Vec<i64> = (0..co * c * kk * kk).map(|_| next() % 255 - 127).collect();
+        let sw: Vec<f32> = (0..co).map(|j| 0.002 + 0.0005 * j as f32).collect();
+        let b: Vec<i64> = (0..co).map(|j| (j as i64 - 7) * 300).collect();
+        let sb: Vec<f32> = sw.iter().map(|s| s * 0.02).collect();
+        let mut conv = node("Conv", &["xd", "wd", "bd"], &["y"]);
+        conv.attribute = attrs;
+        let mut wd = node("DequantizeLinear", &["wq", "sw"], &["wd"]);
+        wd.attribute = vec![axis0.clone()];
+        let mut bd = node("DequantizeLinear", &["bq", "sb"], &["bd"]);
+        bd.attribute = vec![axis0.clone()];
+        let (c, co, h, kk, oh) = (c as i64, co as i64, h as i64, kk as i64, oh as i64);
+        let g = GraphProto {
+            name: Some(name.into()),
+            node: vec![
+                node("QuantizeLinear", &["x", "sx", "zx"], &["xq"]),
+                node("DequantizeLinear", &["xq", "sx", "zx"], &["xd"]),
+                wd,
+                bd,
+                conv,
+            ],
+            input: vec![value_info("x", DataType::Float, &[1, c, h, h])],
+            output: vec![value_info("y", DataType::Float, &[1, co, oh, oh])],
+            initializer: vec![
+                f32_tensor("sx", &[], &[0.02]),
+                int_tensor("zx", DataType::Uint8, &[], &[110]),
+                int_tensor("wq", DataType::Int8, &[co, c, kk, kk], &w),
+                f32_tensor("sw", &[co], &sw),
+                int_tensor("bq", DataType::Int32, &[co], &b),
+                f32_tensor("sb", &[co], &sb),
+            ],
+            ..Default::default()
+        };
+        let n = (c * h * h) as usize;
+        let x: Vec<f32> = (0..n).map(|_| (next() % 600 - 250) as f32 * 0.01).collect();
+        let inputs = vec![Value::Tensor(Tensor::from_vec(
+            &[1, c as usize, h as usize, h as usize],
+            x,
+        ))];
+        for target in ["host", "aarch64-neon"] {
+            let dot = vnni && target == "host";
+            let (cm, got, want) =
+                compiled_and_reference(scratch.path(), &model(g.clone()), target, &inputs);
+            let ops = op_types(&cm);
+            assert_eq!(
+                ops.contains(&"ConvInteger".into()),
+                dot,
+                "{name} on {target}: {ops:?}"
+            );
+            assert_eq!(
+                ops.contains(&"Conv".into()),
+                !dot,
+                "{name} on {target}: {ops:?}"
+            );
+            if dot {
+                let sym = format!("_{shape}");
+                let obj = &cm.artifacts.object;
+                assert!(
+                    obj.windows(sym.len()).any(|w| w == sym.as_bytes()),
+                    "{name}: no {sym} microkernel"
+                );
+            }
+            let (g0, w0) = (got[0].as_tensor().unwrap(), want[0].as_tensor().unwrap());
+            let e = onnxc::check::rel_err(g0, w0).unwrap();
+            assert!(e < 1e-5, "{name} on {target}: relative error {e:.2e}");
+        }
+    }
+}
+
 /// QLinearMatMul by a constant int8 weight with per-column scales and zero points: the
 /// exact product on the f32 GEMM, then the reference's requantization in f64, on the
 /// host and on aarch64 under qemu, bit for bit against the reference (outputs that

@@ -8,7 +8,7 @@
 //! Level 1 (cleanup): `fold_shape_ops`, `fold_constants`, `remove_noops`,
 //! `eliminate_common_subexpressions`, `eliminate_dead_code`. Level 2 (algebraic folding
 //! into weights, convs split into the forms the GEMM lowerings take, then fusion):
-//! `widen_f16` (f16 convs and products onto the f32 kernels), `widen_integer`
+//! `integer_qdq_conv` (before the cleanup: QDQ convs onto the 8-bit GEMM), `widen_f16` (f16 convs and products onto the f32 kernels), `widen_integer`
 //! (MatMulInteger and QLinearMatMul onto the f32 GEMM where f32 is exact),
 //! `fold_batchnorm`, `matmul_add_to_gemm`, `fold_scale_bias`, `fold_input_scale`,
 //! `split_grouped_conv`, `split_dilated_conv`, `fuse_patterns`, `fuse_epilogue`,
@@ -31,6 +31,7 @@ mod fuse_util;
 pub mod infer_shapes;
 pub mod inline_if;
 mod inline_util;
+pub mod integer_qdq_conv;
 pub mod matmul_add_to_gemm;
 pub mod remove_noops;
 pub mod split_dilated_conv;
@@ -69,6 +70,12 @@ pub const PIPELINE: &[Pass] = &[
         name: "fold_shape_ops",
         level: 1,
         run: fold_shape_ops::run,
+    },
+    // (Level 2, but first: the weights' DequantizeLinear must not be folded yet.)
+    Pass {
+        name: "integer_qdq_conv",
+        level: 2,
+        run: integer_qdq_conv::run,
     },
     Pass {
         name: "fold_constants",
