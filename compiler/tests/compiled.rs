@@ -1543,6 +1543,77 @@ fn int32_copies_keep_every_bit() {
     }
 }
 
+/// int32 converted to float in the vector loops (the AVX-512 ones read the int32 stream
+/// with `vcvtdq2ps`): a Cast alone and a Cast feeding a Mul (a fused loop whose local holds
+/// the load), values past 2^24 that round (ties to even), i32's ends and negative ones, at
+/// a length with a partial last vector; bit for bit against the reference on the host (the
+/// AVX-512 loop required where the CPU has AVX-512) and on aarch64 under qemu.
+#[test]
+fn int32_conversions_round_as_the_reference() {
+    use common::{f32_tensor, model, node, value_info};
+    use onnxc::ir::Tensor;
+    use onnxc::onnx::proto::tensor_proto::DataType;
+    use onnxc::onnx::proto::{AttributeProto, GraphProto};
+    let scratch = tempfile::tempdir().unwrap();
+    let special = [
+        i32::MIN,
+        i32::MAX,
+        -1,
+        0,
+        (1 << 24) + 1,
+        (1 << 24) + 3,
+        -(1 << 24) - 1,
+        (1 << 25) + 2,
+        (1 << 25) + 6,
+        0x7fff_ffc0,
+        -0x7fff_ffc0,
+    ];
+    let mut next = lcg(9);
+    let n = 16 * 7 + 5;
+    let x: Vec<i32> = (0..n)
+        .map(|i| match special.get(i) {
+            Some(&v) => v,
+            None => (next() as i32).wrapping_mul(3),
+        })
+        .collect();
+    let to_float = AttributeProto {
+        name: Some("to".into()),
+        r#type: Some(2),
+        i: Some(DataType::Float as i64),
+        ..Default::default()
+    };
+    let mut cast = node("Cast", &["x"], &["c"]);
+    cast.attribute = vec![to_float];
+    let g = GraphProto {
+        name: Some("int32_to_float".into()),
+        node: vec![cast, node("Mul", &["c", "h"], &["y"])],
+        input: vec![value_info("x", DataType::Int32, &[n as i64])],
+        output: vec![
+            value_info("c", DataType::Float, &[n as i64]),
+            value_info("y", DataType::Float, &[n as i64]),
+        ],
+        initializer: vec![f32_tensor("h", &[], &[0.75])],
+        ..Default::default()
+    };
+    let inputs = vec![Value::Tensor(Tensor::from_vec(&[n], x))];
+    for target in ["host", "aarch64-neon"] {
+        let (c, got, want) =
+            compiled_and_reference(scratch.path(), &model(g.clone()), target, &inputs);
+        #[cfg(target_arch = "x86_64")]
+        if target == "host" && std::arch::is_x86_feature_detected!("avx512f") {
+            let obj = &c.artifacts.object;
+            assert!(
+                obj.windows(12).any(|w| w == b"model__wide0"),
+                "no AVX-512 loop"
+            );
+        }
+        let _ = &c;
+        for (o, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(bits(g), bits(w), "output {o} on {target}");
+        }
+    }
+}
+
 /// The 8-bit `Stmt::Gemm` calls in `kernels`.
 fn int8_gemms(kernels: &[onnxc::kir::Kernel]) -> usize {
     fn count(body: &[onnxc::kir::Stmt]) -> usize {

@@ -121,6 +121,8 @@ struct Tr {
     /// Arguments of the inline sin, cos and tan, which hold only up to `vmath::SINCOS_MAX`
     /// (see [`Gen::wide_for`]).
     trig: Vec<V>,
+    /// Locals holding an i32 load, read only converted to f32 (then from an i32 stream).
+    ints: HashMap<VarId, Expr>,
 }
 
 /// `e` with each variable defined in `defs` replaced by its definition.
@@ -294,10 +296,13 @@ impl Tr {
     fn stream(&mut self, buf: BufId, idx: &Expr, elem: x::Elem) -> Option<(u16, i32)> {
         let (rest, c) = split_const(&at_zero(idx, self.var));
         let key = rest.unwrap_or(Expr::Int(0));
+        // (One stream per buffer, offset and element type: an i32 buffer may be both
+        // copied as f32 lanes and converted.)
         let s = match self
             .streams
             .iter()
-            .position(|(b, k)| *b == buf && *k == key)
+            .zip(&self.elem)
+            .position(|((b, k), e)| *b == buf && *k == key && *e == elem)
         {
             Some(s) => s,
             None => {
@@ -914,6 +919,7 @@ impl Gen<'_, '_> {
             elem: Vec::new(),
             unis: Vec::new(),
             trig: Vec::new(),
+            ints: HashMap::new(),
         };
         for s in body {
             match s {
@@ -938,6 +944,12 @@ impl Gen<'_, '_> {
                     t.b.push(Inst::Reduce { r: r as u16, v });
                 }
                 Stmt::Set { var: local, .. } if t.gates.contains_key(local) => {}
+                Stmt::Set {
+                    var: local,
+                    value: v @ Expr::Load(buf, _),
+                } if self.p.buffers[*buf].elem == Ty::I32 => {
+                    t.ints.insert(*local, v.clone());
+                }
                 Stmt::Set { var: local, value } => {
                     let v = self.wexpr(&mut t, value)?;
                     t.vals.insert(*local, v);
@@ -1311,6 +1323,25 @@ impl Gen<'_, '_> {
                     return None;
                 };
                 let (s, disp) = t.stream(*buf, idx, self.stream_elem(*buf)?)?;
+                t.b.load(s, disp)
+            }
+            // 32-bit integers read at unit stride (or a local holding such a load),
+            // converted.
+            Expr::Cast(Ty::F32, a)
+                if matches!(&**a, Expr::Load(buf, _) if self.p.buffers[*buf].elem == Ty::I32)
+                    || matches!(&**a, Expr::Var(v) if t.ints.contains_key(v)) =>
+            {
+                let load = match &**a {
+                    Expr::Var(v) => t.ints.get(v)?.clone(),
+                    l => l.clone(),
+                };
+                let Expr::Load(buf, idx) = &load else {
+                    return None;
+                };
+                if stride(idx, t.var, &t.locals) != Some(1) {
+                    return None;
+                }
+                let (s, disp) = t.stream(*buf, idx, x::Elem::I32)?;
                 t.b.load(s, disp)
             }
             Expr::Cast(Ty::F32, a) if self.ty(a).ok()? == Ty::U8 => {

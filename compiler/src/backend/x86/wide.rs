@@ -226,12 +226,15 @@ pub enum Elem {
     /// 256).
     U8,
     I8,
+    /// 4 bytes each, an i32 converted by loads (`vcvtdq2ps`, rounding to nearest even as
+    /// the scalar conversion does); read at unit stride only, never stored.
+    I32,
 }
 
 impl Elem {
     pub fn bytes(self) -> i64 {
         match self {
-            Elem::F32 => 4,
+            Elem::F32 | Elem::I32 => 4,
             Elem::F16 => 2,
             Elem::U8 | Elem::I8 => 1,
         }
@@ -1326,6 +1329,14 @@ impl Gen<'_> {
                     (_, None) => self.a.vpmovsxbd(d, m).map_err(e)?,
                 }
                 self.a.vcvtdq2ps(d, d).map_err(e)?;
+            }
+            Inst::Load { s, disp, .. } if self.lp.elem(s) == Elem::I32 => {
+                let m = self.stream_at(s, disp);
+                if masked {
+                    self.a.vcvtdq2ps(d.k7().z(), m).map_err(e)?;
+                } else {
+                    self.a.vcvtdq2ps(d, m).map_err(e)?;
+                }
             }
             Inst::Load { s, disp, .. } if self.lp.elem(s) == Elem::F16 => {
                 let m = self.stream_at_half(s, disp);
