@@ -12,7 +12,8 @@
 //! (up to [`MOST_CHUNKS`] ranges: dynamically quantized BERT on AVX2, 762 -> 43 ms). On a
 //! target with 8-bit dot products ([`Graph::int8_dot`]) a product of uint8 A by a weight
 //! whose difference from its zero point fits int8 (k a multiple of 4) stays a
-//! MatMulInteger by that difference, for the VNNI GEMM (`lower::gemm::matmul_int8`). Zero padding of `x -
+//! MatMulInteger by that difference, for the VNNI GEMM (`lower::gemm::matmul_int8`; a
+//! conv likewise stays ConvInteger, `lower::gemm::conv_int8`). Zero padding of `x -
 //! x_zero_point` is the reference's padding with the zero point. Without this the
 //! product ran as a scalar loop nest: 128 x 768 by 768 x 768 took 134 ms, ONNX Runtime
 //! 0.1 ms (its int8 kernels); a 64 -> 64 3x3 QLinearConv on 56x56, 134 ms. The dynamic
@@ -175,7 +176,8 @@ fn plan(g: &Graph, n: NodeId) -> Option<Plan> {
     }
     // On a target with 8-bit dot products: u8 A by a weight that fits i8, k a multiple
     // of 4 (the kernel reads A four bytes at a time).
-    // (A conv's im2col pads its rows to a multiple of 4; group 1, 1-D or 2-D.)
+    // (A conv pads its channels to a multiple of 4 with zero weights; group 1, 1-D or
+    // 2-D.)
     let int8_shape = match conv {
         false => bt.shape()[0].is_multiple_of(4),
         true => ar <= 4 && node.attrs.int("group", 1).ok() == Some(1),
