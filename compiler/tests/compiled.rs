@@ -2025,6 +2025,84 @@ fn quantize_linear_rounds_the_quotient_itself() {
     }
 }
 
+/// QuantizeLinear by one scale and zero point fuses into the elementwise kernel before it
+/// (`x * 0.5 + -0.0` to u8 and `x * 0.3` to i8, at scale 0.02: quotients near .5,
+/// saturation at both ends), stored as bytes by the vector loops (two AVX-512 ones on
+/// such a host); a per-channel QuantizeLinear over a shape whose last dimension equals the
+/// channel count (so that numpy broadcasting would line the scales up with the wrong
+/// axis) stays a kernel of its own. Bit for bit against the reference on the host, on
+/// x86_64-sse4 and on aarch64 under qemu.
+#[test]
+fn quantize_linear_fuses_into_elementwise_kernels() {
+    use common::{f32_tensor, int_attr, model, node, value_info};
+    use onnxc::ir::Tensor;
+    use onnxc::onnx::proto::tensor_proto::DataType;
+    use onnxc::onnx::proto::GraphProto;
+    let scratch = tempfile::tempdir().unwrap();
+    let mut per_channel = node("QuantizeLinear", &["x", "sc", "zc"], &["yc"]);
+    per_channel.attribute = vec![int_attr("axis", 1)];
+    let g = GraphProto {
+        name: Some("quantize_fused".into()),
+        node: vec![
+            node("Mul", &["x", "half"], &["a"]),
+            node("Add", &["a", "bump"], &["b"]),
+            node("QuantizeLinear", &["b", "s", "zu"], &["yu"]),
+            node("Mul", &["x", "third"], &["c"]),
+            node("QuantizeLinear", &["c", "s", "zi"], &["yi"]),
+            per_channel,
+        ],
+        input: vec![value_info("x", DataType::Float, &[1, 4, 4, 4])],
+        output: vec![
+            value_info("yu", DataType::Uint8, &[1, 4, 4, 4]),
+            value_info("yi", DataType::Int8, &[1, 4, 4, 4]),
+            value_info("yc", DataType::Uint8, &[1, 4, 4, 4]),
+        ],
+        initializer: vec![
+            f32_tensor("half", &[], &[0.5]),
+            f32_tensor("bump", &[], &[-0.0]),
+            f32_tensor("third", &[], &[0.3]),
+            f32_tensor("s", &[], &[0.02]),
+            int_tensor("zu", DataType::Uint8, &[], &[110]),
+            int_tensor("zi", DataType::Int8, &[], &[-5]),
+            f32_tensor("sc", &[4], &[0.02, 0.05, 0.1, 0.01]),
+            int_tensor("zc", DataType::Uint8, &[4], &[0, 50, 128, 255]),
+        ],
+        ..Default::default()
+    };
+    // Half on a grid of 0.02 (0.5 x at scale 0.02: quotients k / 2, ties), half far out
+    // (saturating).
+    let x: Vec<f32> = (0..64)
+        .map(|k| match k < 32 {
+            true => (k - 16) as f32 * 0.02,
+            false => (k - 48) as f32 * 0.5,
+        })
+        .collect();
+    let inputs = vec![Value::Tensor(Tensor::from_vec(&[1, 4, 4, 4], x))];
+    for target in ["host", "x86_64-sse4", "aarch64-neon"] {
+        let (c, got, want) =
+            compiled_and_reference(scratch.path(), &model(g.clone()), target, &inputs);
+        let ops = op_types(&c);
+        let count = |op: &str| ops.iter().filter(|o| *o == op).count();
+        assert_eq!(
+            count("QuantizeLinear"),
+            1,
+            "the per-channel one on {target}: {ops:?}"
+        );
+        assert_eq!(count("Fused"), 2, "on {target}: {ops:?}");
+        #[cfg(target_arch = "x86_64")]
+        if target == "host" && std::arch::is_x86_feature_detected!("avx512bw") {
+            let obj = &c.artifacts.object;
+            assert!(
+                obj.windows(12).any(|w| w == b"model__wide1"),
+                "AVX-512 loops"
+            );
+        }
+        for (o, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(bits(g), bits(w), "output {o} on {target}");
+        }
+    }
+}
+
 /// A QDQ conv (x quantized and dequantized, a per-channel int8 weight and an int32 bias
 /// dequantized, into an f32 Conv) on the host and on aarch64 under qemu: with VNNI the
 /// host runs the conv of the quantized values on the 8-bit GEMM (its microkernel in the

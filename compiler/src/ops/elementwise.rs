@@ -993,6 +993,8 @@ pub(crate) mod lower {
             // Only where `cast::lower::fusible_target` holds (see `fused::scalar_expr_of`).
             "Cast" => crate::ops::cast::lower::cast_expr,
             "Clip" => clip_expr,
+            // Only as `fuse_elementwise::elementwise` takes it (one scale and zero point).
+            "QuantizeLinear" => crate::ops::quant::lower::quantize_expr,
             "IsInf" => isinf_expr,
             "SwiGLU" => swiglu_expr,
             "Max" | "Min" | "Sum" | "Mean" => variadic_expr,

@@ -518,6 +518,7 @@ fn lower_elementwise(
                 value: e.clone(),
             });
         }
+        inline_last_set(&mut stmts);
         stmts
     });
     if let Some(e) = err {
@@ -526,6 +527,49 @@ fn lower_elementwise(
     k.body = kbody;
     lw.push(k);
     Ok(true)
+}
+
+/// `set v = e; store buf[i] = v` as `store buf[i] = e` when the store is the body's only
+/// one and nothing else reads `v`: the vector loops take a store of `u8(x)` (a fused
+/// QuantizeLinear or Cast to bytes), not of a variable holding it, which left such
+/// loops scalar.
+fn inline_last_set(stmts: &mut Vec<Stmt>) {
+    fn reads(e: &Expr, v: crate::kir::VarId) -> bool {
+        matches!(e, Expr::Var(x) if *x == v) || e.children().into_iter().any(|c| reads(c, v))
+    }
+    let stores = stmts
+        .iter()
+        .filter(|s| matches!(s, Stmt::Store { .. }))
+        .count();
+    let n = stmts.len();
+    if stores != 1 || n < 2 {
+        return;
+    }
+    let (
+        Stmt::Set { var, value },
+        Stmt::Store {
+            index,
+            value: Expr::Var(sv),
+            ..
+        },
+    ) = (&stmts[n - 2], &stmts[n - 1])
+    else {
+        return;
+    };
+    let (var, e) = (*var, value.clone());
+    if *sv != var
+        || reads(index, var)
+        || stmts[..n - 2].iter().any(|s| match s {
+            Stmt::Set { value, .. } => reads(value, var),
+            _ => true,
+        })
+    {
+        return;
+    }
+    if let Stmt::Store { value, .. } = &mut stmts[n - 1] {
+        *value = e;
+    }
+    stmts.remove(n - 2);
 }
 
 /// Lowers each body node on its own; values inside the body get arena buffers.

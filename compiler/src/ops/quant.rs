@@ -222,11 +222,11 @@ fn dynamic_quantize_linear(_ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec
 }
 
 /// Lowerings: per-tensor, per-axis and blocked scales and zero points, integer targets.
-mod lower {
+pub(crate) mod lower {
     use crate::ir::{DType, OpError, OpResult};
     use crate::kir::{BinOp, CmpOp, Expr, Stmt, Ty, UnOp, VarId};
     use crate::ops::lowering::{index, nest, strides, LowerCtx, TensorRef};
-    use crate::ops::{Lowering, Registry};
+    use crate::ops::{Lowering, OpCtx, Registry};
     use crate::{bail, ensure};
 
     fn f64e(e: Expr, t: Ty) -> Expr {
@@ -383,6 +383,37 @@ mod lower {
                 value: Expr::cast(ot, y),
             }])
         })
+    }
+
+    /// QuantizeLinear in a fused elementwise kernel: f32 `x` by one f32 scale and zero
+    /// point to an 8-bit integer (`fuse_elementwise` fuses no other), the expression the
+    /// standalone loop above stores (`round(x / s)` in f32, the zero point added, clamped).
+    pub(crate) fn quantize_expr(_: &OpCtx, tys: &[Option<Ty>], a: &[Expr]) -> OpResult<Expr> {
+        let zt = tys.get(2).copied().flatten();
+        ensure!(
+            tys.first() == Some(&Some(Ty::F32)) && tys.get(1) == Some(&Some(Ty::F32)),
+            "fused QuantizeLinear of f32 by an f32 scale"
+        );
+        let (out, lo, hi) = match zt {
+            None | Some(Ty::U8) => (Ty::U8, 0.0, 255.0),
+            Some(Ty::I8) => (Ty::I8, -128.0, 127.0),
+            Some(t) => bail!("fused QuantizeLinear to {t}"),
+        };
+        let (x, s) = (a[0].clone(), a[1].clone());
+        let mut y = Expr::un(UnOp::Nearest, Expr::bin(BinOp::Div, x, s));
+        if zt.is_some() {
+            let z = a
+                .get(2)
+                .cloned()
+                .ok_or_else(|| OpError::new("zero point missing"))?;
+            y = Expr::add(y, Expr::cast(Ty::F32, z));
+        }
+        let y = Expr::bin(
+            BinOp::Max,
+            Expr::bin(BinOp::Min, y, Expr::f(hi, Ty::F32)),
+            Expr::f(lo, Ty::F32),
+        );
+        Ok(Expr::cast(out, y))
     }
 
     /// QuantizeLinear to an 8- or 4-bit float: `x / scale` (plus the zero point for

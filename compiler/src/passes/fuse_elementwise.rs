@@ -20,6 +20,36 @@ fn elementwise(g: &Graph, n: NodeId) -> bool {
     if !node.domain.is_empty() || node.outputs.len() != 1 || !node.implicit.is_empty() {
         return false;
     }
+    // QuantizeLinear of f32 to 8 bits by one scale and zero point (a per-axis scale does
+    // not broadcast as the group's values do).
+    if node.op_type == "QuantizeLinear" {
+        let one = |v: &Option<ValueId>| {
+            v.is_some_and(|v| {
+                g.value(v)
+                    .ty
+                    .static_shape()
+                    .is_some_and(|s| s.iter().product::<usize>() == 1)
+            })
+        };
+        let attrs_ok = ["block_size", "output_dtype", "precision"]
+            .iter()
+            .all(|a| node.attrs.int(a, 0).ok() == Some(0));
+        let out = g.value(node.outputs[0]).ty.dtype();
+        let x = node
+            .inputs
+            .first()
+            .copied()
+            .flatten()
+            .and_then(|v| g.value(v).ty.dtype());
+        if !attrs_ok
+            || x != Some(crate::ir::DType::F32)
+            || !matches!(out, Some(crate::ir::DType::U8 | crate::ir::DType::I8))
+            || !one(node.inputs.get(1).unwrap_or(&None))
+            || node.inputs.get(2).is_some_and(|z| z.is_some() && !one(z))
+        {
+            return false;
+        }
+    }
     let mut tys: Vec<Option<Ty>> = Vec::new();
     for i in &node.inputs {
         match i {

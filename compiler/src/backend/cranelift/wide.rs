@@ -121,8 +121,16 @@ struct Tr {
     /// Arguments of the inline sin, cos and tan, which hold only up to `vmath::SINCOS_MAX`
     /// (see [`Gen::wide_for`]).
     trig: Vec<V>,
-    /// Locals holding an i32 load, read only converted to f32 (then from an i32 stream).
-    ints: HashMap<VarId, Expr>,
+    /// Locals of other types than f32 (an int32 or byte load, say), by their
+    /// definitions: expressions reading them are translated with the definitions in
+    /// their place (`f32(v)` of `v = i32 load` reads an int32 stream; of a
+    /// loop-invariant `v = zero point`, a uniform).
+    defs: Vec<(VarId, Expr)>,
+}
+
+/// Whether `e` reads variable `v`.
+fn reads_var(e: &Expr, v: VarId) -> bool {
+    matches!(e, Expr::Var(x) if *x == v) || e.children().into_iter().any(|c| reads_var(c, v))
 }
 
 /// `e` with each variable defined in `defs` replaced by its definition.
@@ -919,7 +927,7 @@ impl Gen<'_, '_> {
             elem: Vec::new(),
             unis: Vec::new(),
             trig: Vec::new(),
-            ints: HashMap::new(),
+            defs: Vec::new(),
         };
         for s in body {
             match s {
@@ -944,11 +952,11 @@ impl Gen<'_, '_> {
                     t.b.push(Inst::Reduce { r: r as u16, v });
                 }
                 Stmt::Set { var: local, .. } if t.gates.contains_key(local) => {}
-                Stmt::Set {
-                    var: local,
-                    value: v @ Expr::Load(buf, _),
-                } if self.p.buffers[*buf].elem == Ty::I32 => {
-                    t.ints.insert(*local, v.clone());
+                Stmt::Set { var: local, value }
+                    if !matches!(self.ty(value).ok()?, Ty::F32 | Ty::I64) =>
+                {
+                    let def = inline(value, &t.defs);
+                    t.defs.push((*local, def));
                 }
                 Stmt::Set { var: local, value } => {
                     let v = self.wexpr(&mut t, value)?;
@@ -956,6 +964,7 @@ impl Gen<'_, '_> {
                 }
                 Stmt::Store { buf, index, value } => {
                     let to = self.p.buffers[*buf].elem;
+                    let value = &inline(value, &t.defs);
                     let (elem, v) = match self.int_copy_value(to, value) {
                         // 32-bit integers moved as f32 lanes, bit for bit (Plan::int_copy).
                         Some((src, sidx)) => {
@@ -1122,6 +1131,10 @@ impl Gen<'_, '_> {
     /// `e` as a wide value: f32 vectors, masks for f32 comparisons; `None` for what the
     /// generator does not do (gathers, integer arithmetic, libm calls).
     fn wexpr(&self, t: &mut Tr, e: &Expr) -> Option<V> {
+        if t.defs.iter().any(|(v, _)| reads_var(e, *v)) {
+            let e = inline(e, &t.defs);
+            return self.wexpr(t, &e);
+        }
         if !varies(e, t.var, &t.locals) {
             if let Expr::Float(c, Ty::F32) = e {
                 return Some(t.b.c(*c as f32));
@@ -1325,17 +1338,10 @@ impl Gen<'_, '_> {
                 let (s, disp) = t.stream(*buf, idx, self.stream_elem(*buf)?)?;
                 t.b.load(s, disp)
             }
-            // 32-bit integers read at unit stride (or a local holding such a load),
-            // converted.
-            Expr::Cast(Ty::F32, a)
-                if matches!(&**a, Expr::Load(buf, _) if self.p.buffers[*buf].elem == Ty::I32)
-                    || matches!(&**a, Expr::Var(v) if t.ints.contains_key(v)) =>
+            // 32-bit integers read at unit stride, converted.
+            Expr::Cast(Ty::F32, a) if matches!(&**a, Expr::Load(buf, _) if self.p.buffers[*buf].elem == Ty::I32) =>
             {
-                let load = match &**a {
-                    Expr::Var(v) => t.ints.get(v)?.clone(),
-                    l => l.clone(),
-                };
-                let Expr::Load(buf, idx) = &load else {
+                let Expr::Load(buf, idx) = &**a else {
                     return None;
                 };
                 if stride(idx, t.var, &t.locals) != Some(1) {
