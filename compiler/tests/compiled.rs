@@ -1431,13 +1431,10 @@ fn int8_products_run_on_dot_product_kernels() {
     };
     let qa: Vec<u8> = (0..qm * qk).map(|_| (next() % 256) as u8).collect();
     let qlm_in = vec![Value::Tensor(Tensor::from_vec(&[qm, qk], qa))];
-    #[cfg(target_arch = "x86_64")]
-    let vnni = std::arch::is_x86_feature_detected!("avx512vnni");
-    #[cfg(not(target_arch = "x86_64"))]
-    let vnni = false;
-    if !vnni {
-        eprintln!("int8_products_run_on_dot_product_kernels: no AVX-512 VNNI here, so the host runs the f32 and loop forms only");
-    }
+    let vnni = vnni_host(
+        "int8_products_run_on_dot_product_kernels",
+        "the f32 and loop forms only",
+    );
     for target in ["host", "aarch64-neon"] {
         let dot = vnni && target == "host";
         for (g, inputs, steps) in [(&mmi, &mmi_in, k / 4), (&qlm, &qlm_in, qk / 4)] {
@@ -1614,6 +1611,19 @@ fn int32_conversions_round_as_the_reference() {
     }
 }
 
+/// Whether this host has AVX-512 VNNI (the 8-bit GEMM's instructions); when it has not,
+/// says on stderr that `test` checks `what` on the host.
+fn vnni_host(test: &str, what: &str) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    let vnni = std::arch::is_x86_feature_detected!("avx512vnni");
+    #[cfg(not(target_arch = "x86_64"))]
+    let vnni = false;
+    if !vnni {
+        eprintln!("{test}: no AVX-512 VNNI here, so the host runs {what}");
+    }
+    vnni
+}
+
 /// The 8-bit `Stmt::Gemm` calls in `kernels`.
 fn int8_gemms(kernels: &[onnxc::kir::Kernel]) -> usize {
     fn count(body: &[onnxc::kir::Stmt]) -> usize {
@@ -1758,10 +1768,10 @@ fn integer_convs_run_exactly_on_the_f32_convs() {
             false,
         ),
     ];
-    #[cfg(target_arch = "x86_64")]
-    let vnni = std::arch::is_x86_feature_detected!("avx512vnni");
-    #[cfg(not(target_arch = "x86_64"))]
-    let vnni = false;
+    let vnni = vnni_host(
+        "integer_convs_run_exactly_on_the_f32_convs",
+        "the f32 convs only",
+    );
     for (g, inputs, widened) in cases {
         let case = g.name.clone().unwrap();
         for target in ["host", "aarch64-neon"] {
@@ -1937,13 +1947,10 @@ fn int8_convs_run_on_dot_product_kernels() {
             vec![x_of(&[1, 16, 15, 15], bytes(16 * 225))],
         ),
     ];
-    #[cfg(target_arch = "x86_64")]
-    let vnni = std::arch::is_x86_feature_detected!("avx512vnni");
-    #[cfg(not(target_arch = "x86_64"))]
-    let vnni = false;
-    if !vnni {
-        eprintln!("int8_convs_run_on_dot_product_kernels: no AVX-512 VNNI here, so the host runs the f32 and loop forms only");
-    }
+    let vnni = vnni_host(
+        "int8_convs_run_on_dot_product_kernels",
+        "the f32 and loop forms only",
+    );
     for (g, inputs) in cases {
         let case = g.name.clone().unwrap();
         for target in ["host", "aarch64-neon"] {
@@ -2117,13 +2124,7 @@ fn qdq_convs_run_on_dot_product_kernels() {
     use onnxc::onnx::proto::{AttributeProto, GraphProto};
     let scratch = tempfile::tempdir().unwrap();
     let mut next = lcg(77);
-    #[cfg(target_arch = "x86_64")]
-    let vnni = std::arch::is_x86_feature_detected!("avx512vnni");
-    #[cfg(not(target_arch = "x86_64"))]
-    let vnni = false;
-    if !vnni {
-        eprintln!("qdq_convs_run_on_dot_product_kernels: no AVX-512 VNNI here, so the host runs the f32 conv");
-    }
+    let vnni = vnni_host("qdq_convs_run_on_dot_product_kernels", "the f32 conv");
     let axis0 = AttributeProto {
         name: Some("axis".into()),
         r#type: Some(onnxc::onnx::proto::attribute_proto::AttributeType::Int as i32),
