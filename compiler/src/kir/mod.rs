@@ -323,6 +323,11 @@ impl Expr {
         }
     }
 
+    /// Whether `self` reads `var`.
+    pub fn reads(&self, var: VarId) -> bool {
+        matches!(self, Expr::Var(v) if *v == var) || self.children().iter().any(|c| c.reads(var))
+    }
+
     /// The direct subexpressions.
     pub fn children(&self) -> Vec<&Expr> {
         match self {

@@ -16,9 +16,7 @@ use crate::ir::{broadcast_shapes, DType, OpResult, EXACT_SUMS};
 use crate::kir::build::{
     add, divisor_at_most, for_, int, lin, loops, per_part, store, two_threads_end,
 };
-use crate::kir::{
-    BufId, BufKind, CmpOp, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId,
-};
+use crate::kir::{BufKind, CmpOp, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId};
 use crate::ops::lowering::{
     broadcast_strides, index, nest, strides, Act, EpStep, Epilogue, LowerCtx, TensorRef,
 };
@@ -298,12 +296,7 @@ pub fn matmul_int8(lw: &mut LowerCtx) -> OpResult<bool> {
         for (i, x) in bv.iter().enumerate() {
             colsum[i % n] = colsum[i % n].wrapping_add(*x as i32);
         }
-        MatView::strided(
-            zero_point_init(lw, &mut k, &mut body, z, &colsum),
-            Expr::Int(0),
-            0,
-            1,
-        )
+        zero_point_init(lw, &mut k, &mut body, z, &colsum, (0, 1))
     });
     body.push(Stmt::Gemm(Box::new(GemmCall {
         m: m as u64,
@@ -323,17 +316,18 @@ pub fn matmul_int8(lw: &mut LowerCtx) -> OpResult<bool> {
     Ok(true)
 }
 
-/// The init of an 8-bit product whose u8 operand has the zero point `z` (one u8): `-z
-/// sums[j]` for each sum of the other operand over k (B's columns, or A's rows),
-/// computed into arena scratch by a loop appended to `body` (the sums are constants;
-/// `z` may be a run-time value).
+/// The init view of an 8-bit product whose u8 operand has the zero point `z` (one u8):
+/// `-z sums[j]` for each sum of the other operand over k, computed into arena scratch by
+/// a loop appended to `body` (the sums are constants; `z` may be a run-time value), as a
+/// view of strides `view` (rs, cs): `(0, 1)` for B's columns, `(1, 0)` for A's rows.
 fn zero_point_init(
     lw: &mut LowerCtx,
     k: &mut Kernel,
     body: &mut Vec<Stmt>,
     z: &TensorRef,
     colsum: &[i32],
-) -> BufId {
+    view: (i64, i64),
+) -> MatView {
     let n = colsum.len();
     let data = colsum.iter().flat_map(|x| x.to_le_bytes()).collect();
     let name = &lw.name;
@@ -364,7 +358,7 @@ fn zero_point_init(
             ),
         )],
     ));
-    ib
+    MatView::strided(ib, Expr::Int(0), view.0, view.1)
 }
 
 /// ConvInteger of u8 x by a constant i8 weight without a weight zero point (what
@@ -446,10 +440,9 @@ pub fn conv_int8(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
         Some(z) => byte(Expr::load(z.buf, Expr::Int(0))),
         None => Expr::cast(Ty::U8, Expr::f(0.0, Ty::F32)),
     };
-    let init = za.as_ref().map(|z| {
-        let ib = zero_point_init(lw, &mut k, &mut body, z, &rowsum);
-        MatView::strided(ib, Expr::Int(0), 1, 0)
-    });
+    let init = za
+        .as_ref()
+        .map(|z| zero_point_init(lw, &mut k, &mut body, z, &rowsum, (1, 0)));
     let nv = k.var(Ty::I64);
     let (q, c4, t, e) = (
         k.var(Ty::I64),
@@ -499,57 +492,32 @@ pub fn conv_int8(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
                 let (xlo, xhi) = Plane::valid(p2.ow, p2.sw, p2.pw, s, p2.dw, p2.w);
                 // This tap's rows of cols: [cq][ol][4] bytes from `tap0`.
                 let tap0 = (r * p2.kw + s) * cq * ol * 4;
-                let fill = |lo: usize, n: usize| {
-                    // Bytes lo..lo + n of every quad row's plane.
-                    for_(
-                        c4,
-                        cq,
-                        vec![for_(
-                            e,
-                            n,
-                            vec![store(
-                                cols,
-                                lin(vec![(v(c4), ol * 4), (v(e), 1), (int(tap0 + lo), 1)]),
-                                zero_byte.clone(),
-                            )],
-                        )],
-                    )
+                // The zero point into bytes `lo..lo + n` of `rows` output rows (from `lo`)
+                // of every quad row's plane.
+                let fill = |rows: usize, lo: usize, n: usize| {
+                    let at = lin(vec![
+                        (v(c4), ol * 4),
+                        (v(oy), p2.ow * 4),
+                        (v(e), 1),
+                        (int(tap0 + lo), 1),
+                    ]);
+                    let bytes = for_(e, n, vec![store(cols, at, zero_byte.clone())]);
+                    for_(c4, cq, vec![for_(oy, rows, vec![bytes])])
                 };
                 if ylo >= yhi || xlo >= xhi {
-                    img.push(fill(0, ol * 4));
+                    img.push(fill(1, 0, ol * 4));
                     continue;
                 }
                 // Padding: whole output rows above and below, then the ends of the others.
                 if ylo > 0 {
-                    img.push(fill(0, ylo * p2.ow * 4));
+                    img.push(fill(1, 0, ylo * p2.ow * 4));
                 }
                 if yhi < p2.oh {
-                    img.push(fill(yhi * p2.ow * 4, (p2.oh - yhi) * p2.ow * 4));
+                    img.push(fill(1, yhi * p2.ow * 4, (p2.oh - yhi) * p2.ow * 4));
                 }
                 for (x0, x1) in [(0, xlo), (xhi, p2.ow)] {
                     if x1 > x0 {
-                        img.push(for_(
-                            oy,
-                            yhi - ylo,
-                            vec![for_(
-                                c4,
-                                cq,
-                                vec![for_(
-                                    e,
-                                    (x1 - x0) * 4,
-                                    vec![store(
-                                        cols,
-                                        lin(vec![
-                                            (v(c4), ol * 4),
-                                            (v(oy), p2.ow * 4),
-                                            (v(e), 1),
-                                            (int(tap0 + (ylo * p2.ow + x0) * 4), 1),
-                                        ]),
-                                        zero_byte.clone(),
-                                    )],
-                                )],
-                            )],
-                        ));
+                        img.push(fill(yhi - ylo, (ylo * p2.ow + x0) * 4, (x1 - x0) * 4));
                     }
                 }
                 let iy0 = (ylo * p2.sh) as i64 - p2.ph + (r * p2.dh) as i64;

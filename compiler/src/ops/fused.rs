@@ -534,9 +534,6 @@ fn lower_elementwise(
 /// QuantizeLinear or Cast to bytes), not of a variable holding it, which left such
 /// loops scalar.
 fn inline_last_set(stmts: &mut Vec<Stmt>) {
-    fn reads(e: &Expr, v: crate::kir::VarId) -> bool {
-        matches!(e, Expr::Var(x) if *x == v) || e.children().into_iter().any(|c| reads(c, v))
-    }
     let stores = stmts
         .iter()
         .filter(|s| matches!(s, Stmt::Store { .. }))
@@ -558,9 +555,9 @@ fn inline_last_set(stmts: &mut Vec<Stmt>) {
     };
     let (var, e) = (*var, value.clone());
     if *sv != var
-        || reads(index, var)
+        || index.reads(var)
         || stmts[..n - 2].iter().any(|s| match s {
-            Stmt::Set { value, .. } => reads(value, var),
+            Stmt::Set { value, .. } => value.reads(var),
             _ => true,
         })
     {

@@ -363,26 +363,36 @@ pub(crate) mod lower {
             if sc.ty().compute() != ct {
                 s = Expr::cast(ct, s);
             }
-            let q = Expr::bin(BinOp::Div, Expr::load(x.buf, index(v, &xs)), s);
-            let mut y = Expr::un(UnOp::Nearest, q);
-            if at != ct {
-                y = Expr::cast(at, y);
-            }
-            if let Some(z) = &zp {
-                let zi = param_index(z, &shape, axis, block, v)?;
-                y = Expr::add(y, Expr::cast(at, Expr::load(z.buf, zi)));
-            }
-            let y = Expr::bin(
-                BinOp::Max,
-                Expr::bin(BinOp::Min, y, Expr::f(hi, at)),
-                Expr::f(lo, at),
-            );
+            let z = match &zp {
+                Some(z) => Some(Expr::load(z.buf, param_index(z, &shape, axis, block, v)?)),
+                None => None,
+            };
+            let x = Expr::load(x.buf, index(v, &xs));
             Ok(vec![Stmt::Store {
                 buf: out.buf,
                 index: index(v, &xs),
-                value: Expr::cast(ot, y),
+                value: quantized(x, s, z, (ct, at, ot), (lo, hi)),
             }])
         })
+    }
+
+    /// `ot(clamp(round(x / s) + z, lo, hi))`: the quotient in `ct` (x's and the scale's
+    /// compute type), the rest in `at`; the standalone loop's and a fused kernel's.
+    fn quantized(x: Expr, s: Expr, z: Option<Expr>, tys: (Ty, Ty, Ty), range: (f64, f64)) -> Expr {
+        let (ct, at, ot) = tys;
+        let mut y = Expr::un(UnOp::Nearest, Expr::bin(BinOp::Div, x, s));
+        if at != ct {
+            y = Expr::cast(at, y);
+        }
+        if let Some(z) = z {
+            y = Expr::add(y, Expr::cast(at, z));
+        }
+        let y = Expr::bin(
+            BinOp::Max,
+            Expr::bin(BinOp::Min, y, Expr::f(range.1, at)),
+            Expr::f(range.0, at),
+        );
+        Expr::cast(ot, y)
     }
 
     /// QuantizeLinear in a fused elementwise kernel: f32 `x` by one f32 scale and zero
@@ -399,21 +409,22 @@ pub(crate) mod lower {
             Some(Ty::I8) => (Ty::I8, -128.0, 127.0),
             Some(t) => bail!("fused QuantizeLinear to {t}"),
         };
-        let (x, s) = (a[0].clone(), a[1].clone());
-        let mut y = Expr::un(UnOp::Nearest, Expr::bin(BinOp::Div, x, s));
-        if zt.is_some() {
-            let z = a
-                .get(2)
-                .cloned()
-                .ok_or_else(|| OpError::new("zero point missing"))?;
-            y = Expr::add(y, Expr::cast(Ty::F32, z));
-        }
-        let y = Expr::bin(
-            BinOp::Max,
-            Expr::bin(BinOp::Min, y, Expr::f(hi, Ty::F32)),
-            Expr::f(lo, Ty::F32),
-        );
-        Ok(Expr::cast(out, y))
+        let z = match zt {
+            Some(_) => Some(
+                a.get(2)
+                    .cloned()
+                    .ok_or_else(|| OpError::new("zero point missing"))?,
+            ),
+            None => None,
+        };
+        let (f32t, range) = (Ty::F32, (lo, hi));
+        Ok(quantized(
+            a[0].clone(),
+            a[1].clone(),
+            z,
+            (f32t, f32t, out),
+            range,
+        ))
     }
 
     /// QuantizeLinear to an 8- or 4-bit float: `x / scale` (plus the zero point for

@@ -14,7 +14,7 @@
 use super::inline_util::add_node_to;
 use super::util::{add_const, dtype_of, is_op, order, producer, retyped, shape_of};
 use crate::error::Result;
-use crate::ir::{Attr, DType, Graph, NodeId, Source, Tensor, ValueId};
+use crate::ir::{Attr, DType, Graph, NodeId, Source, Tensor, ValueId, ValueType};
 
 /// Input channels below which a conv stays f32 (ResNet-18's 7x7 stride-2 stem of 3
 /// channels: 1.8 ms as an 8-bit conv, its im2col scalar byte copies).
@@ -45,9 +45,8 @@ struct Plan {
     /// `sx * sw` in f32, shaped to broadcast over the output's channels.
     scale: Tensor,
     bias: Option<ValueId>,
-    /// The output's channels and rank.
-    co: usize,
-    rank: usize,
+    /// The shape of per-channel values against the output: `[co, 1, ...]`.
+    channels: Vec<usize>,
 }
 
 /// `v = DequantizeLinear(q, scale, zero_point)` of the default domain, not blocked:
@@ -142,9 +141,8 @@ fn plan(g: &Graph, n: NodeId) -> Option<Plan> {
         wq,
         zw,
         scale: Tensor::from_vec(&shape, scale),
+        channels: shape,
         bias,
-        co,
-        rank: ys.len(),
     })
 }
 
@@ -152,8 +150,7 @@ fn rewrite(g: &mut Graph, n: NodeId, p: Plan) -> Result<()> {
     let node = g.remove_node(n).expect("a node of the order");
     let name = node.name.clone();
     let y = node.outputs[0];
-    let value = |g: &mut Graph, what: &str, dt: DType| {
-        let ty = retyped(g, y, dt);
+    let value = |g: &mut Graph, what: &str, ty: ValueType| {
         let v = g.fresh_name(&format!("{name}/{what}"));
         g.add_value(v, ty, Source::Undefined)
     };
@@ -171,44 +168,24 @@ fn rewrite(g: &mut Graph, n: NodeId, p: Plan) -> Result<()> {
     while ins.last() == Some(&None) {
         ins.pop();
     }
-    let acc = value(g, "product", DType::I32);
+    let acc = value(g, "product", retyped(g, y, DType::I32));
     add(g, "product", "ConvInteger", &attrs, ins, acc)?;
     let f32c = Attr::Int(i64::from(DType::F32.onnx_code()));
-    let accf = value(g, "product_f32", DType::F32);
-    add(
-        g,
-        "product_f32",
-        "Cast",
-        &[("to", f32c)],
-        vec![Some(acc)],
-        accf,
-    )?;
+    let accf = value(g, "product_f32", g.value(y).ty.clone());
+    let cast = vec![Some(acc)];
+    add(g, "product_f32", "Cast", &[("to", f32c)], cast, accf)?;
     let scale = add_const(g, &format!("{name}/scale"), p.scale);
+    let product = vec![Some(accf), Some(scale)];
     let Some(b) = p.bias else {
-        return add(g, "scaled", "Mul", &[], vec![Some(accf), Some(scale)], y);
+        return add(g, "scaled", "Mul", &[], product, y);
     };
-    let scaled = value(g, "scaled", DType::F32);
-    add(
-        g,
-        "scaled",
-        "Mul",
-        &[],
-        vec![Some(accf), Some(scale)],
-        scaled,
-    )?;
+    let scaled = value(g, "scaled", g.value(y).ty.clone());
+    add(g, "scaled", "Mul", &[], product, scaled)?;
     // The bias [co] against the output's channels: [co, 1, ...].
-    let mut dims = vec![p.co as i64];
-    dims.resize(p.rank - 1, 1);
-    let dims = add_const(
-        g,
-        &format!("{name}/bias_shape"),
-        Tensor::from_vec(&[dims.len()], dims),
-    );
-    let mut bshape = vec![p.co];
-    bshape.resize(p.rank - 1, 1);
-    let bt = crate::ir::ValueType::tensor(DType::F32, &bshape);
-    let bv = g.fresh_name(&format!("{name}/bias"));
-    let br = g.add_value(bv, bt, Source::Undefined);
+    let dims: Vec<i64> = p.channels.iter().map(|&d| d as i64).collect();
+    let dims = Tensor::from_vec(&[dims.len()], dims);
+    let dims = add_const(g, &format!("{name}/bias_shape"), dims);
+    let br = value(g, "bias", ValueType::tensor(DType::F32, &p.channels));
     add(g, "bias", "Reshape", &[], vec![Some(b), Some(dims)], br)?;
     add(g, "biased", "Add", &[], vec![Some(scaled), Some(br)], y)
 }

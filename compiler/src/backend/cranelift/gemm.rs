@@ -251,15 +251,11 @@ impl GemmCtx {
         }
         let (m, n, k) = (g.m as usize, g.n as usize, g.k as usize);
         let (mr, nr) = (isa.mr() as i64, isa.nr() as i64);
-        let konst = |v: &MatView| match (p.buffers.get(v.buf).map(|b| &b.kind), &v.offset) {
-            (Some(BufKind::Const { data }), Expr::Int(off)) => Some((data, *off)),
-            _ => None,
-        };
         if g.c.cs != 1 {
             return Ok(None);
         }
-        let ca = konst(&g.a);
-        let cb = konst(&g.b);
+        let ca = konst(p, &g.a);
+        let cb = konst(p, &g.b);
         if g.alpha != 1.0 && ca.is_none() && cb.is_none() {
             return Ok(None);
         }
@@ -392,11 +388,7 @@ impl GemmCtx {
             Some(Ty::I8) => x86::Int8::SignedA,
             _ => x86::Int8::UnsignedA,
         };
-        let konst = match (p.buffers.get(g.b.buf).map(|b| &b.kind), &g.b.offset) {
-            (Some(BufKind::Const { data }), Expr::Int(off)) => Some((data, *off)),
-            _ => None,
-        };
-        let (b_panel, b_k, b_padded, b_op) = match konst {
+        let (b_panel, b_k, b_padded, b_op) = match konst(p, &g.b) {
             Some((data, off)) => {
                 // (alpha 1: an 8-bit buffer is never an f32 call's B, so the keys cannot
                 // meet.)
@@ -629,6 +621,15 @@ impl GemmCtx {
     }
 }
 
+/// A view's constant data and literal offset, when it is of a constant buffer (the
+/// operands the microkernels take prepacked).
+fn konst<'p>(p: &'p Program, v: &MatView) -> Option<(&'p Vec<u8>, i64)> {
+    match (p.buffers.get(v.buf).map(|b| &b.kind), &v.offset) {
+        (Some(BufKind::Const { data }), Expr::Int(off)) => Some((data, *off)),
+        _ => None,
+    }
+}
+
 /// The init view's byte strides for the microkernel (`None` inside: no init), or `None`
 /// when its columns are neither contiguous nor broadcast.
 fn init_strides(g: &GemmCall) -> Option<Option<(i64, i64)>> {
@@ -668,17 +669,16 @@ fn at(v: &MatView, r: usize, c: usize) -> Expr {
 
 /// An 8-bit product's B element `(r, c)` in quads: `v.offset + (r / 4) * rs + c * cs + r % 4`.
 fn quad_at(v: &MatView, r: usize, c: usize) -> Expr {
-    let four = || Expr::Int(4);
+    let (row, four) = (|| Expr::Var(r), || Expr::Int(4));
+    let quad = Expr::mul(Expr::bin(BinOp::Div, row(), four()), Expr::Int(v.rs));
+    let byte = Expr::bin(BinOp::Rem, row(), four());
+    // The row's part in the offset; `at` adds the column's.
     let rows = MatView {
-        offset: Expr::add(
-            v.offset.clone(),
-            Expr::bin(BinOp::Rem, Expr::Var(r), four()),
-        ),
+        offset: Expr::add(v.offset.clone(), Expr::add(quad, byte)),
         rs: 0,
         ..v.clone()
     };
-    let q = Expr::mul(Expr::bin(BinOp::Div, Expr::Var(r), four()), Expr::Int(v.rs));
-    Expr::add(at(&rows, r, c), q)
+    at(&rows, r, c)
 }
 
 /// A GEMM whose B is in panels as one GEMM per panel, each with a plain B view.

@@ -122,15 +122,10 @@ struct Tr {
     /// (see [`Gen::wide_for`]).
     trig: Vec<V>,
     /// Locals of other types than f32 (an int32 or byte load, say), by their
-    /// definitions: expressions reading them are translated with the definitions in
-    /// their place (`f32(v)` of `v = i32 load` reads an int32 stream; of a
+    /// definitions: the body's expressions are translated with the definitions in
+    /// their place (inlined where each Set, reduction or Store is taken) (`f32(v)` of `v = i32 load` reads an int32 stream; of a
     /// loop-invariant `v = zero point`, a uniform).
     defs: Vec<(VarId, Expr)>,
-}
-
-/// Whether `e` reads variable `v`.
-fn reads_var(e: &Expr, v: VarId) -> bool {
-    matches!(e, Expr::Var(x) if *x == v) || e.children().into_iter().any(|c| reads_var(c, v))
 }
 
 /// `e` with each variable defined in `defs` replaced by its definition.
@@ -934,7 +929,8 @@ impl Gen<'_, '_> {
                 Stmt::Set { var: acc, .. } if plan.reds.iter().any(|r| r.acc == *acc) => {
                     let r = plan.reds.iter().position(|r| r.acc == *acc)?;
                     let red = &plan.reds[r];
-                    let v = self.wexpr(&mut t, &red.e)?;
+                    let e = inline(&red.e, &t.defs);
+                    let v = self.wexpr(&mut t, &e)?;
                     if t.is_mask(v) {
                         return None;
                     }
@@ -959,7 +955,8 @@ impl Gen<'_, '_> {
                     t.defs.push((*local, def));
                 }
                 Stmt::Set { var: local, value } => {
-                    let v = self.wexpr(&mut t, value)?;
+                    let value = inline(value, &t.defs);
+                    let v = self.wexpr(&mut t, &value)?;
                     t.vals.insert(*local, v);
                 }
                 Stmt::Store { buf, index, value } => {
@@ -1131,10 +1128,6 @@ impl Gen<'_, '_> {
     /// `e` as a wide value: f32 vectors, masks for f32 comparisons; `None` for what the
     /// generator does not do (gathers, integer arithmetic, libm calls).
     fn wexpr(&self, t: &mut Tr, e: &Expr) -> Option<V> {
-        if t.defs.iter().any(|(v, _)| reads_var(e, *v)) {
-            let e = inline(e, &t.defs);
-            return self.wexpr(t, &e);
-        }
         if !varies(e, t.var, &t.locals) {
             if let Expr::Float(c, Ty::F32) = e {
                 return Some(t.b.c(*c as f32));

@@ -1330,14 +1330,6 @@ impl Gen<'_> {
                 }
                 self.a.vcvtdq2ps(d, d).map_err(e)?;
             }
-            Inst::Load { s, disp, .. } if self.lp.elem(s) == Elem::I32 => {
-                let m = self.stream_at(s, disp);
-                if masked {
-                    self.a.vcvtdq2ps(d.k7().z(), m).map_err(e)?;
-                } else {
-                    self.a.vcvtdq2ps(d, m).map_err(e)?;
-                }
-            }
             Inst::Load { s, disp, .. } if self.lp.elem(s) == Elem::F16 => {
                 let m = self.stream_at_half(s, disp);
                 if masked {
@@ -1346,13 +1338,15 @@ impl Gen<'_> {
                     self.a.vcvtph2ps(d, m).map_err(e)?;
                 }
             }
+            // f32, or int32 converted (`vcvtdq2ps`).
             Inst::Load { s, disp, .. } => {
                 let m = self.stream_at(s, disp);
-                if masked {
-                    self.a.vmovups(d.k7().z(), m).map_err(e)?;
-                } else {
-                    self.a.vmovups(d, m).map_err(e)?;
+                let d = if masked { d.k7().z() } else { d };
+                match self.lp.elem(s) {
+                    Elem::I32 => self.a.vcvtdq2ps(d, m),
+                    _ => self.a.vmovups(d, m),
                 }
+                .map_err(e)?;
             }
             Inst::Load2 { s, disp, .. } => {
                 // Lanes 0..16 of the result are elements 0, 2, .., 30 from the lane-0
