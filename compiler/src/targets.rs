@@ -69,6 +69,7 @@ pub const KNOWN_FEATURES: &[(&str, &[&str])] = &[
     ("avx512bf16", &["avx512bw"]),
     ("avx512fp16", &["avx512bw"]),
     ("avxvnni", &["avx2"]),
+    ("amx-int8", &["avx512vnni"]),
     ("neon", &[]),
     ("dotprod", &["neon"]),
     ("i8mm", &["neon"]),
@@ -78,8 +79,8 @@ pub const KNOWN_FEATURES: &[(&str, &[&str])] = &[
     ("sve2", &["sve"]),
 ];
 
-const X86_FEATURES: std::ops::Range<usize> = 0..15;
-const ARM_FEATURES: std::ops::Range<usize> = 15..22;
+const X86_FEATURES: std::ops::Range<usize> = 0..16;
+const ARM_FEATURES: std::ops::Range<usize> = 16..23;
 
 macro_rules! bundled {
     ($($name:literal),* $(,)?) => {
@@ -94,6 +95,7 @@ bundled![
     "cortex-a53",
     "cortex-a72",
     "host",
+    "x86_64-amx",
     "x86_64-avx2",
     "x86_64-avx512",
     "x86_64-sse4"
@@ -441,7 +443,32 @@ fn detect_features() -> Vec<String> {
         "avx512fp16",
         "avxvnni"
     );
+    if amx_int8() {
+        found.push("amx-int8".to_string());
+    }
     found
+}
+
+/// AMX tiles with 8-bit products, by CPUID (std's detection of AMX is unstable): the CPU
+/// has AMX-TILE and AMX-INT8 (leaf 7 EDX bits 24 and 25) and the OS saves the tile
+/// state (XCR0 bits 17 and 18). A program still asks Linux for the tile state before
+/// its first tile instruction (`arch_prctl(ARCH_REQ_XCOMP_PERM)`; the generated
+/// kernels do).
+#[cfg(target_arch = "x86_64")]
+fn amx_int8() -> bool {
+    use std::arch::x86_64::{__cpuid, __cpuid_count, _xgetbv};
+    let leaf1 = __cpuid(1);
+    let osxsave = leaf1.ecx & (1 << 27) != 0;
+    if !osxsave || __cpuid(0).eax < 7 {
+        return false;
+    }
+    let leaf7 = __cpuid_count(7, 0);
+    if leaf7.edx & (3 << 24) != 3 << 24 {
+        return false;
+    }
+    // SAFETY: xgetbv(0) is available when CPUID reports OSXSAVE, checked above.
+    let xcr0 = unsafe { _xgetbv(0) };
+    xcr0 & (3 << 17) == 3 << 17
 }
 
 #[cfg(target_arch = "aarch64")]
@@ -609,6 +636,7 @@ mod tests {
                 "cortex-a53",
                 "cortex-a72",
                 "host",
+                "x86_64-amx",
                 "x86_64-avx2",
                 "x86_64-avx512",
                 "x86_64-sse4"

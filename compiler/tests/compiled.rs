@@ -2292,3 +2292,126 @@ fn quantized_products_requantize_as_the_reference() {
         );
     }
 }
+
+/// 8-bit products on the AMX tiles (`--target x86_64-amx`), bit for bit against the
+/// reference evaluator: MatMulInteger of u8 activations by constant i8 weights (B packed
+/// in panels; 45 rows: a whole 32-row block and a partial one of a full and a 13-row
+/// tile; 50 columns: a block and a partial one of 18, a full tile and a 2-column one;
+/// k = 128, two tile steps) with a zero point for A; ConvInteger of 64 channels 3x3
+/// (weights as a signed A, the input's columns read in place; 48 x 110 x 576) with a
+/// run-time zero point. Compiled on every machine (the tile functions must be there);
+/// run where the CPU and OS give AMX, and the plain AVX-512 target must not use them.
+#[test]
+fn int8_products_run_on_amx_tiles() {
+    use common::{ints_attr, model, node, value_info};
+    use onnxc::ir::Tensor;
+    use onnxc::onnx::proto::tensor_proto::DataType;
+    use onnxc::onnx::proto::GraphProto;
+    let scratch = tempfile::tempdir().unwrap();
+    let mut next = lcg(777);
+    let (m, k, n) = (45usize, 128usize, 50usize);
+    let w: Vec<i64> = (0..k * n)
+        .map(|i| match i % 37 {
+            0 => -128,
+            1 => 127,
+            _ => next() % 256 - 128,
+        })
+        .collect();
+    let a: Vec<u8> = (0..m * k)
+        .map(|i| match i % 31 {
+            0 => 255,
+            1 => 0,
+            _ => (next() % 256) as u8,
+        })
+        .collect();
+    let mmi = GraphProto {
+        name: Some("mmi_amx".into()),
+        node: vec![node("MatMulInteger", &["a", "b", "za"], &["y"])],
+        input: vec![
+            value_info("a", DataType::Uint8, &[m as i64, k as i64]),
+            value_info("za", DataType::Uint8, &[]),
+        ],
+        output: vec![value_info("y", DataType::Int32, &[m as i64, n as i64])],
+        initializer: vec![int_tensor("b", DataType::Int8, &[k as i64, n as i64], &w)],
+        ..Default::default()
+    };
+    let mmi_in = vec![
+        Value::Tensor(Tensor::from_vec(&[m, k], a)),
+        Value::Tensor(Tensor::from_vec(&[], vec![7u8])),
+    ];
+    let (ci, co, h, wd) = (64usize, 48usize, 10usize, 11usize);
+    let cw: Vec<i64> = (0..co * ci * 9)
+        .map(|i| match i % 29 {
+            0 => -128,
+            1 => 127,
+            _ => next() % 256 - 128,
+        })
+        .collect();
+    let x: Vec<u8> = (0..ci * h * wd)
+        .map(|i| match i % 23 {
+            0 => 0,
+            1 => 255,
+            _ => (next() % 256) as u8,
+        })
+        .collect();
+    let mut conv = node("ConvInteger", &["x", "w", "xz"], &["y"]);
+    conv.attribute = vec![ints_attr("pads", &[1, 1, 1, 1])];
+    let dims = |v: &[usize]| v.iter().map(|&d| d as i64).collect::<Vec<_>>();
+    let cii = GraphProto {
+        name: Some("ci_amx".into()),
+        node: vec![conv],
+        input: vec![
+            value_info("x", DataType::Uint8, &dims(&[1, ci, h, wd])),
+            value_info("xz", DataType::Uint8, &[]),
+        ],
+        output: vec![value_info("y", DataType::Int32, &dims(&[1, co, h, wd]))],
+        initializer: vec![int_tensor("w", DataType::Int8, &dims(&[co, ci, 3, 3]), &cw)],
+        ..Default::default()
+    };
+    let cii_in = vec![
+        Value::Tensor(Tensor::from_vec(&[1, ci, h, wd], x)),
+        Value::Tensor(Tensor::from_vec(&[], vec![131u8])),
+    ];
+    let host = onnxc::targets::Target::load("host").unwrap();
+    let amx = host.has("amx-int8");
+    if !amx {
+        eprintln!(
+            "int8_products_run_on_amx_tiles: no AMX here, so the tile code is compiled, not run"
+        );
+    }
+    for (g, inputs, sym) in [
+        (&mmi, &mmi_in, format!("_{m}x{n}x{}_amx", k / 4)),
+        (
+            &cii,
+            &cii_in,
+            format!("_{co}x{}x{}_amx", h * wd, ci * 9 / 4),
+        ),
+    ] {
+        let name = g.name.clone().unwrap();
+        let has = |c: &onnxc::driver::Compiled, s: &str| {
+            let obj = &c.artifacts.object;
+            obj.windows(s.len()).any(|w| w == s.as_bytes())
+        };
+        if amx {
+            let (c, got, want) =
+                compiled_and_reference(scratch.path(), &model(g.clone()), "x86_64-amx", inputs);
+            assert!(has(&c, &sym), "{name}: no {sym} tile function");
+            let (g, w) = (got[0].as_tensor().unwrap(), want[0].as_tensor().unwrap());
+            assert_eq!(g.array::<i32>(), w.array::<i32>(), "{name} on the tiles");
+        }
+        let m = onnx::load(&common::write_model(
+            scratch.path(),
+            &format!("{name}.onnx"),
+            &model(g.clone()),
+        ))
+        .unwrap();
+        for (target, tiles) in [("x86_64-amx", true), ("x86_64-avx512", false)] {
+            let opts = Options {
+                target: target.into(),
+                ..Options::default()
+            };
+            let c = onnxc::driver::compile_graph(m.graph.clone(), "model", &opts).unwrap();
+            assert_eq!(has(&c, "_amx"), tiles, "{name} for {target}");
+        }
+    }
+}

@@ -97,6 +97,8 @@ pub struct GemmCtx {
     vec4: bool,
     /// AVX-512 VNNI: 8-bit products as `vpdpbusd` tiles.
     vnni: bool,
+    /// AMX-INT8: 8-bit products on the tile unit where the shape fits.
+    amx: bool,
     l1_kib: u32,
     l2_kib: u32,
     prefix: String,
@@ -121,6 +123,7 @@ impl GemmCtx {
         };
         GemmCtx {
             vnni: isa == Some(Isa::Avx512) && features.iter().any(|f| f == "avx512vnni"),
+            amx: isa == Some(Isa::Avx512) && features.iter().any(|f| f == "amx-int8"),
             isa,
             vec4: triple.starts_with("aarch64"),
             l1_kib,
@@ -348,6 +351,7 @@ impl GemmCtx {
             kc,
             nc,
             int8: None,
+            amx: false,
         };
         let Some(func) = self.func(module, &spec)? else {
             return Ok(None);
@@ -402,7 +406,7 @@ impl GemmCtx {
             None => return Ok(None),
         };
         let (kc, nc) = x86::blocking(isa, m, steps, n, self.l1_kib, self.l2_kib);
-        let spec = Spec {
+        let mut spec = Spec {
             isa,
             m,
             n,
@@ -422,7 +426,9 @@ impl GemmCtx {
             kc,
             nc,
             int8: Some(int8),
+            amx: false,
         };
+        spec.amx = self.amx && crate::backend::x86::amx::fits(&spec);
         let Some(func) = self.func(module, &spec)? else {
             return Ok(None);
         };
@@ -450,13 +456,15 @@ impl GemmCtx {
             sig.params.push(AbiParam::new(types::I64));
         }
         // The shape in the name, for profiles.
+        // (AMX functions marked, for profiles and tests.)
         let name = format!(
-            "{}__gemm{}_{}x{}x{}",
+            "{}__gemm{}_{}x{}x{}{}",
             self.prefix,
             self.funcs.len(),
             spec.m,
             spec.n,
-            spec.k
+            spec.k,
+            if spec.amx { "_amx" } else { "" }
         );
         let id = module
             .declare_function(&name, Linkage::Local, &sig)

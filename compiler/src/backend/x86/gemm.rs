@@ -96,6 +96,8 @@ pub struct Spec {
     /// [`pack_b_int8`], or quads read in place), and `vpdpbusd` sums their products into
     /// i32 accumulators. The init view is i32; no alpha, add or activation.
     pub int8: Option<Int8>,
+    /// The 8-bit product on the AMX tiles ([`super::amx`]) instead of `vpdpbusd`.
+    pub amx: bool,
 }
 
 /// Which operand of an 8-bit product is signed (`vpdpbusd` multiplies unsigned bytes
@@ -366,6 +368,9 @@ fn frame(s: &Spec) -> i32 {
 
 /// Assembles the function for `s`.
 pub fn generate(s: &Spec) -> R<Vec<u8>> {
+    if s.amx {
+        return super::amx::generate(s);
+    }
     if s.m == 0
         || s.n == 0
         || s.k == 0

@@ -2,5 +2,6 @@
 //! so the GEMM microkernels for AVX2 (ymm) and AVX-512 (zmm) are assembled here with
 //! `iced-x86` and placed in the object as ordinary functions.
 
+pub mod amx;
 pub mod gemm;
 pub mod wide;
