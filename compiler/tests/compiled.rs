@@ -2299,7 +2299,8 @@ fn quantized_products_requantize_as_the_reference() {
 /// tile; 50 columns: a block and a partial one of 18, a full tile and a 2-column one;
 /// k = 128, two tile steps) with a zero point for A; ConvInteger of 64 channels 3x3
 /// (weights as a signed A, the input's columns read in place; 48 x 110 x 576) with a
-/// run-time zero point. Compiled on every machine (the tile functions must be there);
+/// run-time zero point; convs whose k is not whole tile steps (weights padded, B's last
+/// quads through a stack tile). Compiled on every machine (the tile functions must be there);
 /// run where the CPU and OS give AMX, and the plain AVX-512 target must not use them.
 #[test]
 fn int8_products_run_on_amx_tiles() {
@@ -2372,6 +2373,46 @@ fn int8_products_run_on_amx_tiles() {
         Value::Tensor(Tensor::from_vec(&[1, ci, h, wd], x)),
         Value::Tensor(Tensor::from_vec(&[], vec![131u8])),
     ];
+    // k not whole tile steps: 24 channels 3x3 (54 quads: three steps and 6 quads of B
+    // through the stack tile), 84 channels 1x1 (21 quads: one step and 5), with
+    // partial row and column blocks.
+    let mut tail_conv = |name: &str, ci: usize, co: usize, kk: usize, h: usize, wd: usize| {
+        let cw: Vec<i64> = (0..co * ci * kk * kk)
+            .map(|i| match i % 13 {
+                0 => -128,
+                1 => 127,
+                _ => next() % 256 - 128,
+            })
+            .collect();
+        let x: Vec<u8> = (0..ci * h * wd).map(|_| (next() % 256) as u8).collect();
+        let mut conv = node("ConvInteger", &["x", "w", "xz"], &["y"]);
+        let p = (kk / 2) as i64;
+        conv.attribute = vec![ints_attr("pads", &[p, p, p, p])];
+        let g = GraphProto {
+            name: Some(name.into()),
+            node: vec![conv],
+            input: vec![
+                value_info("x", DataType::Uint8, &dims(&[1, ci, h, wd])),
+                value_info("xz", DataType::Uint8, &[]),
+            ],
+            output: vec![value_info("y", DataType::Int32, &dims(&[1, co, h, wd]))],
+            initializer: vec![int_tensor(
+                "w",
+                DataType::Int8,
+                &dims(&[co, ci, kk, kk]),
+                &cw,
+            )],
+            ..Default::default()
+        };
+        let inputs = vec![
+            Value::Tensor(Tensor::from_vec(&[1, ci, h, wd], x)),
+            Value::Tensor(Tensor::from_vec(&[], vec![250u8])),
+        ];
+        let sym = format!("_{co}x{}x{}_amx", h * wd, ci.div_ceil(4) * kk * kk);
+        (g, inputs, sym)
+    };
+    let (t3, t3_in, t3_sym) = tail_conv("ci_amx_tail3x3", 24, 40, 3, 9, 13);
+    let (t1, t1_in, t1_sym) = tail_conv("ci_amx_tail1x1", 84, 17, 1, 7, 5);
     let host = onnxc::targets::Target::load("host").unwrap();
     let amx = host.has("amx-int8");
     if !amx {
@@ -2386,6 +2427,8 @@ fn int8_products_run_on_amx_tiles() {
             &cii_in,
             format!("_{co}x{}x{}_amx", h * wd, ci * 9 / 4),
         ),
+        (&t3, &t3_in, t3_sym),
+        (&t1, &t1_in, t1_sym),
     ] {
         let name = g.name.clone().unwrap();
         let has = |c: &onnxc::driver::Compiled, s: &str| {

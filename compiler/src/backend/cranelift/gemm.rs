@@ -352,6 +352,7 @@ impl GemmCtx {
             nc,
             int8: None,
             amx: false,
+            a_padded: false,
         };
         let Some(func) = self.func(module, &spec)? else {
             return Ok(None);
@@ -406,13 +407,27 @@ impl GemmCtx {
             None => return Ok(None),
         };
         let (kc, nc) = x86::blocking(isa, m, steps, n, self.l1_kib, self.l2_kib);
+        // On the tiles, a k that is not whole tile steps needs A's rows padded with zero
+        // quads: a constant A (a conv's weights) is copied so at compile time.
+        let tail = self.amx && !steps.is_multiple_of(16) && !b_padded;
+        let (a_row, a_op) = match konst(p, &g.a) {
+            Some((data, off)) if tail => {
+                let row = steps.next_multiple_of(16) * 4;
+                let key = (g.a.buf, off, g.a.rs, g.a.cs, m, row, 1f32.to_bits(), false);
+                let id = self.pack(module, key, || {
+                    x86::pack_a_int8(data, off, g.a.rs, m, k, row)
+                })?;
+                (row as i64, Operand::Packed(id))
+            }
+            _ => (g.a.rs, Operand::Direct),
+        };
         let mut spec = Spec {
             isa,
             m,
             n,
             k: steps,
-            a_tile: isa.mr() as i64 * g.a.rs,
-            a_row: g.a.rs,
+            a_tile: isa.mr() as i64 * a_row,
+            a_row,
             a_k: 4,
             b_panel,
             b_k,
@@ -427,6 +442,7 @@ impl GemmCtx {
             nc,
             int8: Some(int8),
             amx: false,
+            a_padded: matches!(&a_op, Operand::Packed(_)),
         };
         spec.amx = self.amx && crate::backend::x86::amx::fits(&spec);
         let Some(func) = self.func(module, &spec)? else {
@@ -435,7 +451,7 @@ impl GemmCtx {
         let split = self.split(module, &spec, false)?;
         Ok(Some(Plan::Asm {
             func,
-            a: Operand::Direct,
+            a: a_op,
             b: b_op,
             split,
         }))

@@ -98,6 +98,9 @@ pub struct Spec {
     pub int8: Option<Int8>,
     /// The 8-bit product on the AMX tiles ([`super::amx`]) instead of `vpdpbusd`.
     pub amx: bool,
+    /// A (8-bit, unpacked rows) is padded with zero quads up to k rounded up to 16
+    /// quads, so the tiles may read whole 64-byte rows at k's end.
+    pub a_padded: bool,
 }
 
 /// Which operand of an 8-bit product is signed (`vpdpbusd` multiplies unsigned bytes
@@ -232,6 +235,18 @@ pub fn pack_b_int8(data: &[u8], off: i64, rs: i64, col_s: i64, k: usize, n: usiz
                     }
                 }
             }
+        }
+    }
+    out
+}
+
+/// Copies an 8-bit A (`m x k` bytes, row `i` at `off + i * rs` of `data`) into rows of
+/// `row` bytes, the bytes past k zero (the AMX tiles read whole 64-byte rows).
+pub fn pack_a_int8(data: &[u8], off: i64, rs: i64, m: usize, k: usize, row: usize) -> Vec<u8> {
+    let mut out = vec![0u8; m * row];
+    for i in 0..m {
+        for p in 0..k {
+            out[i * row + p] = element(data, off, (i, rs), (p, 1)).unwrap_or(0);
         }
     }
     out
