@@ -479,13 +479,16 @@ pub fn conv_int8(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
             .collect();
         for_(q, il, body)
     };
-    if c >= 4 {
-        img.push(for_(c4, c / 4, vec![quad(v(c4), 4)]));
-    }
-    if c % 4 != 0 {
-        img.push(quad(int(c / 4), c % 4));
-    }
-    if !direct {
+    // Per quad of channels, its chain: the quads of x, then every tap's rows of cols
+    // from them (padding filled with the zero point). One loop over the quads holds all
+    // of it, so that two threads split one loop (thirty copy loops each handed to the
+    // pool cost more than they saved: an 8-bit 64-channel 3x3 conv 0.43 ms on one thread
+    // took 1.05 on two), and a quad's row of x is still in cache for its taps.
+    let chain = |c4e: Expr, present: usize| -> Vec<Stmt> {
+        let mut out = vec![quad(c4e.clone(), present)];
+        if direct {
+            return out;
+        }
         for r in 0..p2.kh {
             let (ylo, yhi) = Plane::valid(p2.oh, p2.sh, p2.ph, r, p2.dh, p2.h);
             for s in 0..p2.kw {
@@ -493,31 +496,31 @@ pub fn conv_int8(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
                 // This tap's rows of cols: [cq][ol][4] bytes from `tap0`.
                 let tap0 = (r * p2.kw + s) * cq * ol * 4;
                 // The zero point into bytes `lo..lo + n` of `rows` output rows (from `lo`)
-                // of every quad row's plane.
+                // of the quad's plane.
                 let fill = |rows: usize, lo: usize, n: usize| {
                     let at = lin(vec![
-                        (v(c4), ol * 4),
+                        (c4e.clone(), ol * 4),
                         (v(oy), p2.ow * 4),
                         (v(e), 1),
                         (int(tap0 + lo), 1),
                     ]);
                     let bytes = for_(e, n, vec![store(cols, at, zero_byte.clone())]);
-                    for_(c4, cq, vec![for_(oy, rows, vec![bytes])])
+                    for_(oy, rows, vec![bytes])
                 };
                 if ylo >= yhi || xlo >= xhi {
-                    img.push(fill(1, 0, ol * 4));
+                    out.push(fill(1, 0, ol * 4));
                     continue;
                 }
                 // Padding: whole output rows above and below, then the ends of the others.
                 if ylo > 0 {
-                    img.push(fill(1, 0, ylo * p2.ow * 4));
+                    out.push(fill(1, 0, ylo * p2.ow * 4));
                 }
                 if yhi < p2.oh {
-                    img.push(fill(1, yhi * p2.ow * 4, (p2.oh - yhi) * p2.ow * 4));
+                    out.push(fill(1, yhi * p2.ow * 4, (p2.oh - yhi) * p2.ow * 4));
                 }
                 for (x0, x1) in [(0, xlo), (xhi, p2.ow)] {
                     if x1 > x0 {
-                        img.push(fill(yhi - ylo, (ylo * p2.ow + x0) * 4, (x1 - x0) * 4));
+                        out.push(fill(yhi - ylo, (ylo * p2.ow + x0) * 4, (x1 - x0) * 4));
                     }
                 }
                 let iy0 = (ylo * p2.sh) as i64 - p2.ph + (r * p2.dh) as i64;
@@ -535,17 +538,28 @@ pub fn conv_int8(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
                         vec![(v(ox), 4), (v(t), 1)],
                     )
                 };
-                let mut src = vec![(v(c4), il * 4), (v(oy), p2.sh * p2.w * 4), (int(src0), 1)];
+                let mut src = vec![
+                    (c4e.clone(), il * 4),
+                    (v(oy), p2.sh * p2.w * 4),
+                    (int(src0), 1),
+                ];
                 src.extend(src_e);
-                let mut dst = vec![(v(c4), ol * 4), (v(oy), p2.ow * 4), (int(dst0), 1)];
+                let mut dst = vec![(c4e.clone(), ol * 4), (v(oy), p2.ow * 4), (int(dst0), 1)];
                 dst.extend(dst_e);
                 let mut copy = vec![store(cols, lin(dst), byte(Expr::load(xq, lin(src))))];
                 for (var, extent) in inner.into_iter().rev() {
                     copy = vec![for_(var, extent, copy)];
                 }
-                img.push(for_(oy, yhi - ylo, vec![for_(c4, cq, copy)]));
+                out.push(for_(oy, yhi - ylo, copy));
             }
         }
+        out
+    };
+    if c >= 4 {
+        img.push(for_(c4, c / 4, chain(v(c4), 4)));
+    }
+    if c % 4 != 0 {
+        img.extend(chain(int(c / 4), c % 4));
     }
     img.push(Stmt::Gemm(Box::new(GemmCall {
         m: m as u64,
