@@ -2115,7 +2115,7 @@ fn quantize_linear_fuses_into_elementwise_kernels() {
 /// host runs the conv of the quantized values on the 8-bit GEMM (its microkernel in the
 /// object) and scales the exact sums back; either way the outputs stay within 1e-5 of the
 /// reference's f32 conv (they differ by its rounding only). A 3x3 conv padded and a 1x1
-/// one strided, 16 and 20 input channels.
+/// one strided, 16 and 20 input channels, and a 3-channel 7x7 stride-2 stem.
 #[test]
 fn qdq_convs_run_on_dot_product_kernels() {
     use common::{f32_tensor, ints_attr, model, node, value_info};
@@ -2152,6 +2152,21 @@ fn qdq_convs_run_on_dot_product_kernels() {
             vec![ints_attr("strides", &[2, 2])],
             5,
             "12x25x5",
+        ),
+        (
+            // An image model's stem: 3 channels (one quad, a zero-point byte), 7x7 stride
+            // 2, its taps copied from phase planes.
+            "qdq_stem_7x7_s2",
+            3,
+            16,
+            20,
+            7,
+            vec![
+                ints_attr("pads", &[3, 3, 3, 3]),
+                ints_attr("strides", &[2, 2]),
+            ],
+            10,
+            "16x100x49",
         ),
     ];
     for (name, c, co, h, kk, attrs, oh, shape) in cases {

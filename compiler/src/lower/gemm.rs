@@ -425,7 +425,14 @@ pub fn conv_int8(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
     };
     let arena = || BufKind::Arena { offset: 0 };
     let wb = buf(lw, "w_i8", BufKind::Const { data: adata }, Ty::I8, m * kp);
-    let xq = buf(lw, "x_quads", arena(), Ty::U8, cq * il * 4);
+    // Strided convs take x's quads in phases: plane (py, px) holds the pixels of rows
+    // py, py + sh, ... and columns px, px + sw, ..., `[sh][sw][cq][hp][wp][4]`, so every
+    // tap reads one phase at stride 1 and copies contiguous runs (per pixel at stride 2,
+    // the copies were scalar: the 3-channel 7x7 stride-2 stem took 1.45 ms).
+    let phased = p2.sh > 1 || p2.sw > 1;
+    let (hp, wp) = (p2.h.div_ceil(p2.sh), p2.w.div_ceil(p2.sw));
+    let xq_len = if phased { p2.sh * p2.sw * hp * wp } else { il };
+    let xq = buf(lw, "x_quads", arena(), Ty::U8, cq * xq_len * 4);
     let direct = taps == 1 && p2.sh == 1 && p2.sw == 1 && p2.ph == 0 && p2.pw == 0 && ol == il;
     let cols = if direct {
         xq
@@ -451,6 +458,7 @@ pub fn conv_int8(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
         k.var(Ty::I64),
     );
     let (oy, ox) = (k.var(Ty::I64), k.var(Ty::I64));
+    let (qy, qx) = (k.var(Ty::I64), k.var(Ty::I64));
     let v = Expr::Var;
     let mut img = Vec::new();
     // x[nv] into quads: channel ci's byte of pixel q at `((ci / 4) il + q) 4 + ci % 4`,
@@ -479,13 +487,54 @@ pub fn conv_int8(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
             .collect();
         for_(q, il, body)
     };
+    // The same into phase planes: each phase's pixels, four channels per iteration.
+    let quad_phased = |c4v: Expr, present: usize| -> Vec<Stmt> {
+        let mut out = Vec::new();
+        for py in 0..p2.sh.min(p2.h) {
+            for px in 0..p2.sw.min(p2.w) {
+                let (rows, cols_n) = ((p2.h - py).div_ceil(p2.sh), (p2.w - px).div_ceil(p2.sw));
+                let plane = (py * p2.sw + px) * cq * hp * wp * 4;
+                let body = (0..4)
+                    .map(|t| {
+                        let dst = lin(vec![
+                            (c4v.clone(), 4 * hp * wp),
+                            (v(qy), 4 * wp),
+                            (v(qx), 4),
+                            (int(plane + t), 1),
+                        ]);
+                        let val = if t < present {
+                            Expr::load(
+                                x.buf,
+                                lin(vec![
+                                    (v(nv), c * il),
+                                    (c4v.clone(), 4 * il),
+                                    (v(qy), p2.sh * p2.w),
+                                    (v(qx), p2.sw),
+                                    (int(t * il + py * p2.w + px), 1),
+                                ]),
+                            )
+                        } else {
+                            zero_byte.clone()
+                        };
+                        store(xq, dst, val)
+                    })
+                    .collect();
+                out.push(for_(qy, rows, vec![for_(qx, cols_n, body)]));
+            }
+        }
+        out
+    };
     // Per quad of channels, its chain: the quads of x, then every tap's rows of cols
     // from them (padding filled with the zero point). One loop over the quads holds all
     // of it, so that two threads split one loop (thirty copy loops each handed to the
     // pool cost more than they saved: an 8-bit 64-channel 3x3 conv 0.43 ms on one thread
     // took 1.05 on two), and a quad's row of x is still in cache for its taps.
     let chain = |c4e: Expr, present: usize| -> Vec<Stmt> {
-        let mut out = vec![quad(c4e.clone(), present)];
+        let mut out = if phased {
+            quad_phased(c4e.clone(), present)
+        } else {
+            vec![quad(c4e.clone(), present)]
+        };
         if direct {
             return out;
         }
@@ -528,8 +577,9 @@ pub fn conv_int8(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
                 let src0 = (iy0 as usize * p2.w + ix0 as usize) * 4;
                 let dst0 = tap0 + (ylo * p2.ow + xlo) * 4;
                 let n = xhi - xlo;
-                // A run of n pixels' quads: contiguous bytes at stride 1, else per pixel.
-                let (inner, src_e, dst_e) = if p2.sw == 1 {
+                // A run of n pixels' quads: contiguous bytes (at stride 1, or from the
+                // tap's phase plane), else per pixel.
+                let (inner, src_e, dst_e) = if p2.sw == 1 || phased {
                     (vec![(e, n * 4)], vec![(v(e), 1)], vec![(v(e), 1)])
                 } else {
                     (
@@ -538,11 +588,30 @@ pub fn conv_int8(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
                         vec![(v(ox), 4), (v(t), 1)],
                     )
                 };
-                let mut src = vec![
-                    (c4e.clone(), il * 4),
-                    (v(oy), p2.sh * p2.w * 4),
-                    (int(src0), 1),
-                ];
+                let mut src = if phased {
+                    // Input row iy = (ylo + oy) sh + d = (ylo + oy + dy) sh + py.
+                    let d = |r: usize, dil: usize, pad: i64, st: usize| {
+                        let d = (r * dil) as i64 - pad;
+                        let ph = d.rem_euclid(st as i64);
+                        (ph as usize, (d - ph) / st as i64)
+                    };
+                    let (py, dy) = d(r, p2.dh, p2.ph, p2.sh);
+                    let (px, dx) = d(s, p2.dw, p2.pw, p2.sw);
+                    let row0 = (ylo as i64 + dy) as usize;
+                    let col0 = (xlo as i64 + dx) as usize;
+                    let at = (py * p2.sw + px) * cq * hp * wp + row0 * wp + col0;
+                    vec![
+                        (c4e.clone(), hp * wp * 4),
+                        (v(oy), wp * 4),
+                        (int(at * 4), 1),
+                    ]
+                } else {
+                    vec![
+                        (c4e.clone(), il * 4),
+                        (v(oy), p2.sh * p2.w * 4),
+                        (int(src0), 1),
+                    ]
+                };
                 src.extend(src_e);
                 let mut dst = vec![(c4e.clone(), ol * 4), (v(oy), p2.ow * 4), (int(dst0), 1)];
                 dst.extend(dst_e);
