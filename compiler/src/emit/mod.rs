@@ -187,6 +187,14 @@ pub fn header(
     let _ = writeln!(h, " *");
     let _ = writeln!(h, " * Call {prefix}_cpu_supported() once before the first run: it returns 1 when this CPU has");
     let _ = writeln!(h, " * every feature the code was compiled for (on aarch64 the target's features are assumed).");
+    if features.iter().any(|f| f == "amx-int8") {
+        let _ = writeln!(h, " * 8-bit products run on the AMX tiles: Linux (5.16+) lets a process use the tiles once it");
+        let _ = writeln!(h, " * asks (arch_prctl), which {prefix}_cpu_supported() and each tile kernel do; a process the");
+        let _ = writeln!(
+            h,
+            " * kernel refuses stops at the first tile instruction (SIGILL)."
+        );
+    }
     let _ = writeln!(h, " * {prefix}_run() is reentrant: it allocates nothing, writes no globals and takes no locks;");
     let _ = writeln!(h, " * the caller provides {up}_ARENA_BYTES of scratch aligned to {up}_ARENA_ALIGN bytes, and two");
     let _ = writeln!(h, " * threads with two arenas may run at once. It returns 0 (ONNXC_OK) or a status code for a");

@@ -462,13 +462,16 @@ fn define_cpu_supported(
 }
 
 /// x86_64 machine code for `int cpu_supported(void)`: cpuid leaves 1 and 7 plus xgetbv
-/// (OS support for the ymm/zmm state), against the bits the features need.
+/// (OS support for the ymm/zmm state), against the bits the features need; with AMX, also
+/// the tile bits and Linux's permission for the tile state (`arch_prctl`), which it asks
+/// for (the tile kernels ask again on each call).
 fn x86_cpu_check(features: &[String]) -> Vec<u8> {
     let has = |f: &str| features.iter().any(|x| x == f);
     // Required bits: leaf 1 ecx, leaf 7 ebx, leaf 7 ecx, xcr0 mask.
     let mut l1_ecx: u32 = 0;
     let mut l7_ebx: u32 = 0;
     let mut l7_ecx: u32 = 0;
+    let mut l7_edx: u32 = 0;
     let mut xcr0: u32 = 0;
     if has("sse4.1") {
         l1_ecx |= 1 << 19;
@@ -502,6 +505,11 @@ fn x86_cpu_check(features: &[String]) -> Vec<u8> {
     if has("avx512vnni") {
         l7_ecx |= 1 << 11;
     }
+    let amx = has("amx-int8");
+    if amx {
+        l7_edx |= (1 << 24) | (1 << 25); // amx-tile, amx-int8
+        xcr0 |= (1 << 17) | (1 << 18); // xtilecfg, xtiledata
+    }
     let mut c: Vec<u8> = Vec::new();
     let imm = |c: &mut Vec<u8>, v: u32| c.extend_from_slice(&v.to_le_bytes());
     c.push(0x53); // push rbx
@@ -534,6 +542,12 @@ fn x86_cpu_check(features: &[String]) -> Vec<u8> {
     imm(&mut c, l7_ecx); // cmp ecx, imm32
     c.extend_from_slice(&[0x0F, 0x85, 0, 0, 0, 0]);
     fails.push(c.len());
+    c.extend_from_slice(&[0x81, 0xE2]);
+    imm(&mut c, l7_edx); // and edx, imm32
+    c.extend_from_slice(&[0x81, 0xFA]);
+    imm(&mut c, l7_edx); // cmp edx, imm32
+    c.extend_from_slice(&[0x0F, 0x85, 0, 0, 0, 0]);
+    fails.push(c.len());
     if xcr0 != 0 {
         // ecx = 0; xgetbv; and eax, mask; cmp eax, mask; jne fail
         c.extend_from_slice(&[0x31, 0xC9]);
@@ -542,6 +556,19 @@ fn x86_cpu_check(features: &[String]) -> Vec<u8> {
         imm(&mut c, xcr0); // and eax, imm32
         c.push(0x3D);
         imm(&mut c, xcr0); // cmp eax, imm32
+        c.extend_from_slice(&[0x0F, 0x85, 0, 0, 0, 0]);
+        fails.push(c.len());
+    }
+    if amx {
+        // arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0, else fail.
+        c.push(0xB8);
+        imm(&mut c, 158); // mov eax, SYS_arch_prctl
+        c.push(0xBF);
+        imm(&mut c, 0x1023); // mov edi, ARCH_REQ_XCOMP_PERM
+        c.push(0xBE);
+        imm(&mut c, 18); // mov esi, XFEATURE_XTILEDATA
+        c.extend_from_slice(&[0x0F, 0x05]); // syscall
+        c.extend_from_slice(&[0x85, 0xC0]); // test eax, eax
         c.extend_from_slice(&[0x0F, 0x85, 0, 0, 0, 0]);
         fails.push(c.len());
     }
