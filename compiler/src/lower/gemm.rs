@@ -461,68 +461,61 @@ pub fn conv_int8(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
     let (qy, qx) = (k.var(Ty::I64), k.var(Ty::I64));
     let v = Expr::Var;
     let mut img = Vec::new();
-    // x[nv] into quads: channel ci's byte of pixel q at `((ci / 4) il + q) 4 + ci % 4`,
-    // the four channels of a quad stored by one iteration (a loop over them, or over
-    // pixels with a stride of 4, runs as scalar code four times as long); the last
+    // x[nv] into quads, plane by plane (one plane without a stride): channel ci's byte of
+    // plane pixel (qy, qx) at `(((ci / 4) hp + qy) wp + qx) 4 + ci % 4` from the plane's
+    // start, the four channels of a quad stored by one iteration (a loop over them, or
+    // over pixels with a stride of 4, runs as scalar code four times as long); the last
     // quad's missing channels (zero weights) hold the zero point.
-    let quad = |c4v: Expr, present: usize| {
-        let body = (0..4)
-            .map(|t| {
-                let dst = lin(vec![(c4v.clone(), 4 * il), (v(q), 4), (int(t), 1)]);
-                let val = if t < present {
-                    Expr::load(
-                        x.buf,
-                        lin(vec![
-                            (v(nv), c * il),
-                            (c4v.clone(), 4 * il),
-                            (int(t * il), 1),
-                            (v(q), 1),
-                        ]),
-                    )
-                } else {
-                    zero_byte.clone()
-                };
-                store(xq, dst, val)
-            })
-            .collect();
-        for_(q, il, body)
-    };
-    // The same into phase planes: each phase's pixels, four channels per iteration.
-    let quad_phased = |c4v: Expr, present: usize| -> Vec<Stmt> {
-        let mut out = Vec::new();
-        for py in 0..p2.sh.min(p2.h) {
-            for px in 0..p2.sw.min(p2.w) {
-                let (rows, cols_n) = ((p2.h - py).div_ceil(p2.sh), (p2.w - px).div_ceil(p2.sw));
-                let plane = (py * p2.sw + px) * cq * hp * wp * 4;
+    let quads = |c4v: Expr, present: usize| -> Vec<Stmt> {
+        // Per plane: its start in the quads, its start in x, and its loops (variable,
+        // extent, byte stride in the quads, in x); without a stride one flat loop over the
+        // pixels (as two loops over rows and columns it took 10% longer).
+        type Loops = Vec<(VarId, usize, usize, usize)>;
+        let planes: Vec<(usize, usize, Loops)> = if phased {
+            let mut v = Vec::new();
+            for py in 0..p2.sh.min(p2.h) {
+                for px in 0..p2.sw.min(p2.w) {
+                    let rows = (p2.h - py).div_ceil(p2.sh);
+                    let cols_n = (p2.w - px).div_ceil(p2.sw);
+                    v.push((
+                        (py * p2.sw + px) * cq * hp * wp * 4,
+                        py * p2.w + px,
+                        vec![(qy, rows, 4 * wp, p2.sh * p2.w), (qx, cols_n, 4, p2.sw)],
+                    ));
+                }
+            }
+            v
+        } else {
+            vec![(0, 0, vec![(q, il, 4, 1)])]
+        };
+        planes
+            .into_iter()
+            .map(|(plane, src0, loops)| {
                 let body = (0..4)
                     .map(|t| {
-                        let dst = lin(vec![
-                            (c4v.clone(), 4 * hp * wp),
-                            (v(qy), 4 * wp),
-                            (v(qx), 4),
-                            (int(plane + t), 1),
-                        ]);
+                        let mut dst = vec![(c4v.clone(), 4 * hp * wp), (int(plane + t), 1)];
+                        dst.extend(loops.iter().map(|l| (v(l.0), l.2)));
                         let val = if t < present {
-                            Expr::load(
-                                x.buf,
-                                lin(vec![
-                                    (v(nv), c * il),
-                                    (c4v.clone(), 4 * il),
-                                    (v(qy), p2.sh * p2.w),
-                                    (v(qx), p2.sw),
-                                    (int(t * il + py * p2.w + px), 1),
-                                ]),
-                            )
+                            let mut src = vec![
+                                (v(nv), c * il),
+                                (c4v.clone(), 4 * il),
+                                (int(t * il + src0), 1),
+                            ];
+                            src.extend(loops.iter().map(|l| (v(l.0), l.3)));
+                            Expr::load(x.buf, lin(src))
                         } else {
                             zero_byte.clone()
                         };
-                        store(xq, dst, val)
+                        store(xq, lin(dst), val)
                     })
                     .collect();
-                out.push(for_(qy, rows, vec![for_(qx, cols_n, body)]));
-            }
-        }
-        out
+                loops
+                    .iter()
+                    .rev()
+                    .fold(body, |inner, l| vec![for_(l.0, l.1, inner)])
+                    .remove(0)
+            })
+            .collect()
     };
     // Per quad of channels, its chain: the quads of x, then every tap's rows of cols
     // from them (padding filled with the zero point). One loop over the quads holds all
@@ -530,11 +523,7 @@ pub fn conv_int8(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
     // pool cost more than they saved: an 8-bit 64-channel 3x3 conv 0.43 ms on one thread
     // took 1.05 on two), and a quad's row of x is still in cache for its taps.
     let chain = |c4e: Expr, present: usize| -> Vec<Stmt> {
-        let mut out = if phased {
-            quad_phased(c4e.clone(), present)
-        } else {
-            vec![quad(c4e.clone(), present)]
-        };
+        let mut out = quads(c4e.clone(), present);
         if direct {
             return out;
         }

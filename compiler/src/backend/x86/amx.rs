@@ -289,16 +289,7 @@ impl Gen<'_> {
 
     /// `r += x` (through rsi when x needs 64 bits).
     fn add(&mut self, r: AsmRegister64, x: i64) -> R<()> {
-        if x == 0 {
-            return Ok(());
-        }
-        if let Ok(v) = i32::try_from(x) {
-            self.a.add(r, v).map_err(e)?;
-        } else {
-            self.a.mov(rsi, x).map_err(e)?;
-            self.a.add(r, rsi).map_err(e)?;
-        }
-        Ok(())
+        super::gemm::add_imm(&mut self.a, r, x, rsi)
     }
 
     /// Loads the tile configuration of `shape`.

@@ -314,6 +314,25 @@ fn e(x: IcedError) -> String {
     format!("x86 gemm assembly: {x}")
 }
 
+/// `r += x`, through `tmp` when x needs 64 bits.
+pub(super) fn add_imm(
+    a: &mut CodeAssembler,
+    r: AsmRegister64,
+    x: i64,
+    tmp: AsmRegister64,
+) -> R<()> {
+    if x == 0 {
+        return Ok(());
+    }
+    if let Ok(v) = i32::try_from(x) {
+        a.add(r, v).map_err(e)?;
+    } else {
+        a.mov(tmp, x).map_err(e)?;
+        a.add(r, tmp).map_err(e)?;
+    }
+    Ok(())
+}
+
 /// A displacement that must fit the instruction's 32 bits.
 fn d32(x: i64) -> R<i32> {
     i32::try_from(x).map_err(|_| format!("x86 gemm: displacement {x} does not fit 32 bits"))
@@ -538,16 +557,7 @@ impl Gen<'_> {
     }
 
     fn add_imm(&mut self, r: AsmRegister64, x: i64) -> R<()> {
-        if x == 0 {
-            return Ok(());
-        }
-        if let Ok(v) = i32::try_from(x) {
-            self.a.add(r, v).map_err(e)?;
-        } else {
-            self.a.mov(rax, x).map_err(e)?;
-            self.a.add(r, rax).map_err(e)?;
-        }
-        Ok(())
+        add_imm(&mut self.a, r, x, rax)
     }
 
     fn rows(&mut self, jc: usize, ncb: usize, kc: usize, first: bool, last: bool) -> R<()> {
