@@ -2312,7 +2312,7 @@ fn quantized_products_requantize_as_the_reference() {
 /// reference evaluator: MatMulInteger of u8 activations by constant i8 weights (B packed
 /// in panels; 45 rows: a whole 32-row block and a partial one of a full and a 13-row
 /// tile; 50 columns: a block and a partial one of 18, a full tile and a 2-column one;
-/// k = 128, two tile steps) with a zero point for A; ConvInteger of 64 channels 3x3
+/// k = 128, two tile steps) with a zero point for A and without; ConvInteger of 64 channels 3x3
 /// (weights as a signed A, the input's columns read in place; 48 x 110 x 576) with a
 /// run-time zero point; convs whose k is not whole tile steps (weights padded, B's last
 /// quads through a stack tile). Compiled on every machine (the tile functions must be there);
@@ -2351,6 +2351,12 @@ fn int8_products_run_on_amx_tiles() {
         initializer: vec![int_tensor("b", DataType::Int8, &[k as i64, n as i64], &w)],
         ..Default::default()
     };
+    // Without a zero point: no init view, the tiles' sums are C.
+    let mut mmi0 = mmi.clone();
+    mmi0.name = Some("mmi_amx_no_zero_point".into());
+    mmi0.node = vec![node("MatMulInteger", &["a", "b"], &["y"])];
+    mmi0.input.truncate(1);
+    let mmi0_in = vec![Value::Tensor(Tensor::from_vec(&[m, k], a.clone()))];
     let mmi_in = vec![
         Value::Tensor(Tensor::from_vec(&[m, k], a)),
         Value::Tensor(Tensor::from_vec(&[], vec![7u8])),
@@ -2437,6 +2443,7 @@ fn int8_products_run_on_amx_tiles() {
     }
     for (g, inputs, sym) in [
         (&mmi, &mmi_in, format!("_{m}x{n}x{}_amx", k / 4)),
+        (&mmi0, &mmi0_in, format!("_{m}x{n}x{}_amx", k / 4)),
         (
             &cii,
             &cii_in,
