@@ -545,6 +545,37 @@ fn compiled_and_reference(
     (c, got, want)
 }
 
+/// `m` compiled for `target` with every loop that may go to threads going (small as a
+/// test model is: `min_program_work` 0), run on two threads; and whether the object
+/// has a task function (loops too small for threads stay serial even so).
+fn on_two_threads(
+    scratch: &Path,
+    m: &onnxc::onnx::proto::ModelProto,
+    target: &str,
+    inputs: &[Value],
+) -> (bool, Vec<Value>) {
+    let name = m
+        .graph
+        .as_ref()
+        .and_then(|g| g.name.clone())
+        .unwrap_or_default();
+    let m = onnx::load(&common::write_model(scratch, &format!("{name}_2t.onnx"), m)).unwrap();
+    let opts = Options {
+        target: target.into(),
+        min_program_work: 0,
+        ..Options::default()
+    };
+    let c = onnxc::driver::compile_graph(m.graph, "model", &opts)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let task = b"_task";
+    let tasks = c.artifacts.object.windows(task.len()).any(|w| w == task);
+    let dir = scratch.join(format!("{name}_{target}_2t"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let got = runner::run_compiled_threads(&c, inputs, &dir, 2)
+        .unwrap_or_else(|e| panic!("{name} on {target}, two threads: {e}"));
+    (tasks, got)
+}
+
 /// A tensor's elements as f64 bits (every NaN one value, zeros by sign).
 fn bits(v: &Value) -> Vec<u64> {
     let t = v.as_tensor().unwrap().to_f64().unwrap();
@@ -2461,8 +2492,14 @@ fn int8_products_run_on_amx_tiles() {
             let (c, got, want) =
                 compiled_and_reference(scratch.path(), &model(g.clone()), "x86_64-amx", inputs);
             assert!(has(&c, &sym), "{name}: no {sym} tile function");
-            let (g, w) = (got[0].as_tensor().unwrap(), want[0].as_tensor().unwrap());
-            assert_eq!(g.array::<i32>(), w.array::<i32>(), "{name} on the tiles");
+            let (gt, wt) = (got[0].as_tensor().unwrap(), want[0].as_tensor().unwrap());
+            assert_eq!(gt.array::<i32>(), wt.array::<i32>(), "{name} on the tiles");
+            // Two threads: the conv's chains of copies split by channel quads (the
+            // products here are too small to split).
+            let (tasks, got2) =
+                on_two_threads(scratch.path(), &model(g.clone()), "x86_64-amx", inputs);
+            assert!(tasks || name != "ci_amx", "{name}: no task function");
+            assert_eq!(bits(&got2[0]), bits(&want[0]), "{name} on two threads");
         }
         let m = onnx::load(&common::write_model(
             scratch.path(),
