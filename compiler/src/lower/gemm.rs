@@ -431,8 +431,13 @@ pub fn conv_int8(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
     // the copies were scalar: the 3-channel 7x7 stride-2 stem took 1.45 ms).
     let phased = p2.sh > 1 || p2.sw > 1;
     let (hp, wp) = (p2.h.div_ceil(p2.sh), p2.w.div_ceil(p2.sw));
-    let xq_len = if phased { p2.sh * p2.sw * hp * wp } else { il };
-    let xq = buf(lw, "x_quads", arena(), Ty::U8, cq * xq_len * 4);
+    let xq = buf(
+        lw,
+        "x_quads",
+        arena(),
+        Ty::U8,
+        cq * p2.sh * p2.sw * hp * wp * 4,
+    );
     let direct = taps == 1 && p2.sh == 1 && p2.sw == 1 && p2.ph == 0 && p2.pw == 0 && ol == il;
     let cols = if direct {
         xq
@@ -545,17 +550,17 @@ pub fn conv_int8(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
                     ]);
                     for_(e, n, vec![store(cols, at, zero_byte.clone())])
                 };
-                let whole = (ylo >= yhi || xlo >= xhi).then_some(p2.ow * 4);
-                if let (Some(n), true) = (whole, by_rows) {
-                    row_body.push(fill_row(v(oy), 0, 0, n));
+                if ylo >= yhi || xlo >= xhi {
+                    let fill = fill_row(v(oy), 0, 0, p2.ow * 4);
+                    if by_rows {
+                        row_body.push(fill);
+                    } else {
+                        out.push(for_(oy, p2.oh, vec![fill]));
+                    }
                     continue;
                 }
-                if let Some(n) = whole {
-                    out.push(for_(oy, p2.oh, vec![fill_row(v(oy), 0, 0, n)]));
-                    continue;
-                }
-                // Input row iy = oy sh + d = (oy + dy) sh + py: phase plane (py, px)
-                // (the only plane without a stride) from its row oy + dy.
+                // Input row iy = oy sh + d = (oy + dy) sh + py: phase plane (py, px) from
+                // its row oy + dy (without a stride, the one plane and dy = d).
                 let d = |r: usize, dil: usize, pad: i64, st: usize| {
                     let d = (r * dil) as i64 - pad;
                     let ph = d.rem_euclid(st as i64);

@@ -5,6 +5,7 @@
 //! panels of the microkernel's width is read in place; other panel widths run as one call
 //! per panel.
 
+use crate::backend::x86::amx;
 use crate::backend::x86::gemm::{self as x86, Isa, Spec};
 use crate::kir::{BinOp, BufKind, CmpOp, Expr, GemmAct, GemmCall, Kernel, MatView, Program};
 use crate::kir::{Stmt, Ty, UnOp};
@@ -409,10 +410,10 @@ impl GemmCtx {
         let (kc, nc) = x86::blocking(isa, m, steps, n, self.l1_kib, self.l2_kib);
         // On the tiles, a k that is not whole tile steps needs A's rows padded with zero
         // quads: a constant A (a conv's weights) is copied so at compile time.
-        let tail = self.amx && !steps.is_multiple_of(16) && !b_padded;
+        let pad = self.amx && amx::pads_a(steps);
         let (a_row, a_op) = match konst(p, &g.a) {
-            Some((data, off)) if tail => {
-                let row = steps.next_multiple_of(16) * 4;
+            Some((data, off)) if pad => {
+                let row = steps.next_multiple_of(amx::TILE) * 4;
                 let key = (g.a.buf, off, g.a.rs, g.a.cs, m, row, 1f32.to_bits(), false);
                 let id = self.pack(module, key, || {
                     x86::pack_a_int8(data, off, g.a.rs, m, k, row)
@@ -444,7 +445,7 @@ impl GemmCtx {
             amx: false,
             a_padded: matches!(&a_op, Operand::Packed(_)),
         };
-        spec.amx = self.amx && crate::backend::x86::amx::fits(&spec);
+        spec.amx = self.amx && amx::fits(&spec);
         let Some(func) = self.func(module, &spec)? else {
             return Ok(None);
         };

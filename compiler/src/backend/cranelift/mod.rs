@@ -518,55 +518,41 @@ fn x86_cpu_check(features: &[String]) -> Vec<u8> {
     imm(&mut c, 1); // mov eax, 1
     c.extend_from_slice(&[0x31, 0xC9]); // xor ecx, ecx
     c.extend_from_slice(&[0x0F, 0xA2]); // cpuid
-    c.extend_from_slice(&[0x81, 0xE1]);
-    imm(&mut c, l1_ecx); // and ecx, imm32
-    c.extend_from_slice(&[0x81, 0xF9]);
-    imm(&mut c, l1_ecx); // cmp ecx, imm32
     let mut fails: Vec<usize> = Vec::new();
-    c.extend_from_slice(&[0x0F, 0x85, 0, 0, 0, 0]); // jne rel32 (patched)
-    fails.push(c.len());
-    // eax = 7; ecx = 0; cpuid; check ebx and ecx.
+    // `and reg, mask; cmp reg, mask; jne fail` (patched) for a 32-bit register by its
+    // ModRM register number (eax 0, ecx 1, edx 2, ebx 3).
+    let require = |c: &mut Vec<u8>, fails: &mut Vec<usize>, reg: u8, mask: u32| {
+        c.extend_from_slice(&[0x81, 0xE0 | reg]);
+        imm(c, mask);
+        c.extend_from_slice(&[0x81, 0xF8 | reg]);
+        imm(c, mask);
+        c.extend_from_slice(&[0x0F, 0x85, 0, 0, 0, 0]);
+        fails.push(c.len());
+    };
+    require(&mut c, &mut fails, 1, l1_ecx);
+    // eax = 7; ecx = 0; cpuid; check ebx, ecx and edx.
     c.push(0xB8);
     imm(&mut c, 7);
     c.extend_from_slice(&[0x31, 0xC9]);
     c.extend_from_slice(&[0x0F, 0xA2]);
-    c.extend_from_slice(&[0x81, 0xE3]);
-    imm(&mut c, l7_ebx); // and ebx, imm32
-    c.extend_from_slice(&[0x81, 0xFB]);
-    imm(&mut c, l7_ebx); // cmp ebx, imm32
-    c.extend_from_slice(&[0x0F, 0x85, 0, 0, 0, 0]);
-    fails.push(c.len());
-    c.extend_from_slice(&[0x81, 0xE1]);
-    imm(&mut c, l7_ecx); // and ecx, imm32
-    c.extend_from_slice(&[0x81, 0xF9]);
-    imm(&mut c, l7_ecx); // cmp ecx, imm32
-    c.extend_from_slice(&[0x0F, 0x85, 0, 0, 0, 0]);
-    fails.push(c.len());
-    c.extend_from_slice(&[0x81, 0xE2]);
-    imm(&mut c, l7_edx); // and edx, imm32
-    c.extend_from_slice(&[0x81, 0xFA]);
-    imm(&mut c, l7_edx); // cmp edx, imm32
-    c.extend_from_slice(&[0x0F, 0x85, 0, 0, 0, 0]);
-    fails.push(c.len());
+    require(&mut c, &mut fails, 3, l7_ebx);
+    require(&mut c, &mut fails, 1, l7_ecx);
+    require(&mut c, &mut fails, 2, l7_edx);
     if xcr0 != 0 {
-        // ecx = 0; xgetbv; and eax, mask; cmp eax, mask; jne fail
+        // ecx = 0; xgetbv; check eax.
         c.extend_from_slice(&[0x31, 0xC9]);
         c.extend_from_slice(&[0x0F, 0x01, 0xD0]);
-        c.push(0x25);
-        imm(&mut c, xcr0); // and eax, imm32
-        c.push(0x3D);
-        imm(&mut c, xcr0); // cmp eax, imm32
-        c.extend_from_slice(&[0x0F, 0x85, 0, 0, 0, 0]);
-        fails.push(c.len());
+        require(&mut c, &mut fails, 0, xcr0);
     }
     if amx {
         // arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0, else fail.
+        use crate::backend::x86::amx::{ARCH_REQ_XCOMP_PERM, SYS_ARCH_PRCTL, XFEATURE_XTILEDATA};
         c.push(0xB8);
-        imm(&mut c, 158); // mov eax, SYS_arch_prctl
+        imm(&mut c, SYS_ARCH_PRCTL); // mov eax, imm32
         c.push(0xBF);
-        imm(&mut c, 0x1023); // mov edi, ARCH_REQ_XCOMP_PERM
+        imm(&mut c, ARCH_REQ_XCOMP_PERM); // mov edi, imm32
         c.push(0xBE);
-        imm(&mut c, 18); // mov esi, XFEATURE_XTILEDATA
+        imm(&mut c, XFEATURE_XTILEDATA); // mov esi, imm32
         c.extend_from_slice(&[0x0F, 0x05]); // syscall
         c.extend_from_slice(&[0x85, 0xC0]); // test eax, eax
         c.extend_from_slice(&[0x0F, 0x85, 0, 0, 0, 0]);

@@ -49,7 +49,7 @@ const TMM: [AsmRegisterTmm; 8] = [tmm0, tmm1, tmm2, tmm3, tmm4, tmm5, tmm6, tmm7
 /// Rows and columns of a C block (two tiles each way).
 const BLOCK: usize = 32;
 /// Rows and columns (int32) of a tile; quads of k per tile multiply.
-const TILE: usize = 16;
+pub const TILE: usize = 16;
 /// Stack bytes: the four entry arguments, the C scratch (four 1 KiB tiles), then B's
 /// last tile step when k is not whole steps (16 quads of 32 columns, zero past k).
 const ARGS: i32 = 32;
@@ -57,10 +57,11 @@ const SCRATCH: i32 = 4096;
 const B_TAIL: i32 = ARGS + SCRATCH;
 const FRAME: i32 = B_TAIL + 2048;
 
-/// `arch_prctl` and its request for the tile data state.
-const SYS_ARCH_PRCTL: u32 = 158;
-const ARCH_REQ_XCOMP_PERM: u32 = 0x1023;
-const XFEATURE_XTILEDATA: u32 = 18;
+/// `arch_prctl` and its request for the tile data state (also asked by the object's
+/// `cpu_supported()`).
+pub const SYS_ARCH_PRCTL: u32 = 158;
+pub const ARCH_REQ_XCOMP_PERM: u32 = 0x1023;
+pub const XFEATURE_XTILEDATA: u32 = 18;
 
 /// Whether an 8-bit spec can run on the tiles: k at least one tile step (16 quads) and
 /// whole steps or A padded, A unpacked with rows of four-byte quads, B in quads (panels
@@ -69,10 +70,23 @@ const XFEATURE_XTILEDATA: u32 = 18;
 /// channels measured 1.3-2.5x slower on the tiles; from 48 channels 3x3 or 96 1x1 they
 /// are as fast or faster.)
 pub fn fits(s: &Spec) -> bool {
+    (s.k.is_multiple_of(TILE) || s.a_padded) && tiles_take(s.k) && plain(s)
+}
+
+/// Whether a product of `k` quads goes to the tiles at all (one whole step or more).
+pub fn tiles_take(k: usize) -> bool {
+    k >= TILE
+}
+
+/// Whether a product of `k` quads on the tiles needs A's rows padded to whole steps.
+pub fn pads_a(k: usize) -> bool {
+    tiles_take(k) && !k.is_multiple_of(TILE)
+}
+
+/// The operands and epilogue [`fits`] asks for.
+fn plain(s: &Spec) -> bool {
     s.int8.is_some()
         && s.isa == Isa::Avx512
-        && s.k >= TILE
-        && (s.k.is_multiple_of(TILE) || s.a_padded)
         && s.a_k == 4
         && s.a_tile == Isa::Avx512.mr() as i64 * s.a_row
         && s.b_group == 1
@@ -152,7 +166,7 @@ const SAVED: [AsmRegister64; 6] = [rbx, rbp, r12, r13, r14, r15];
 
 /// Assembles the tile function for `s` (see [`fits`]).
 pub fn generate(s: &Spec) -> R<Vec<u8>> {
-    if !fits(s) || s.m == 0 || s.n == 0 || s.k == 0 {
+    if !fits(s) || s.m == 0 || s.n == 0 {
         return Err("x86 amx gemm: not an 8-bit shape for the tiles".into());
     }
     let irs = s.init.map_or(0, |(r, _)| r);
@@ -193,9 +207,6 @@ impl Gen<'_> {
         self.a.mov(edi, ARCH_REQ_XCOMP_PERM).map_err(e)?;
         self.a.mov(esi, XFEATURE_XTILEDATA).map_err(e)?;
         self.a.syscall().map_err(e)?;
-        self.a.mov(r8, qword_ptr(rsp)).map_err(e)?;
-        self.a.mov(r9, qword_ptr(rsp + 16)).map_err(e)?;
-        self.a.mov(r10, qword_ptr(rsp + 24)).map_err(e)?;
         self.a.mov(r12, s.a_row).map_err(e)?;
         self.a.mov(r13, s.b_k).map_err(e)?;
         self.a.mov(edx, 64u32).map_err(e)?;
