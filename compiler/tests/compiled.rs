@@ -990,6 +990,292 @@ fn byte_streams_convert_as_the_reference() {
     assert_eq!(ran, 3);
 }
 
+/// f64 through the AVX-512 f64 loops (8 lanes): Cast f64 -> u8 / i8 (truncation toward
+/// zero, then the low byte) of values at the edges (halves, the types' ends and past
+/// them, 2^31, 2^63 and past it, the largest f64, infinities, NaN); u8, i8 and i32 ->
+/// f64 (exact); a chain of f64 arithmetic and rounding; Clip and Where (selects and
+/// comparisons); each at a length with a partial last vector. Then QLinearMatMul (u8
+/// out, a scale per column) and QLinearConv (i8 out, a bias and a scale per channel),
+/// whose requantization the reference computes in f64. Every target's bits must be the
+/// first's (x86_64-sse4: scalar f64 code), and the reference evaluator's wherever ONNX
+/// defines the result. On an AVX-512 host the f64 kernels must be AVX-512 loops.
+#[test]
+fn f64_loops_compute_as_the_reference() {
+    use common::{model, node, value_info};
+    use onnxc::ir::Tensor;
+    use onnxc::onnx::proto::tensor_proto::DataType;
+    use onnxc::onnx::proto::{AttributeProto, GraphProto, TensorProto};
+    let scratch = tempfile::tempdir().unwrap();
+    let f64_tensor = |name: &str, dims: &[i64], v: &[f64]| TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(DataType::Double as i32),
+        double_data: v.to_vec(),
+        ..Default::default()
+    };
+    let f32_scalar = common::f32_tensor;
+    let cast = |to: DataType, out: &str| {
+        let mut nd = node("Cast", &["x"], &[out]);
+        nd.attribute = vec![AttributeProto {
+            name: Some("to".into()),
+            r#type: Some(2),
+            i: Some(to as i64),
+            ..Default::default()
+        }];
+        nd
+    };
+    let graph = |name: &str, nodes: Vec<_>, inputs: Vec<_>, out: (DataType, Vec<i64>), inits| {
+        let mut m = model(GraphProto {
+            name: Some(name.into()),
+            node: nodes,
+            input: inputs,
+            output: vec![value_info("y", out.0, &out.1)],
+            initializer: inits,
+            ..Default::default()
+        });
+        m.opset_import[0].version = Some(13);
+        m
+    };
+    let mut x: Vec<f64> = vec![
+        0.0,
+        -0.0,
+        0.5,
+        -0.5,
+        0.99,
+        -0.99,
+        1.5,
+        2.5,
+        -2.5,
+        127.0,
+        127.9,
+        128.0,
+        -128.0,
+        -128.9,
+        -129.0,
+        255.0,
+        255.9,
+        256.0,
+        257.0,
+        2147483648.0,
+        -2147483649.0,
+        4294967296.5,
+        9007199254740993.0,
+        9.223372036854775e18,
+        9.223372036854776e18,
+        -9.223372036854776e18,
+        1e19,
+        -1e19,
+        f64::MAX,
+        f64::MIN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        -f64::NAN,
+    ];
+    let mut next = lcg(23);
+    while x.len() < 8 * 11 + 5 {
+        x.push((next() % 400_000) as f64 / 512.0 - 390.0);
+    }
+    let n = x.len() as i64;
+    let x_in = Value::Tensor(Tensor::from_vec(&[x.len()], x.clone()));
+    let xv = || vec![value_info("x", DataType::Double, &[n])];
+    let u: Vec<u8> = (0..=255u8).chain([7, 8, 9]).collect();
+    let nu = u.len() as i64;
+    let i8s: Vec<i8> = u.iter().map(|&b| b as i8).collect();
+    let i32s: Vec<i32> = (0..nu as i32)
+        .map(|i| i.wrapping_mul(-1_234_567_891).wrapping_add(i))
+        .collect();
+    // Cast(x, f64) * 0.37
+    let mul_c = |name: &str, from: DataType| {
+        graph(
+            name,
+            vec![
+                cast(DataType::Double, "d"),
+                node("Mul", &["d", "c"], &["y"]),
+            ],
+            vec![value_info("x", from, &[nu])],
+            (DataType::Double, vec![nu]),
+            vec![f64_tensor("c", &[], &[0.37])],
+        )
+    };
+    // Floor(x) + Ceil(x) * -x / Sqrt(|x|) - Round(x)
+    let chain = graph(
+        "f64_chain",
+        vec![
+            node("Floor", &["x"], &["f"]),
+            node("Ceil", &["x"], &["c"]),
+            node("Neg", &["x"], &["ng"]),
+            node("Abs", &["x"], &["a"]),
+            node("Sqrt", &["a"], &["s"]),
+            node("Round", &["x"], &["r"]),
+            node("Mul", &["c", "ng"], &["m"]),
+            node("Div", &["m", "s"], &["d"]),
+            node("Add", &["f", "d"], &["p"]),
+            node("Sub", &["p", "r"], &["y"]),
+        ],
+        xv(),
+        (DataType::Double, vec![n]),
+        vec![],
+    );
+    let clip = graph(
+        "f64_clip",
+        vec![node("Clip", &["x", "lo", "hi"], &["y"])],
+        xv(),
+        (DataType::Double, vec![n]),
+        vec![
+            f64_tensor("lo", &[], &[-3.25]),
+            f64_tensor("hi", &[], &[200.5]),
+        ],
+    );
+    let where_ = graph(
+        "f64_where",
+        vec![
+            node("Greater", &["x", "t"], &["g"]),
+            node("Neg", &["x"], &["ng"]),
+            node("Where", &["g", "x", "ng"], &["y"]),
+        ],
+        xv(),
+        (DataType::Double, vec![n]),
+        vec![f64_tensor("t", &[], &[0.5])],
+    );
+    // QLinearMatMul: 13 x 24 by 24 x 21 (u8), b's scale and zero point per column.
+    let (m_, k_, n_) = (13usize, 24usize, 21usize);
+    let a: Vec<u8> = (0..m_ * k_).map(|_| (next() % 256) as u8).collect();
+    let b: Vec<i64> = (0..k_ * n_).map(|_| next() % 256).collect();
+    let bs: Vec<f32> = (0..n_).map(|j| 0.002 + 0.0007 * j as f32).collect();
+    let bz: Vec<i64> = (0..n_ as i64).map(|j| 100 + j).collect();
+    let mut qmm = node(
+        "QLinearMatMul",
+        &["x", "as", "az", "b", "bs", "bz", "ys", "yz"],
+        &["y"],
+    );
+    qmm.name = Some("qmm".into());
+    let qmm = graph(
+        "f64_qlinear_matmul",
+        vec![qmm],
+        vec![value_info("x", DataType::Uint8, &[m_ as i64, k_ as i64])],
+        (DataType::Uint8, vec![m_ as i64, n_ as i64]),
+        vec![
+            f32_scalar("as", &[], &[0.05]),
+            int_tensor("az", DataType::Uint8, &[], &[117]),
+            int_tensor("b", DataType::Uint8, &[k_ as i64, n_ as i64], &b),
+            f32_scalar("bs", &[n_ as i64], &bs),
+            int_tensor("bz", DataType::Uint8, &[n_ as i64], &bz),
+            f32_scalar("ys", &[], &[0.3]),
+            int_tensor("yz", DataType::Uint8, &[], &[131]),
+        ],
+    );
+    // QLinearConv: 8 -> 12 channels 3x3 (pads 1) on 7 x 9 (i8), a bias, a scale per
+    // output channel.
+    let (ci, co, h, w) = (8usize, 12usize, 7usize, 9usize);
+    let xq: Vec<i8> = (0..ci * h * w)
+        .map(|_| (next() % 256 - 128) as i8)
+        .collect();
+    let wq: Vec<i64> = (0..co * ci * 9).map(|_| next() % 255 - 127).collect();
+    let ws: Vec<f32> = (0..co).map(|j| 0.001 + 0.0003 * j as f32).collect();
+    let bias: Vec<i64> = (0..co as i64).map(|j| j * 997 - 5000).collect();
+    let mut qc = node(
+        "QLinearConv",
+        &["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "bias"],
+        &["y"],
+    );
+    qc.attribute = vec![common::ints_attr("pads", &[1, 1, 1, 1])];
+    let qc = graph(
+        "f64_qlinear_conv",
+        vec![qc],
+        vec![value_info(
+            "x",
+            DataType::Int8,
+            &[1, ci as i64, h as i64, w as i64],
+        )],
+        (DataType::Int8, vec![1, co as i64, h as i64, w as i64]),
+        vec![
+            f32_scalar("xs", &[], &[0.04]),
+            int_tensor("xz", DataType::Int8, &[], &[-3]),
+            int_tensor("w", DataType::Int8, &[co as i64, ci as i64, 3, 3], &wq),
+            f32_scalar("ws", &[co as i64], &ws),
+            int_tensor("wz", DataType::Int8, &[co as i64], &vec![0; co]),
+            f32_scalar("ys", &[], &[0.2]),
+            int_tensor("yz", DataType::Int8, &[], &[5]),
+            int_tensor("bias", DataType::Int32, &[co as i64], &bias),
+        ],
+    );
+    let u_in = Value::Tensor(Tensor::from_vec(&[u.len()], u.clone()));
+    let i8_in = Value::Tensor(Tensor::from_vec(&[u.len()], i8s));
+    let i32_in = Value::Tensor(Tensor::from_vec(&[u.len()], i32s));
+    let a_in = Value::Tensor(Tensor::from_vec(&[m_, k_], a));
+    let xq_in = Value::Tensor(Tensor::from_vec(&[1, ci, h, w], xq));
+    // (name, model, input, where the result is defined: everywhere, or for the Casts to
+    // bytes where x[i] is within the type's range)
+    type Defined = Option<fn(f64) -> bool>;
+    let all: Defined = None;
+    let cases: Vec<(&str, onnxc::onnx::proto::ModelProto, &Value, Defined)> = vec![
+        (
+            "f64_to_u8",
+            graph(
+                "f64_to_u8",
+                vec![cast(DataType::Uint8, "y")],
+                xv(),
+                (DataType::Uint8, vec![n]),
+                vec![],
+            ),
+            &x_in,
+            Some(|v| v > -1.0 && v < 256.0),
+        ),
+        (
+            "f64_to_i8",
+            graph(
+                "f64_to_i8",
+                vec![cast(DataType::Int8, "y")],
+                xv(),
+                (DataType::Int8, vec![n]),
+                vec![],
+            ),
+            &x_in,
+            Some(|v| v > -129.0 && v < 128.0),
+        ),
+        ("u8_to_f64", mul_c("u8_to_f64", DataType::Uint8), &u_in, all),
+        ("i8_to_f64", mul_c("i8_to_f64", DataType::Int8), &i8_in, all),
+        (
+            "i32_to_f64",
+            mul_c("i32_to_f64", DataType::Int32),
+            &i32_in,
+            all,
+        ),
+        ("f64_chain", chain, &x_in, all),
+        ("f64_clip", clip, &x_in, all),
+        ("f64_where", where_, &x_in, all),
+        ("f64_qlinear_matmul", qmm, &a_in, all),
+        ("f64_qlinear_conv", qc, &xq_in, all),
+    ];
+    let mut first: std::collections::HashMap<String, Vec<u64>> = Default::default();
+    let mut ran = 0;
+    for target in ["x86_64-sse4", "host", "aarch64-neon"] {
+        let wide = target == "host"
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512dq");
+        for (case, m, input, defined) in &cases {
+            let (c, got, want) =
+                compiled_and_reference(scratch.path(), m, target, std::slice::from_ref(*input));
+            let has_wide = c.artifacts.object.windows(12).any(|w| w == b"model__wide0");
+            assert_eq!(has_wide, wide, "{case} on {target}: AVX-512 loop");
+            let (g, w) = (bits(&got[0]), bits(&want[0]));
+            let firsts = first.entry(case.to_string()).or_insert_with(|| g.clone());
+            assert!(
+                *firsts == g,
+                "{case} on {target}: other bits than x86_64-sse4's"
+            );
+            for i in 0..g.len() {
+                if defined.is_none_or(|d| d(x[i])) {
+                    assert_eq!(g[i], w[i], "{case}: element {i} on {target}");
+                }
+            }
+        }
+        ran += 1;
+    }
+    assert_eq!(ran, 3);
+}
+
 /// Casts join the elementwise kernels around them when their target is its own compute
 /// type (u8 -> f32 here, and f16 -> f32), and a Cast to f16 (whose rounding in between
 /// a fused kernel would skip) stays a kernel of its own: `Cast(Cast(((f32(x) - 3) *

@@ -274,6 +274,19 @@ fn disjoint((a, sa): (&Expr, i64), (b, sb): (&Expr, i64), var: VarId, extent: u6
 impl Gen<'_, '_> {
     /// Whether `body` of `for var` can be vectorised (see the module doc).
     pub(super) fn qualifies(&self, var: VarId, extent: u64, body: &[Stmt]) -> Option<Plan> {
+        self.qualifies_as(var, extent, body, Ty::F32)
+    }
+
+    /// [`Gen::qualifies`] for a loop whose stored values are of type `lanes`: f32 (the
+    /// vector loops), or f64 (the AVX-512 f64 loops only: stores into f64 buffers, or
+    /// f64 values converted to bytes; no reductions or integer copies).
+    pub(super) fn qualifies_as(
+        &self,
+        var: VarId,
+        extent: u64,
+        body: &[Stmt],
+        lanes: Ty,
+    ) -> Option<Plan> {
         let mut locals = Vec::new();
         let mut reds: Vec<Red> = Vec::new();
         let mut int_copy = false;
@@ -343,14 +356,17 @@ impl Gen<'_, '_> {
                     // f32 stores; f16 ones and f32 values converted to bytes too (the
                     // AVX-512 loops store them whole, the f32x4 code lane by lane).
                     let b = &self.p.buffers[*buf];
-                    if self.wide.enabled() && self.int_copy_value(b.elem, value).is_some() {
+                    if lanes == Ty::F32
+                        && self.wide.enabled()
+                        && self.int_copy_value(b.elem, value).is_some()
+                    {
                         int_copy = true;
                     } else {
-                        let stored = match b.elem {
-                            Ty::F32 | Ty::F16 => Some(value),
-                            e => self.byte_store_value(e, value),
+                        let stored = match (b.elem, lanes) {
+                            (Ty::F32 | Ty::F16, Ty::F32) | (Ty::F64, Ty::F64) => Some(value),
+                            (e, _) => self.byte_store_value(e, value, lanes),
                         };
-                        if stored.and_then(|v| self.ty(v).ok()) != Some(Ty::F32) {
+                        if stored.and_then(|v| self.ty(v).ok()) != Some(lanes) {
                             return None;
                         }
                     }
@@ -430,9 +446,15 @@ impl Gen<'_, '_> {
         }
     }
 
-    /// For a store of `value` to a buffer of `elem` bytes (u8, i8): the f32 value it
-    /// converts, as Cast writes it (`u8(i64(x))`) or QuantizeLinear (`u8(x)`).
-    pub(super) fn byte_store_value<'e>(&self, elem: Ty, value: &'e Expr) -> Option<&'e Expr> {
+    /// For a store of `value` to a buffer of `elem` bytes (u8, i8): the `lanes` value
+    /// (f32 or f64) it converts, as Cast writes it (`u8(i64(x))`) or QuantizeLinear
+    /// (`u8(x)`).
+    pub(super) fn byte_store_value<'e>(
+        &self,
+        elem: Ty,
+        value: &'e Expr,
+        lanes: Ty,
+    ) -> Option<&'e Expr> {
         let Expr::Cast(to, a) = value else {
             return None;
         };
@@ -443,7 +465,7 @@ impl Gen<'_, '_> {
             Expr::Cast(Ty::I64, b) => &**b,
             b => b,
         };
-        (self.ty(x).ok()? == Ty::F32).then_some(x)
+        (self.ty(x).ok()? == lanes).then_some(x)
     }
 
     /// Whether f32x4 floor/ceil/nearest/trunc have a native form on the target.
@@ -481,7 +503,7 @@ impl Gen<'_, '_> {
                 Stmt::Store { buf, index, value } => {
                     let elem = self.p.buffers[*buf].elem;
                     // Bytes: the f32 value, converted lane by lane.
-                    let to_bytes = self.byte_store_value(elem, value);
+                    let to_bytes = self.byte_store_value(elem, value, Ty::F32);
                     let x = self.vexpr(cx, to_bytes.unwrap_or(value))?;
                     let x = self.vec4(x)?;
                     let addr = self.addr(*buf, index)?;
@@ -538,7 +560,11 @@ impl Gen<'_, '_> {
             return Ok(0);
         }
         let Some(plan) = self.qualifies(var, extent, body) else {
-            return Ok(0);
+            return Ok(if self.wide64_for(var, extent, body)? {
+                extent
+            } else {
+                0
+            });
         };
         if self.wide_for(var, extent, body, &plan)? {
             return Ok(extent);

@@ -802,13 +802,24 @@ impl Gen<'_, '_> {
             defs.retain(|(u, _)| u != t);
             defs.push((*t, value));
         }
-        let Some(plan) = self.qualifies(*q, *n, inner) else {
-            return Ok(false);
+        // f32 lanes, or else f64 ones.
+        let (plan, f64) = match self.qualifies(*q, *n, inner) {
+            Some(p) => (p, false),
+            None if self.wide.dq => match self.qualifies_as(*q, *n, inner, Ty::F64) {
+                Some(p) => (p, true),
+                None => return Ok(false),
+            },
+            None => return Ok(false),
         };
         if !plan.reds.is_empty() || plan.locals.iter().any(|l| defs.iter().any(|(d, _)| d == l)) {
             return Ok(false);
         }
-        let Some(mut tr) = self.wide_translate(*q, *n, inner, &plan) else {
+        let tr = if f64 {
+            self.wide_translate64(*q, *n, inner, &plan)
+        } else {
+            self.wide_translate(*q, *n, inner, &plan)
+        };
+        let Some(mut tr) = tr else {
             return Ok(false);
         };
         // Inline sin, cos and tan need their guard (one row at a time, `wide_for`).
@@ -842,6 +853,212 @@ impl Gen<'_, '_> {
         let func = self.wide.func(self.module, code, &self.fname)?;
         self.wide_call(func, &tr.b.lp, &tr.streams, &tr.unis, &plan, false)?;
         Ok(true)
+    }
+
+    /// `for var in 0..extent` whose stores are of f64 values (into f64 buffers, or
+    /// converted to bytes: QLinearConv's and QLinearMatMul's requantization, which the
+    /// reference computes in f64) as an AVX-512 f64 loop, 8 lanes at a time; returns
+    /// whether it did. (Nothing else vectorises f64: such a loop is otherwise scalar.)
+    pub(super) fn wide64_for(
+        &mut self,
+        var: VarId,
+        extent: u64,
+        body: &[Stmt],
+    ) -> Result<bool, String> {
+        if !self.wide.enabled || !self.wide.dq || extent < MIN_EXTENT {
+            return Ok(false);
+        }
+        let Some(plan) = self.qualifies_as(var, extent, body, Ty::F64) else {
+            return Ok(false);
+        };
+        let Some(tr) = self.wide_translate64(var, extent, body, &plan) else {
+            return Ok(false);
+        };
+        let Some(code) = generate_logged(&self.fname, &tr.b.lp) else {
+            return Ok(false);
+        };
+        let func = self.wide.func(self.module, code, &self.fname)?;
+        self.wide_call(func, &tr.b.lp, &tr.streams, &tr.unis, &plan, false)?;
+        Ok(true)
+    }
+
+    /// [`Gen::wide_translate`] for a loop of f64 lanes ([`Gen::qualifies_as`] F64).
+    fn wide_translate64(&self, var: VarId, extent: u64, body: &[Stmt], plan: &Plan) -> Option<Tr> {
+        if !plan.reds.is_empty() {
+            return None;
+        }
+        let mut t = Tr {
+            b: Builder::new(extent),
+            exact: true,
+            dq: self.wide.dq,
+            var,
+            locals: plan.locals.clone(),
+            vals: HashMap::new(),
+            gates: HashMap::new(),
+            streams: Vec::new(),
+            elem: Vec::new(),
+            unis: Vec::new(),
+            trig: Vec::new(),
+            defs: Vec::new(),
+        };
+        t.b.lp.f64 = true;
+        for s in body {
+            match s {
+                Stmt::Set { var: local, value } if self.ty(value).ok()? == Ty::F64 => {
+                    let value = inline(value, &t.defs);
+                    let v = self.wexpr64(&mut t, &value)?;
+                    t.vals.insert(*local, v);
+                }
+                // Integer locals (the i32 product an element converts) are inlined.
+                Stmt::Set { var: local, value } => {
+                    let def = inline(value, &t.defs);
+                    t.defs.push((*local, def));
+                }
+                Stmt::Store { buf, index, value } => {
+                    let to = self.p.buffers[*buf].elem;
+                    let value = &inline(value, &t.defs);
+                    let (elem, x) = match to {
+                        Ty::F64 => (x::Elem::F64, value),
+                        Ty::U8 => (x::Elem::U8, self.byte_store_value(to, value, Ty::F64)?),
+                        Ty::I8 => (x::Elem::I8, self.byte_store_value(to, value, Ty::F64)?),
+                        _ => return None,
+                    };
+                    let v = self.wexpr64(&mut t, x)?;
+                    if t.is_mask(v) || stride(index, var, &t.locals)? != 1 {
+                        return None;
+                    }
+                    let (s, disp) = t.stream(*buf, index, elem)?;
+                    t.b.push(Inst::Store {
+                        s,
+                        disp,
+                        v,
+                        step: 1,
+                    });
+                }
+                _ => return None,
+            }
+        }
+        t.b.lp.streams = u16::try_from(t.streams.len()).ok()?;
+        t.b.lp.elem = t.elem.clone();
+        t.b.lp.unis = u16::try_from(t.unis.len()).ok()?;
+        Some(t)
+    }
+
+    /// `e` as a value of an f64 loop: f64 vectors (loop-invariant ones as uniforms,
+    /// computed by the caller) and masks; `None` for what the f64 loops do not do.
+    fn wexpr64(&self, t: &mut Tr, e: &Expr) -> Option<V> {
+        let ty = self.ty(e).ok()?;
+        if !varies(e, t.var, &t.locals) {
+            if ty != Ty::F64 {
+                return None;
+            }
+            let u = match t.unis.iter().position(|x| x == e) {
+                Some(u) => u,
+                None => {
+                    t.unis.push(e.clone());
+                    t.unis.len() - 1
+                }
+            };
+            return Some(t.b.push(Inst::Uni(u16::try_from(u).ok()?)));
+        }
+        // Operands that must be vectors, not masks.
+        let vec = |t: &mut Tr, e: &Expr| -> Option<V> {
+            let v = self.wexpr64(t, e)?;
+            (!t.is_mask(v)).then_some(v)
+        };
+        Some(match e {
+            Expr::Var(v) => *t.vals.get(v)?,
+            Expr::Load(buf, idx) if self.p.buffers[*buf].elem == Ty::F64 => {
+                if stride(idx, t.var, &t.locals)? != 1 {
+                    return None;
+                }
+                let (s, disp) = t.stream(*buf, idx, x::Elem::F64)?;
+                t.b.load(s, disp)
+            }
+            Expr::Cast(Ty::F64, a) if self.ty(a).ok()? == Ty::F64 => self.wexpr64(t, a)?,
+            // 32-bit and 8-bit integers read at unit stride, converted (exactly).
+            Expr::Cast(Ty::F64, a) => {
+                let Expr::Load(buf, idx) = &**a else {
+                    return None;
+                };
+                let elem = match self.p.buffers[*buf].elem {
+                    Ty::I32 => x::Elem::I32,
+                    Ty::U8 => x::Elem::U8,
+                    Ty::I8 => x::Elem::I8,
+                    _ => return None,
+                };
+                if stride(idx, t.var, &t.locals)? != 1 {
+                    return None;
+                }
+                let (s, disp) = t.stream(*buf, idx, elem)?;
+                t.b.load(s, disp)
+            }
+            Expr::Un(op, a) if ty == Ty::F64 => {
+                let op = match op {
+                    UnOp::Neg => x::Un::Neg,
+                    UnOp::Abs => x::Un::Abs,
+                    UnOp::Sqrt => x::Un::Sqrt,
+                    UnOp::Floor => x::Un::Floor,
+                    UnOp::Ceil => x::Un::Ceil,
+                    UnOp::Nearest => x::Un::Nearest,
+                    UnOp::Trunc => x::Un::Trunc,
+                    UnOp::Not => return None,
+                };
+                let v = vec(t, a)?;
+                t.b.push(Inst::Un(op, v))
+            }
+            Expr::Bin(op, a, b) if ty == Ty::F64 => {
+                let op = match op {
+                    BinOp::Add => x::Bin::Add,
+                    BinOp::Sub => x::Bin::Sub,
+                    BinOp::Mul => x::Bin::Mul,
+                    BinOp::Div => x::Bin::Div,
+                    _ => return None,
+                };
+                let va = vec(t, a)?;
+                let vb = vec(t, b)?;
+                t.b.bin(op, va, vb)
+            }
+            Expr::Select(c, a, b) if ty == Ty::F64 => {
+                let va = vec(t, a)?;
+                let vb = vec(t, b)?;
+                if let Some(max) = select_minmax(c, a, b) {
+                    let op = if max { x::Bin::MaxX } else { x::Bin::MinX };
+                    return Some(t.b.bin(op, va, vb));
+                }
+                let vc = self.wexpr64(t, c)?;
+                if !t.is_mask(vc) {
+                    return None;
+                }
+                t.b.select(vc, va, vb)
+            }
+            Expr::Cmp(op, a, b) if self.ty(a).ok()? == Ty::F64 => {
+                let op = match op {
+                    CmpOp::Eq => x::Cmp::Eq,
+                    CmpOp::Ne => x::Cmp::Ne,
+                    CmpOp::Lt => x::Cmp::Lt,
+                    CmpOp::Le => x::Cmp::Le,
+                    CmpOp::Gt => x::Cmp::Gt,
+                    CmpOp::Ge => x::Cmp::Ge,
+                };
+                let va = vec(t, a)?;
+                let vb = vec(t, b)?;
+                t.b.cmp(op, va, vb)
+            }
+            Expr::Bin(op @ (BinOp::And | BinOp::Or), a, b) if ty == Ty::U8 => {
+                let va = self.wexpr64(t, a)?;
+                let vb = self.wexpr64(t, b)?;
+                if !t.is_mask(va) || !t.is_mask(vb) {
+                    return None;
+                }
+                t.b.push(if *op == BinOp::And {
+                    Inst::MAnd(va, vb)
+                } else {
+                    Inst::MOr(va, vb)
+                })
+            }
+            _ => return None,
+        })
     }
 
     /// Calls `func` (made for `lp`) with its args block: the streams' base addresses, the
@@ -973,7 +1190,7 @@ impl Gen<'_, '_> {
                             let v = match elem {
                                 x::Elem::F32 | x::Elem::F16 => self.wexpr(&mut t, value)?,
                                 _ => {
-                                    let value = self.byte_store_value(to, value)?;
+                                    let value = self.byte_store_value(to, value, Ty::F32)?;
                                     self.wexpr_rounded(&mut t, value)?
                                 }
                             };

@@ -207,6 +207,12 @@ pub struct Loop {
     /// [`Inst::Load`]s and step-1 [`Inst::Store`]s take a stream of another type than
     /// f32.
     pub elem: Vec<Elem>,
+    /// The values are f64, 8 lanes to a vector ([`Loop::lanes`]), and so are the
+    /// uniforms (8 bytes each in the args block). Such a loop takes a subset of the
+    /// instructions (see [`check_f64`]): unit-stride loads of f64, i32 and byte streams
+    /// (converted exactly), stores to f64 and byte streams, the IEEE arithmetic,
+    /// rounding, comparisons and selects; no reductions, constants or gathers.
+    pub f64: bool,
 }
 
 /// The elements of a stream. Loads widen them to f32, stores narrow f32 lanes to them.
@@ -227,8 +233,11 @@ pub enum Elem {
     U8,
     I8,
     /// 4 bytes each, an i32 converted by loads (`vcvtdq2ps`, rounding to nearest even as
-    /// the scalar conversion does); read at unit stride only, never stored.
+    /// the scalar conversion does; `vcvtdq2pd`, exact, in f64 loops); read at unit
+    /// stride only, never stored.
     I32,
+    /// 8 bytes each: the elements of an f64 loop's streams ([`Loop::f64`]) only.
+    F64,
 }
 
 impl Elem {
@@ -236,6 +245,7 @@ impl Elem {
         match self {
             Elem::F32 | Elem::I32 => 4,
             Elem::F16 => 2,
+            Elem::F64 => 8,
             Elem::U8 | Elem::I8 => 1,
         }
     }
@@ -245,6 +255,8 @@ impl Elem {
 #[derive(Clone, Copy, Debug)]
 pub struct Layout {
     pub uni0: usize,
+    /// Bytes per uniform: 4, or 8 in an f64 loop.
+    pub uni_bytes: usize,
     pub red0: usize,
     pub bytes: usize,
 }
@@ -254,14 +266,14 @@ impl Layout {
         8 * s
     }
     pub fn uni(&self, u: usize) -> usize {
-        self.uni0 + 4 * u
+        self.uni0 + self.uni_bytes * u
     }
     pub fn red(&self, r: usize) -> usize {
         self.red0 + 64 * r
     }
 }
 
-/// Lanes per vector.
+/// Lanes per vector (f32; an f64 loop has half as many).
 pub const LANES: u64 = 16;
 
 impl Loop {
@@ -275,11 +287,22 @@ impl Loop {
         self.elem(s) != Elem::F32
     }
 
+    /// Lanes per vector: 16 f32, or 8 f64.
+    pub fn lanes(&self) -> u64 {
+        if self.f64 {
+            LANES / 2
+        } else {
+            LANES
+        }
+    }
+
     pub fn layout(&self) -> Layout {
         let uni0 = 8 * self.streams as usize;
-        let red0 = (uni0 + 4 * self.unis as usize).div_ceil(8) * 8;
+        let uni_bytes = if self.f64 { 8 } else { 4 };
+        let red0 = (uni0 + uni_bytes * self.unis as usize).div_ceil(8) * 8;
         Layout {
             uni0,
+            uni_bytes,
             red0,
             bytes: red0 + 64 * self.reds.len(),
         }
@@ -542,6 +565,11 @@ pub fn generate(lp: &Loop) -> R<Vec<u8>> {
     if lp.reds.len() > 8 {
         return Err("x86 loop: too many reductions".into());
     }
+    if lp.f64 {
+        check_f64(lp)?;
+    } else if lp.elem.contains(&Elem::F64) {
+        return Err("x86 loop: an f64 stream in an f32 loop".into());
+    }
     for i in &lp.insts {
         let narrow = match *i {
             Inst::Load2 { s, .. } | Inst::LoadS { s, .. } => lp.is_narrow(s),
@@ -552,7 +580,7 @@ pub fn generate(lp: &Loop) -> R<Vec<u8>> {
             return Err("x86 loop: a narrow stream read or written with a stride".into());
         }
         if let Inst::LoadS { stride, .. } = i {
-            let span = (lp.n + LANES) as i128 * i128::from(*stride);
+            let span = (lp.n + lp.lanes()) as i128 * i128::from(*stride);
             if span.abs() >= 1 << 31 {
                 return Err("x86 loop: strided index out of range".into());
             }
@@ -568,7 +596,7 @@ pub fn generate(lp: &Loop) -> R<Vec<u8>> {
             last[o] = j;
         }
     }
-    let tile = if std::env::var_os("ONNXC_NO_TILE").is_some() {
+    let tile = if std::env::var_os("ONNXC_NO_TILE").is_some() || lp.f64 {
         None
     } else {
         tile_stream(lp)
@@ -676,7 +704,11 @@ impl Gen<'_> {
                 }
                 _ => return Err("x86 loop: a resident value must be uniform".into()),
             };
-            self.a.vbroadcastss(ZMM[r], m).map_err(e)?;
+            if lp.f64 {
+                self.a.vbroadcastsd(ZMM[r], qword_ptr(m)).map_err(e)?;
+            } else {
+                self.a.vbroadcastss(ZMM[r], m).map_err(e)?;
+            }
         }
         // Accumulators from the top register down.
         for r in 0..lp.reds.len() {
@@ -685,8 +717,9 @@ impl Gen<'_> {
                 .vbroadcastss(ZMM[31 - r], dword_ptr(rdi + off))
                 .map_err(e)?;
         }
-        let full = lp.n / LANES;
-        let rem = lp.n % LANES;
+        let lanes = lp.lanes();
+        let full = lp.n / lanes;
+        let rem = lp.n % lanes;
         if rem > 0 {
             self.a.mov(eax, (1u32 << rem) - 1).map_err(e)?;
             self.a.kmovw(k7, eax).map_err(e)?;
@@ -706,13 +739,13 @@ impl Gen<'_> {
             let mut top = self.a.create_label();
             self.a.set_label(&mut top).map_err(e)?;
             self.iteration(false)?;
-            self.a.add(rax, LANES as i32).map_err(e)?;
-            self.a.cmp(rax, (full * LANES) as i32).map_err(e)?;
+            self.a.add(rax, lanes as i32).map_err(e)?;
+            self.a.cmp(rax, (full * lanes) as i32).map_err(e)?;
             self.a.jne(top).map_err(e)?;
         } else if full == 1 {
             self.iteration(false)?;
             if rem > 0 {
-                self.a.add(rax, LANES as i32).map_err(e)?;
+                self.a.add(rax, lanes as i32).map_err(e)?;
             }
         }
         if rem > 0 {
@@ -971,17 +1004,21 @@ impl Gen<'_> {
     }
 
     fn bcst(&self, l: Loc) -> AsmMemoryOperand {
-        match l {
-            Loc::Uni(off) => dword_bcst(rdi + off),
-            Loc::Pool(off) => dword_bcst(r11 + off),
+        match (l, self.lp.f64) {
+            (Loc::Uni(off), false) => dword_bcst(rdi + off),
+            (Loc::Pool(off), false) => dword_bcst(r11 + off),
+            (Loc::Uni(off), true) => qword_bcst(rdi + off),
+            (Loc::Pool(off), true) => qword_bcst(r11 + off),
             _ => unreachable!("not a memory value"),
         }
     }
 
     fn scalar(&self, l: Loc) -> AsmMemoryOperand {
-        match l {
-            Loc::Uni(off) => dword_ptr(rdi + off),
-            Loc::Pool(off) => dword_ptr(r11 + off),
+        match (l, self.lp.f64) {
+            (Loc::Uni(off), false) => dword_ptr(rdi + off),
+            (Loc::Pool(off), false) => dword_ptr(r11 + off),
+            (Loc::Uni(off), true) => qword_ptr(rdi + off),
+            (Loc::Pool(off), true) => qword_ptr(r11 + off),
             _ => unreachable!("not a memory value"),
         }
     }
@@ -1089,7 +1126,11 @@ impl Gen<'_> {
             Loc::Uni(_) | Loc::Pool(_) => {
                 let t = tmp.ok_or("x86 loop: no scratch register")?;
                 let m = self.scalar(l);
-                self.a.vbroadcastss(ZMM[t], m).map_err(e)?;
+                if self.lp.f64 {
+                    self.a.vbroadcastsd(ZMM[t], m).map_err(e)?;
+                } else {
+                    self.a.vbroadcastss(ZMM[t], m).map_err(e)?;
+                }
                 ZMM[t]
             }
             _ => return Err("x86 loop: a mask used as a vector".into()),
@@ -1300,6 +1341,9 @@ impl Gen<'_> {
         tmp: &[usize],
         masked: bool,
     ) -> R<()> {
+        if self.lp.f64 {
+            return self.emit64(inst, ops, loc, out, tmp, masked);
+        }
         let l = |k: usize| loc[ops[k] as usize];
         let t0 = tmp.first().copied();
         let d = match out {
@@ -1588,15 +1632,7 @@ impl Gen<'_> {
                         o => o,
                     };
                 }
-                // EQ_OQ, NEQ_UQ, LT_OQ, LE_OQ, GT_OQ, GE_OQ.
-                let pred = match op {
-                    Cmp::Eq => 0x00,
-                    Cmp::Ne => 0x04,
-                    Cmp::Lt => 0x11,
-                    Cmp::Le => 0x12,
-                    Cmp::Gt => 0x1e,
-                    Cmp::Ge => 0x1d,
-                };
+                let pred = cmp_pred(op);
                 let k = Self::kreg(out)?;
                 let xr = self.reg(x, t0)?;
                 match y {
@@ -1625,13 +1661,7 @@ impl Gen<'_> {
                 };
                 let (a, b) = (l(1), l(2));
                 let br = self.reg(b, t0)?;
-                let dm = match m {
-                    0 => d.k1(),
-                    1 => d.k2(),
-                    2 => d.k3(),
-                    3 => d.k4(),
-                    _ => d.k5(),
-                };
+                let dm = masked_by(d, m);
                 match a {
                     Loc::Z(ar) => self.a.vblendmps(dm, br, ZMM[ar]),
                     m => {
@@ -1801,6 +1831,256 @@ impl Gen<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// Whether an f64 loop ([`Loop::f64`]) keeps to what [`Gen::emit64`] emits.
+fn check_f64(lp: &Loop) -> R<()> {
+    if !lp.reds.is_empty() {
+        return Err("x86 loop: reductions in an f64 loop".into());
+    }
+    for i in &lp.insts {
+        let ok = match *i {
+            Inst::Load { s, .. } => {
+                matches!(lp.elem(s), Elem::F64 | Elem::I32 | Elem::U8 | Elem::I8)
+            }
+            Inst::Store { s, step, .. } => {
+                step == 1 && matches!(lp.elem(s), Elem::F64 | Elem::U8 | Elem::I8)
+            }
+            Inst::Bin(op, ..) => matches!(
+                op,
+                Bin::Add | Bin::Sub | Bin::Mul | Bin::Div | Bin::MinX | Bin::MaxX
+            ),
+            Inst::Uni(_)
+            | Inst::Un(..)
+            | Inst::Cmp(..)
+            | Inst::MAnd(..)
+            | Inst::MOr(..)
+            | Inst::Select(..) => true,
+            _ => false,
+        };
+        if !ok {
+            return Err(format!("x86 loop: {i:?} in an f64 loop"));
+        }
+    }
+    Ok(())
+}
+
+impl Gen<'_> {
+    /// [`Gen::emit`] for an f64 loop (8 lanes; the instructions [`check_f64`] admits).
+    fn emit64(
+        &mut self,
+        inst: &Inst,
+        ops: &[V],
+        loc: &[Loc],
+        out: Loc,
+        tmp: &[usize],
+        masked: bool,
+    ) -> R<()> {
+        let l = |k: usize| loc[ops[k] as usize];
+        let t0 = tmp.first().copied();
+        let d = match out {
+            Loc::Z(r) => ZMM[r],
+            _ => zmm0,
+        };
+        let is_mem = |l: Loc| matches!(l, Loc::Uni(_) | Loc::Pool(_));
+        // Element `i + disp / bytes` of stream `s`, elements of `bytes`.
+        let at = |s: u16, disp: i32, bytes: i32| {
+            let base = STREAMS[s as usize];
+            match bytes {
+                8 => base + rax * 8 + disp,
+                4 => base + rax * 4 + disp,
+                _ => base + rax + disp,
+            }
+        };
+        match *inst {
+            Inst::Load { s, disp, .. } => {
+                let dz = if masked { d.k7().z() } else { d };
+                match self.lp.elem(s) {
+                    Elem::F64 => self.a.vmovupd(dz, zmmword_ptr(at(s, disp, 8))),
+                    // Exact: every i32 is an f64.
+                    Elem::I32 => self.a.vcvtdq2pd(dz, ymmword_ptr(at(s, disp, 4))),
+                    elem => {
+                        // The 8 bytes (masked: vmovdqu8 suppresses faults past the
+                        // buffer's end) widened to i32 lanes, converted.
+                        let r = match out {
+                            Loc::Z(r) => r,
+                            _ => 0,
+                        };
+                        let (x, y) = (XMM[r], YMM[r]);
+                        let m = at(s, disp, 1);
+                        let src = if masked {
+                            self.a.vmovdqu8(x.k7().z(), xmmword_ptr(m)).map_err(e)?;
+                            Some(x)
+                        } else {
+                            None
+                        };
+                        match (elem, src) {
+                            (Elem::U8, Some(x)) => self.a.vpmovzxbd(y, x),
+                            (Elem::U8, None) => self.a.vpmovzxbd(y, qword_ptr(m)),
+                            (_, Some(x)) => self.a.vpmovsxbd(y, x),
+                            (_, None) => self.a.vpmovsxbd(y, qword_ptr(m)),
+                        }
+                        .map_err(e)?;
+                        self.a.vcvtdq2pd(d, y)
+                    }
+                }
+                .map_err(e)?;
+            }
+            Inst::Uni(_) => {}
+            Inst::Un(op, _) => {
+                let x = self.reg(l(0), t0)?;
+                match op {
+                    Un::Neg => {
+                        let off = self.pool_slice(&[0, 0x8000_0000]);
+                        self.a.vpxorq(d, x, qword_bcst(r11 + off)).map_err(e)?;
+                    }
+                    Un::Abs => {
+                        let off = self.pool_slice(&[u32::MAX, 0x7fff_ffff]);
+                        self.a.vpandq(d, x, qword_bcst(r11 + off)).map_err(e)?;
+                    }
+                    Un::Sqrt => self.a.vsqrtpd(d, x).map_err(e)?,
+                    // Rounding mode in imm[1:0], precision exception suppressed (bit 3).
+                    Un::Nearest => self.a.vrndscalepd(d, x, 8).map_err(e)?,
+                    Un::Floor => self.a.vrndscalepd(d, x, 9).map_err(e)?,
+                    Un::Ceil => self.a.vrndscalepd(d, x, 10).map_err(e)?,
+                    Un::Trunc => self.a.vrndscalepd(d, x, 11).map_err(e)?,
+                }
+            }
+            Inst::Bin(op, _, _) => {
+                let (mut x, mut y) = (l(0), l(1));
+                // A memory operand second.
+                if matches!(op, Bin::Add | Bin::Mul) && is_mem(x) {
+                    std::mem::swap(&mut x, &mut y);
+                }
+                let xr = self.reg(x, t0)?;
+                macro_rules! op3 {
+                    ($m:ident) => {
+                        match y {
+                            Loc::Z(yr) => self.a.$m(d, xr, ZMM[yr]),
+                            m => {
+                                let b = self.bcst(m);
+                                self.a.$m(d, xr, b)
+                            }
+                        }
+                    };
+                }
+                match op {
+                    Bin::Add => op3!(vaddpd),
+                    Bin::Sub => op3!(vsubpd),
+                    Bin::Mul => op3!(vmulpd),
+                    Bin::Div => op3!(vdivpd),
+                    Bin::MinX => op3!(vminpd),
+                    Bin::MaxX => op3!(vmaxpd),
+                    _ => return Err(format!("x86 loop: {op:?} in an f64 loop")),
+                }
+                .map_err(e)?;
+            }
+            Inst::Cmp(op, _, _) => {
+                let (mut x, mut y) = (l(0), l(1));
+                let mut op = op;
+                if is_mem(x) {
+                    std::mem::swap(&mut x, &mut y);
+                    op = match op {
+                        Cmp::Lt => Cmp::Gt,
+                        Cmp::Gt => Cmp::Lt,
+                        Cmp::Le => Cmp::Ge,
+                        Cmp::Ge => Cmp::Le,
+                        o => o,
+                    };
+                }
+                let pred = cmp_pred(op);
+                let k = Self::kreg(out)?;
+                let xr = self.reg(x, t0)?;
+                match y {
+                    Loc::Z(yr) => self.a.vcmppd(k, xr, ZMM[yr], pred),
+                    m => {
+                        let b = self.bcst(m);
+                        self.a.vcmppd(k, xr, b, pred)
+                    }
+                }
+                .map_err(e)?;
+            }
+            Inst::MAnd(..) | Inst::MOr(..) => {
+                let (x, y) = (Self::kreg(l(0))?, Self::kreg(l(1))?);
+                let k = Self::kreg(out)?;
+                if matches!(inst, Inst::MAnd(..)) {
+                    self.a.kandw(k, x, y).map_err(e)?;
+                } else {
+                    self.a.korw(k, x, y).map_err(e)?;
+                }
+            }
+            Inst::Select(..) => {
+                // vblendmpd d{m}, b, a: d = m ? a : b.
+                let Loc::K(m) = l(0) else {
+                    return Err("x86 loop: a vector used as a mask".into());
+                };
+                let br = self.reg(l(2), t0)?;
+                let dm = masked_by(d, m);
+                match l(1) {
+                    Loc::Z(ar) => self.a.vblendmpd(dm, br, ZMM[ar]),
+                    m => {
+                        let b = self.bcst(m);
+                        self.a.vblendmpd(dm, br, b)
+                    }
+                }
+                .map_err(e)?;
+            }
+            Inst::Store { s, disp, .. } if self.lp.elem(s) == Elem::F64 => {
+                let x = self.reg(l(0), t0)?;
+                let m = zmmword_ptr(at(s, disp, 8));
+                if masked {
+                    self.a.vmovupd(m.k7(), x).map_err(e)?;
+                } else {
+                    self.a.vmovupd(m, x).map_err(e)?;
+                }
+            }
+            Inst::Store { s, disp, .. } => {
+                // Bytes: truncated toward zero to i64 (saturating: NaN 0, -2^63 and below
+                // i64::MIN) and the low byte kept, as the scalar code stores `u8(i64(x))`:
+                // vcvttpd2qq gives 2^63 for NaN and out-of-range lanes, whose low byte is
+                // right but for lanes of 2^63 and above (i64::MAX: 0xff).
+                let x = self.reg(l(0), t0)?;
+                let t = ZMM[tmp[1]];
+                self.a.vcvttpd2qq(t, x).map_err(e)?;
+                let big = self.pool_slice(&[0, 0x43e0_0000]);
+                self.a
+                    .vcmppd(k6, x, qword_bcst(r11 + big), cmp_pred(Cmp::Ge))
+                    .map_err(e)?;
+                self.a.vpternlogq(t.k6(), t, t, 0xff).map_err(e)?;
+                let m = qword_ptr(at(s, disp, 1));
+                if masked {
+                    self.a.vpmovqb(m.k7(), t).map_err(e)?;
+                } else {
+                    self.a.vpmovqb(m, t).map_err(e)?;
+                }
+            }
+            _ => return Err(format!("x86 loop: {inst:?} in an f64 loop")),
+        }
+        Ok(())
+    }
+}
+
+/// `vcmpps`/`vcmppd`'s predicate for `op`: EQ_OQ, NEQ_UQ, LT_OQ, LE_OQ, GT_OQ, GE_OQ.
+fn cmp_pred(op: Cmp) -> i32 {
+    match op {
+        Cmp::Eq => 0x00,
+        Cmp::Ne => 0x04,
+        Cmp::Lt => 0x11,
+        Cmp::Le => 0x12,
+        Cmp::Gt => 0x1e,
+        Cmp::Ge => 0x1d,
+    }
+}
+
+/// `d` written under value mask register `m` (k1..k5, [`KVAL`]).
+fn masked_by(d: AsmRegisterZmm, m: usize) -> AsmRegisterZmm {
+    match m {
+        0 => d.k1(),
+        1 => d.k2(),
+        2 => d.k3(),
+        3 => d.k4(),
+        _ => d.k5(),
     }
 }
 
