@@ -5,6 +5,15 @@ its convs and products: per-channel int8 weights, uint8 activations), as
 
     python3 tests/bench/make_qdq.py target/zoo/resnet18.onnx target/qdq/resnet18_qdq.onnx
     ./target/release/onnxc bench target/qdq/resnet18_qdq.onnx
+
+With --qoperator, the operator format instead (QLinearConv, QLinearMatMul, QLinearAdd,
+... from the com.microsoft domain where ONNX has none), as the ONNX model zoo's int8
+models are written:
+
+    python3 tests/bench/make_qdq.py --qoperator target/zoo/resnet18.onnx target/qop/resnet18_qop.onnx
+
+(onnxc does not compile such models yet: ONNX Runtime writes QLinearAdd,
+QLinearGlobalAveragePool and QGemm of its com.microsoft domain into them.)
 """
 import os
 import sys
@@ -31,11 +40,11 @@ class RandomInputs(CalibrationDataReader):
         return next(self.it, None)
 
 
-def main(src, dst):
+def main(src, dst, fmt=QuantFormat.QDQ):
     os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
     pre = dst + ".pre.onnx"
     quant_pre_process(src, pre, skip_symbolic_shape=True)
-    quantize_static(pre, dst, RandomInputs(onnx.load(src)), quant_format=QuantFormat.QDQ,
+    quantize_static(pre, dst, RandomInputs(onnx.load(src)), quant_format=fmt,
                     per_channel=True, activation_type=QuantType.QUInt8,
                     weight_type=QuantType.QInt8)
     os.remove(pre)
@@ -43,6 +52,10 @@ def main(src, dst):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
+    args = sys.argv[1:]
+    fmt = QuantFormat.QDQ
+    if args[:1] == ["--qoperator"]:
+        fmt, args = QuantFormat.QOperator, args[1:]
+    if len(args) != 2:
         sys.exit(__doc__)
-    main(sys.argv[1], sys.argv[2])
+    main(args[0], args[1], fmt)
