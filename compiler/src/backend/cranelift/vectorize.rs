@@ -48,10 +48,10 @@ pub(super) struct Plan {
     pub(super) locals: Vec<VarId>,
     /// Accumulators carried across iterations (see [`reduction`]).
     pub(super) reds: Vec<Red>,
-    /// The body copies 32-bit integers (`buf[i] = src[j]`, both i32 or u32): only the
-    /// AVX-512 loops take such a loop, moving the values through f32 lanes bit for bit
-    /// (loads, stores and in-register transposes do not look at the bits); the f32x4
-    /// code leaves it scalar.
+    /// The body copies integers (`buf[i] = src[j]`, both i32 or u32, or both u8 or
+    /// both i8): only the AVX-512 loops take such a loop, moving 32-bit values through
+    /// f32 lanes bit for bit (loads, stores and in-register transposes do not look at
+    /// the bits) and bytes through f32 lanes exactly; the f32x4 code leaves it scalar.
     pub(super) int_copy: bool,
 }
 
@@ -431,7 +431,7 @@ impl Gen<'_, '_> {
     }
 
     /// For a store of `value` to a buffer of `elem`: the load it copies, when both are
-    /// 32-bit integers (see [`Plan::int_copy`]).
+    /// 32-bit integers or both the same bytes (see [`Plan::int_copy`]).
     pub(super) fn int_copy_value<'e>(
         &self,
         elem: Ty,
@@ -439,8 +439,10 @@ impl Gen<'_, '_> {
     ) -> Option<(BufId, &'e Expr)> {
         let int32 = |t: Ty| matches!(t, Ty::I32 | Ty::U32);
         match value {
-            Expr::Load(src, idx) if int32(elem) && int32(self.p.buffers[*src].elem) => {
-                Some((*src, &**idx))
+            Expr::Load(src, idx) => {
+                let from = self.p.buffers[*src].elem;
+                let bytes = matches!(elem, Ty::U8 | Ty::I8) && from == elem;
+                ((int32(elem) && int32(from)) || bytes).then_some((*src, &**idx))
             }
             _ => None,
         }

@@ -1180,6 +1180,11 @@ impl Gen<'_, '_> {
                     let to = self.p.buffers[*buf].elem;
                     let value = &inline(value, &t.defs);
                     let (elem, v) = match self.int_copy_value(to, value) {
+                        // Bytes through f32 lanes, exactly (Plan::int_copy).
+                        Some((src, sidx)) if matches!(to, Ty::U8 | Ty::I8) => {
+                            let e = self.stream_elem(*buf)?;
+                            (e, self.wload(&mut t, src, sidx, e)?)
+                        }
                         // 32-bit integers moved as f32 lanes, bit for bit (Plan::int_copy).
                         Some((src, sidx)) => {
                             (x::Elem::F32, self.wload(&mut t, src, sidx, x::Elem::F32)?)
@@ -1200,8 +1205,10 @@ impl Gen<'_, '_> {
                             (elem, v)
                         }
                     };
+                    let byte = matches!(elem, x::Elem::U8 | x::Elem::I8);
                     let step = match stride(index, var, &t.locals)? {
                         st @ (1 | 2 | 4) if elem == x::Elem::F32 || st == 1 => st as u8,
+                        4 if byte => 4,
                         _ => return None,
                     };
                     let (s, disp) = t.stream(*buf, index, elem)?;

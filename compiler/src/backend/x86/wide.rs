@@ -144,7 +144,8 @@ pub enum Inst {
     Rcp14(V),
     /// `v` into stream `s` at elements `step (i + l) + disp` for lane `l`, `step` 1, 2
     /// or 4 (with 2 or 4: one column phase of a row, as Winograd's output transforms
-    /// write it; the elements between are left as they are).
+    /// write it; the elements between are left as they are). A byte stream takes steps
+    /// 1 and 4 (every fourth byte: one channel of an 8-bit conv's quads).
     Store {
         s: u16,
         disp: i32,
@@ -285,6 +286,11 @@ impl Loop {
     /// Whether stream `s` holds other elements than f32.
     pub fn is_narrow(&self, s: u16) -> bool {
         self.elem(s) != Elem::F32
+    }
+
+    /// Whether stream `s` holds bytes (u8 or i8).
+    pub fn is_byte(&self, s: u16) -> bool {
+        matches!(self.elem(s), Elem::U8 | Elem::I8)
     }
 
     /// Lanes per vector: 16 f32, or 8 f64.
@@ -476,7 +482,7 @@ fn extra_gprs(lp: &Loop, tile: bool) -> usize {
 /// [`Gen::quad`]).
 fn needs_quad(lp: &Loop, tile: bool) -> bool {
     lp.insts.iter().any(|i| match i {
-        Inst::Store { step, .. } => *step == 4,
+        Inst::Store { step, s, .. } => *step == 4 && !lp.is_byte(*s),
         Inst::LoadS { stride, .. } => *stride == 4 && !tile,
         _ => false,
     })
@@ -573,7 +579,9 @@ pub fn generate(lp: &Loop) -> R<Vec<u8>> {
     for i in &lp.insts {
         let narrow = match *i {
             Inst::Load2 { s, .. } | Inst::LoadS { s, .. } => lp.is_narrow(s),
-            Inst::Store { s, step, .. } => step != 1 && lp.is_narrow(s),
+            Inst::Store { s, step, .. } => {
+                step != 1 && lp.is_narrow(s) && !(step == 4 && lp.is_byte(s))
+            }
             _ => false,
         };
         if narrow {
@@ -1705,7 +1713,7 @@ impl Gen<'_> {
                 disp,
                 step: step @ (2 | 4),
                 ..
-            } => {
+            } if !self.lp.is_byte(s) => {
                 // Lanes 0..16/step spread to every step-th element of the vector at the
                 // lane-0 address, the next 16/step lanes to those of the next vector, and
                 // so on; the elements between keep their values (masked stores).
@@ -1743,16 +1751,29 @@ impl Gen<'_> {
                     self.a.vmovups(m.k6(), t).map_err(e)?;
                 }
             }
-            Inst::Store { s, disp, .. } if matches!(self.lp.elem(s), Elem::U8 | Elem::I8) => {
+            Inst::Store { s, disp, step, .. } if self.lp.is_byte(s) => {
                 let x = self.reg(l(0), t0)?;
                 let t = ZMM[tmp[1]];
                 self.a.vcvttps2dq(t, x).map_err(e)?;
                 // Lanes of 2^63 and above (+inf): the scalar code's i64::MAX, 0xff.
                 let big = self.pool_off(0x5f00_0000);
                 self.a
-                    .vcmpps(k6, x, dword_bcst(r11 + big), 0x1d)
+                    .vcmpps(k6, x, dword_bcst(r11 + big), cmp_pred(Cmp::Ge))
                     .map_err(e)?;
                 self.a.vpternlogd(t.k6(), t, t, 0xff).map_err(e)?;
+                if step == 4 {
+                    // Every fourth byte: lane l's low byte is byte 4 l of the vector, so
+                    // a byte-masked store of the dwords writes those bytes alone (bits
+                    // 4 l of the mask; with a tail, the first lanes' only).
+                    let lanes = if masked { self.lp.n % LANES } else { LANES };
+                    let bits = (0..lanes).fold(0u64, |m, l| m | 1 << (4 * l));
+                    let mo = self.pool_slice(&[bits as u32, (bits >> 32) as u32]);
+                    self.a.kmovq(k6, qword_ptr(r11 + mo)).map_err(e)?;
+                    let at = disp + self.rdisp[s as usize];
+                    let m = zmmword_ptr(STREAMS[s as usize] + rax * 4 + at);
+                    self.a.vmovdqu8(m.k6(), t).map_err(e)?;
+                    return Ok(());
+                }
                 let xt = XMM[tmp[1]];
                 self.a.vpmovdb(xt, t).map_err(e)?;
                 let m = self.stream_at_byte(s, disp);
