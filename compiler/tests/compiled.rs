@@ -990,6 +990,85 @@ fn byte_streams_convert_as_the_reference() {
     assert_eq!(ran, 3);
 }
 
+/// Max pools of u8 and i8 values (a QDQ model's pools once `quantized_max_pool` has
+/// taken their DequantizeLinear and QuantizeLinear away): 3x3 stride 2 with pads and
+/// ceil mode (the column phases read every other byte), 2x2 stride 2 and 3x3 stride 1,
+/// on planes whose rows end in partial vectors; every byte value in the input. Bit for
+/// bit against the reference evaluator on every target; on an AVX-512 host the pools are
+/// AVX-512 loops.
+#[test]
+fn byte_max_pools_match_the_reference() {
+    use common::{int_attr, ints_attr, model, node, value_info};
+    use onnxc::ir::Tensor;
+    use onnxc::onnx::proto::tensor_proto::DataType;
+    use onnxc::onnx::proto::GraphProto;
+    let scratch = tempfile::tempdir().unwrap();
+    let (c, h, w) = (3usize, 23usize, 37usize);
+    // (name, kernel, strides, pads, ceil_mode)
+    type Pool = (&'static str, [i64; 2], [i64; 2], [i64; 4], i64);
+    let pools: [Pool; 3] = [
+        ("s2", [3, 3], [2, 2], [1, 1, 1, 1], 1),
+        ("k2", [2, 2], [2, 2], [0, 0, 0, 0], 0),
+        ("s1", [3, 3], [1, 1], [1, 1, 1, 1], 0),
+    ];
+    let mut ran = 0;
+    for target in ["host", "x86_64-sse4", "aarch64-neon"] {
+        let wide = target == "host" && std::arch::is_x86_feature_detected!("avx512bw");
+        for dt in [DataType::Uint8, DataType::Int8] {
+            for (name, k, st, pads, ceil) in pools {
+                let out = |i: usize, d: usize| {
+                    let span = i as i64 + pads[d] + pads[d + 2] - k[d];
+                    let q = if ceil == 1 {
+                        span.div_euclid(st[d]) + i64::from(span.rem_euclid(st[d]) != 0)
+                    } else {
+                        span.div_euclid(st[d])
+                    };
+                    q + 1
+                };
+                let (oh, ow) = (out(h, 0), out(w, 1));
+                let mut nd = node("MaxPool", &["x"], &["y"]);
+                nd.attribute = vec![
+                    ints_attr("kernel_shape", &k),
+                    ints_attr("strides", &st),
+                    ints_attr("pads", &pads),
+                    int_attr("ceil_mode", ceil),
+                ];
+                let case = format!("maxpool_{name}_{}", dt.as_str_name().to_lowercase());
+                let mut m = model(GraphProto {
+                    name: Some(case.clone()),
+                    node: vec![nd],
+                    input: vec![value_info("x", dt, &[1, c as i64, h as i64, w as i64])],
+                    output: vec![value_info("y", dt, &[1, c as i64, oh, ow])],
+                    ..Default::default()
+                });
+                m.opset_import[0].version = Some(13);
+                let n = c * h * w;
+                let x = match dt {
+                    DataType::Uint8 => Value::Tensor(Tensor::from_vec(
+                        &[1, c, h, w],
+                        (0..n).map(|i| (i * 37 % 256) as u8).collect(),
+                    )),
+                    _ => Value::Tensor(Tensor::from_vec(
+                        &[1, c, h, w],
+                        (0..n).map(|i| (i * 37 % 256) as u8 as i8).collect(),
+                    )),
+                };
+                let (cm, got, want) =
+                    compiled_and_reference(scratch.path(), &m, target, std::slice::from_ref(&x));
+                let has_wide = cm
+                    .artifacts
+                    .object
+                    .windows(12)
+                    .any(|w| w == b"model__wide0");
+                assert_eq!(has_wide, wide, "{case} on {target}: AVX-512 loop");
+                assert_eq!(bits(&got[0]), bits(&want[0]), "{case} on {target}");
+            }
+        }
+        ran += 1;
+    }
+    assert_eq!(ran, 3);
+}
+
 /// f64 through the AVX-512 f64 loops (8 lanes): Cast f64 -> u8 / i8 (truncation toward
 /// zero, then the low byte) of values at the edges (halves, the types' ends and past
 /// them, 2^31, 2^63 and past it, the largest f64, infinities, NaN); u8, i8 and i32 ->

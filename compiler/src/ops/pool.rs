@@ -570,13 +570,25 @@ mod lower {
     /// (scratch). Max ignores NaN inputs and gives NaN for a window with none; averages
     /// divide by the count of positions inside the input (or the padded input with
     /// count_include_pad), like `pool_rows`. Returns false (nothing lowered) where it
-    /// does not apply.
+    /// does not apply. A max pool of u8 or i8 values (a QDQ model's, see
+    /// `passes::quantized_max_pool`) computes in f32, which holds them exactly.
     fn pool_2d(lw: &mut LowerCtx, x: &TensorRef, win: &Window, kind: RowPool) -> OpResult<bool> {
         let out = lw.outputs[0].clone();
+        let bytes =
+            matches!(kind, RowPool::Max) && matches!(x.ty(), Ty::U8 | Ty::I8) && out.ty() == x.ty();
+        // Bytes widened where they are read, narrowed where the result is stored (as
+        // Cast writes it: through i64).
+        let widen = |e: Expr| if bytes { Expr::cast(Ty::F32, e) } else { e };
+        let narrow = |e: Expr| {
+            if bytes {
+                Expr::cast(out.ty(), Expr::cast(Ty::I64, e))
+            } else {
+                e
+            }
+        };
         if lw.outputs.len() != 1
             || win.k.len() != 2
-            || x.ty() != Ty::F32
-            || out.ty() != Ty::F32
+            || !(bytes || x.ty() == Ty::F32 && out.ty() == Ty::F32)
             || win.kernel_len() > P2_TAPS
             || win.s[1] > P2_MAX_STRIDE
             || win.out.contains(&0)
@@ -690,7 +702,7 @@ mod lower {
                     );
                     body.extend(loops(
                         &[(iv, ih as usize), (qv, len as usize)],
-                        vec![store(pbuf, dst, Expr::load(x.buf, srci))],
+                        vec![store(pbuf, dst, widen(Expr::load(x.buf, srci)))],
                     ));
                 }
                 (pbuf, lp)
@@ -731,7 +743,8 @@ mod lower {
                         let (t, r) = (off.div_euclid(sw), off.rem_euclid(sw));
                         let cst =
                             r * ih * lp * i64::from(phases.is_some()) + kh * dh * rstride + a + t;
-                        taps.push(Expr::load(src, add(add(v(rb), v(j)), int(cst))));
+                        let tap = Expr::load(src, add(add(v(rb), v(j)), int(cst)));
+                        taps.push(if src == x.buf { widen(tap) } else { tap });
                     }
                 }
                 let oidx = add(add(v(orb), v(j)), int(a));
@@ -754,7 +767,7 @@ mod lower {
                 st.push(Stmt::Store {
                     buf: out.buf,
                     index: oidx,
-                    value,
+                    value: narrow(value),
                 });
                 b.push(Stmt::For {
                     var: j,

@@ -8,7 +8,8 @@
 //! Level 1 (cleanup): `fold_shape_ops`, `fold_constants`, `remove_noops`,
 //! `eliminate_common_subexpressions`, `eliminate_dead_code`. Level 2 (algebraic folding
 //! into weights, convs split into the forms the GEMM lowerings take, then fusion):
-//! `integer_qdq_conv` (before the cleanup: QDQ convs onto the 8-bit GEMM), `widen_f16` (f16 convs and products onto the f32 kernels), `widen_integer`
+//! `integer_qdq_conv` (before the cleanup: QDQ convs onto the 8-bit GEMM),
+//! `quantized_max_pool` (a QDQ max pool on the 8-bit values), `widen_f16` (f16 convs and products onto the f32 kernels), `widen_integer`
 //! (MatMulInteger and QLinearMatMul onto the f32 GEMM where f32 is exact),
 //! `fold_batchnorm`, `matmul_add_to_gemm`, `fold_scale_bias`, `fold_input_scale`,
 //! `split_grouped_conv`, `split_dilated_conv`, `fuse_patterns`, `fuse_epilogue`,
@@ -33,6 +34,7 @@ pub mod inline_if;
 mod inline_util;
 pub mod integer_qdq_conv;
 pub mod matmul_add_to_gemm;
+pub mod quantized_max_pool;
 pub mod remove_noops;
 pub mod split_dilated_conv;
 pub mod split_grouped_conv;
@@ -76,6 +78,11 @@ pub const PIPELINE: &[Pass] = &[
         name: "integer_qdq_conv",
         level: 2,
         run: integer_qdq_conv::run,
+    },
+    Pass {
+        name: "quantized_max_pool",
+        level: 2,
+        run: quantized_max_pool::run,
     },
     Pass {
         name: "fold_constants",

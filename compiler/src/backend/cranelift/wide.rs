@@ -1329,18 +1329,20 @@ impl Gen<'_, '_> {
         })
     }
 
-    /// `buf[idx]` as a wide value, its elements read as `elem` (f16 only at unit stride).
+    /// `buf[idx]` as a wide value, its elements read as `elem` (f16 only at unit stride,
+    /// bytes at strides 1 and 2).
     fn wload(&self, t: &mut Tr, buf: BufId, idx: &Expr, elem: x::Elem) -> Option<V> {
+        let byte = matches!(elem, x::Elem::U8 | x::Elem::I8);
         Some(match stride(idx, t.var, &t.locals)? {
             1 => {
                 let (s, disp) = t.stream(buf, idx, elem)?;
                 t.b.load(s, disp)
             }
-            _ if elem != x::Elem::F32 => return None,
-            2 => {
-                let (s, disp) = t.stream(buf, idx, x::Elem::F32)?;
+            2 if byte || elem == x::Elem::F32 => {
+                let (s, disp) = t.stream(buf, idx, elem)?;
                 t.b.load2(s, disp)
             }
+            _ if elem != x::Elem::F32 => return None,
             st => {
                 let st = i32::try_from(st).ok()?;
                 let (s, disp) = t.stream(buf, idx, x::Elem::F32)?;
@@ -1543,17 +1545,16 @@ impl Gen<'_, '_> {
                 t.b.select(vc, va, vb)
             }
             Expr::Cast(Ty::F32, a) if self.ty(a).ok()? == Ty::F32 => self.wexpr(t, a)?,
-            // Bytes read at unit stride, widened.
+            // Bytes read at unit stride or every other one, widened.
             Expr::Cast(Ty::F32, a)
                 if matches!(&**a, Expr::Load(buf, idx)
                     if matches!(self.stream_elem(*buf), Some(x::Elem::U8 | x::Elem::I8))
-                        && stride(idx, t.var, &t.locals) == Some(1)) =>
+                        && matches!(stride(idx, t.var, &t.locals), Some(1 | 2))) =>
             {
                 let Expr::Load(buf, idx) = &**a else {
                     return None;
                 };
-                let (s, disp) = t.stream(*buf, idx, self.stream_elem(*buf)?)?;
-                t.b.load(s, disp)
+                self.wload(t, *buf, idx, self.stream_elem(*buf)?)?
             }
             // 32-bit integers read at unit stride, converted.
             Expr::Cast(Ty::F32, a) if matches!(&**a, Expr::Load(buf, _) if self.p.buffers[*buf].elem == Ty::I32) =>

@@ -103,7 +103,7 @@ pub enum Inst {
         epoch: u32,
     },
     /// The lanes of stream `s` at elements `2 (i + l) + disp` for lane `l` (every other
-    /// element: the even or odd phase of a row).
+    /// element: the even or odd phase of a row). f32 or byte streams.
     Load2 {
         s: u16,
         disp: i32,
@@ -578,7 +578,8 @@ pub fn generate(lp: &Loop) -> R<Vec<u8>> {
     }
     for i in &lp.insts {
         let narrow = match *i {
-            Inst::Load2 { s, .. } | Inst::LoadS { s, .. } => lp.is_narrow(s),
+            Inst::Load2 { s, .. } => lp.is_narrow(s) && !lp.is_byte(s),
+            Inst::LoadS { s, .. } => lp.is_narrow(s),
             Inst::Store { s, step, .. } => {
                 step != 1 && lp.is_narrow(s) && !(step == 4 && lp.is_byte(s))
             }
@@ -1399,6 +1400,31 @@ impl Gen<'_> {
                     _ => self.a.vmovups(d, m),
                 }
                 .map_err(e)?;
+            }
+            Inst::Load2 { s, disp, .. } if self.lp.is_byte(s) => {
+                // The 31 bytes from the lane-0 address (masked: the 32nd, which no lane
+                // needs, could be past the buffer's end; with a tail, the valid lanes'
+                // bytes only), as 16 words zero-extended to dwords, each lane's byte the
+                // low one of its dword: kept (u8) or sign-extended (i8), converted.
+                let r = match out {
+                    Loc::Z(r) => r,
+                    _ => 0,
+                };
+                let lanes = if masked { self.lp.n % LANES } else { LANES };
+                let mo = self.pool_off(((1u64 << (2 * lanes - 1)) - 1) as u32);
+                self.a.kmovd(k6, dword_ptr(r11 + mo)).map_err(e)?;
+                let at = disp + self.rdisp[s as usize];
+                let m = ymmword_ptr(STREAMS[s as usize] + rax * 2 + at);
+                self.a.vmovdqu8(YMM[r].k6().z(), m).map_err(e)?;
+                self.a.vpmovzxwd(d, YMM[r]).map_err(e)?;
+                if self.lp.elem(s) == Elem::U8 {
+                    let ff = self.pool_off(0xff);
+                    self.a.vpandd(d, d, dword_bcst(r11 + ff)).map_err(e)?;
+                } else {
+                    self.a.vpslld(d, d, 24).map_err(e)?;
+                    self.a.vpsrad(d, d, 24).map_err(e)?;
+                }
+                self.a.vcvtdq2ps(d, d).map_err(e)?;
             }
             Inst::Load2 { s, disp, .. } => {
                 // Lanes 0..16 of the result are elements 0, 2, .., 30 from the lane-0
