@@ -994,8 +994,9 @@ fn byte_streams_convert_as_the_reference() {
 /// taken their DequantizeLinear and QuantizeLinear away): 3x3 stride 2 with pads and
 /// ceil mode (the column phases read every other byte), 2x2 stride 2 and 3x3 stride 1,
 /// on planes whose rows end in partial vectors; every byte value in the input. Bit for
-/// bit against the reference evaluator on every target; on an AVX-512 host the pools are
-/// AVX-512 loops.
+/// bit against the reference evaluator on every target, and on the host on two threads
+/// too (the planes in parts, each part's column phases in a scratch slot of its own);
+/// on an AVX-512 host the pools are AVX-512 loops.
 #[test]
 fn byte_max_pools_match_the_reference() {
     use common::{int_attr, ints_attr, model, node, value_info};
@@ -1003,7 +1004,7 @@ fn byte_max_pools_match_the_reference() {
     use onnxc::onnx::proto::tensor_proto::DataType;
     use onnxc::onnx::proto::GraphProto;
     let scratch = tempfile::tempdir().unwrap();
-    let (c, h, w) = (3usize, 23usize, 37usize);
+    let (c, h, w) = (24usize, 23usize, 37usize);
     // (name, kernel, strides, pads, ceil_mode)
     type Pool = (&'static str, [i64; 2], [i64; 2], [i64; 4], i64);
     let pools: [Pool; 3] = [
@@ -1062,6 +1063,12 @@ fn byte_max_pools_match_the_reference() {
                     .any(|w| w == b"model__wide0");
                 assert_eq!(has_wide, wide, "{case} on {target}: AVX-512 loop");
                 assert_eq!(bits(&got[0]), bits(&want[0]), "{case} on {target}");
+                if target == "host" {
+                    let (tasks, got2) =
+                        on_two_threads(scratch.path(), &m, target, std::slice::from_ref(&x));
+                    assert!(tasks, "{case}: the planes go to threads");
+                    assert_eq!(bits(&got2[0]), bits(&want[0]), "{case}, two threads");
+                }
             }
         }
         ran += 1;

@@ -665,18 +665,29 @@ mod lower {
             RowPool::Max => None,
         };
         let lp = (iw + sw - 1) / sw;
+        // The phases of a plane, in a scratch slot per part of consecutive planes, so
+        // that the parts may run in parallel (with one slot for all, threads split each
+        // plane's row loops instead: a hand-over per plane).
+        let plen = sw * ih * lp;
+        let (per, slots) = if sw > 1 {
+            plane_parts(planes, plen as usize)
+        } else {
+            (1, planes)
+        };
         let phases = if sw > 1 {
             Some(lw.program.add_buffer(
                 format!("{}/phases", lw.name),
                 crate::kir::BufKind::Arena { offset: 0 },
                 Ty::F32,
-                (sw * ih * lp) as u64,
+                (slots as i64 * plen) as u64,
             ))
         } else {
             None
         };
         let mut k = lw.kernel("");
+        let (slot, gi) = (k.var(Ty::I64), k.var(Ty::I64));
         let pv = k.var(Ty::I64);
+        let sb = k.var(Ty::I64);
         let xb = k.var(Ty::I64);
         let ob = k.var(Ty::I64);
         let ohv = k.var(Ty::I64);
@@ -685,6 +696,8 @@ mod lower {
         let j = k.var(Ty::I64);
         let (iv, qv) = (k.var(Ty::I64), k.var(Ty::I64));
         let mut body = vec![
+            set(pv, add(mul(v(slot), int(per as i64)), v(gi))),
+            set(sb, mul(v(slot), int(plen))),
             set(xb, mul(v(pv), int(ih * iw))),
             set(ob, mul(v(pv), int(oh_n * ow_n))),
         ];
@@ -695,7 +708,10 @@ mod lower {
                     if len <= 0 {
                         continue;
                     }
-                    let dst = add(add(int(r * ih * lp), mul(v(iv), int(lp))), v(qv));
+                    let dst = add(
+                        add(v(sb), int(r * ih * lp)),
+                        add(mul(v(iv), int(lp)), v(qv)),
+                    );
                     let srci = add(
                         add(v(xb), mul(v(iv), int(iw))),
                         add(mul(v(qv), int(sw)), int(r)),
@@ -711,7 +727,7 @@ mod lower {
         };
         let mut row = |oh: Expr, khs: &[i64], hcount: f32| -> Vec<Stmt> {
             let base = match phases {
-                Some(_) => int(0),
+                Some(_) => v(sb),
                 None => v(xb),
             };
             let mut b = vec![
@@ -791,7 +807,7 @@ mod lower {
         for oh in hi..oh_n {
             body.extend(row(int(oh), &rows_ok(oh), counts(0, oh)));
         }
-        k.body = loops(&[(pv, planes)], body);
+        k.body = over_parts(body, (slot, gi), (per, slots), planes);
         lw.push(k);
         Ok(true)
     }
