@@ -271,6 +271,32 @@ fn nan_skip(c: &Expr, a: &Expr, b: &Expr) -> Option<bool> {
     pick(p, q).or_else(|| pick(q, p))
 }
 
+/// Kernel IR's unary float operation as the loops' (`Not` is none of theirs).
+fn wide_un(op: UnOp) -> Option<x::Un> {
+    Some(match op {
+        UnOp::Neg => x::Un::Neg,
+        UnOp::Abs => x::Un::Abs,
+        UnOp::Sqrt => x::Un::Sqrt,
+        UnOp::Floor => x::Un::Floor,
+        UnOp::Ceil => x::Un::Ceil,
+        UnOp::Nearest => x::Un::Nearest,
+        UnOp::Trunc => x::Un::Trunc,
+        UnOp::Not => return None,
+    })
+}
+
+/// Kernel IR's comparison as the loops'.
+fn wide_cmp(op: CmpOp) -> x::Cmp {
+    match op {
+        CmpOp::Eq => x::Cmp::Eq,
+        CmpOp::Ne => x::Cmp::Ne,
+        CmpOp::Lt => x::Cmp::Lt,
+        CmpOp::Le => x::Cmp::Le,
+        CmpOp::Gt => x::Cmp::Gt,
+        CmpOp::Ge => x::Cmp::Ge,
+    }
+}
+
 /// `select(a > b, a, b)` and its three mirror images are x86's max and min exactly:
 /// `vmaxps(p, q)` is `p > q ? p : q` and `vminps(p, q)` is `p < q ? p : q`, an ordered
 /// compare, so a NaN or an equal pair (+0 and -0) gives `q` as the select does. One
@@ -316,6 +342,31 @@ impl Tr {
         };
         let disp = i32::try_from(c.checked_mul(elem.bytes())?).ok()?;
         Some((u16::try_from(s).ok()?, disp))
+    }
+
+    /// The loop-invariant `e` as a uniform (computed once by the caller; one slot per
+    /// distinct expression).
+    fn uniform(&mut self, e: &Expr) -> Option<V> {
+        let u = match self.unis.iter().position(|x| x == e) {
+            Some(u) => u,
+            None => {
+                self.unis.push(e.clone());
+                self.unis.len() - 1
+            }
+        };
+        Some(self.b.push(Inst::Uni(u16::try_from(u).ok()?)))
+    }
+
+    /// `a and b` (else `a or b`) of two masks; `None` when either is a vector.
+    fn mask_logic(&mut self, and: bool, a: V, b: V) -> Option<V> {
+        if !self.is_mask(a) || !self.is_mask(b) {
+            return None;
+        }
+        Some(self.b.push(if and {
+            Inst::MAnd(a, b)
+        } else {
+            Inst::MOr(a, b)
+        }))
     }
 
     fn is_mask(&self, v: V) -> bool {
@@ -952,14 +1003,7 @@ impl Gen<'_, '_> {
             if ty != Ty::F64 {
                 return None;
             }
-            let u = match t.unis.iter().position(|x| x == e) {
-                Some(u) => u,
-                None => {
-                    t.unis.push(e.clone());
-                    t.unis.len() - 1
-                }
-            };
-            return Some(t.b.push(Inst::Uni(u16::try_from(u).ok()?)));
+            return t.uniform(e);
         }
         // Operands that must be vectors, not masks.
         let vec = |t: &mut Tr, e: &Expr| -> Option<V> {
@@ -994,16 +1038,7 @@ impl Gen<'_, '_> {
                 t.b.load(s, disp)
             }
             Expr::Un(op, a) if ty == Ty::F64 => {
-                let op = match op {
-                    UnOp::Neg => x::Un::Neg,
-                    UnOp::Abs => x::Un::Abs,
-                    UnOp::Sqrt => x::Un::Sqrt,
-                    UnOp::Floor => x::Un::Floor,
-                    UnOp::Ceil => x::Un::Ceil,
-                    UnOp::Nearest => x::Un::Nearest,
-                    UnOp::Trunc => x::Un::Trunc,
-                    UnOp::Not => return None,
-                };
+                let op = wide_un(*op)?;
                 let v = vec(t, a)?;
                 t.b.push(Inst::Un(op, v))
             }
@@ -1033,14 +1068,7 @@ impl Gen<'_, '_> {
                 t.b.select(vc, va, vb)
             }
             Expr::Cmp(op, a, b) if self.ty(a).ok()? == Ty::F64 => {
-                let op = match op {
-                    CmpOp::Eq => x::Cmp::Eq,
-                    CmpOp::Ne => x::Cmp::Ne,
-                    CmpOp::Lt => x::Cmp::Lt,
-                    CmpOp::Le => x::Cmp::Le,
-                    CmpOp::Gt => x::Cmp::Gt,
-                    CmpOp::Ge => x::Cmp::Ge,
-                };
+                let op = wide_cmp(*op);
                 let va = vec(t, a)?;
                 let vb = vec(t, b)?;
                 t.b.cmp(op, va, vb)
@@ -1048,14 +1076,7 @@ impl Gen<'_, '_> {
             Expr::Bin(op @ (BinOp::And | BinOp::Or), a, b) if ty == Ty::U8 => {
                 let va = self.wexpr64(t, a)?;
                 let vb = self.wexpr64(t, b)?;
-                if !t.is_mask(va) || !t.is_mask(vb) {
-                    return None;
-                }
-                t.b.push(if *op == BinOp::And {
-                    Inst::MAnd(va, vb)
-                } else {
-                    Inst::MOr(va, vb)
-                })
+                t.mask_logic(*op == BinOp::And, va, vb)?
             }
             _ => return None,
         })
@@ -1361,14 +1382,7 @@ impl Gen<'_, '_> {
             if self.ty(e).ok()? != Ty::F32 {
                 return None;
             }
-            let u = match t.unis.iter().position(|x| x == e) {
-                Some(u) => u,
-                None => {
-                    t.unis.push(e.clone());
-                    t.unis.len() - 1
-                }
-            };
-            return Some(t.b.push(Inst::Uni(u16::try_from(u).ok()?)));
+            return t.uniform(e);
         }
         let ty = self.ty(e).ok()?;
         Some(match e {
@@ -1381,16 +1395,7 @@ impl Gen<'_, '_> {
                 self.wload(t, *buf, idx, elem)?
             }
             Expr::Un(op, a) if ty == Ty::F32 => {
-                let op = match op {
-                    UnOp::Neg => x::Un::Neg,
-                    UnOp::Abs => x::Un::Abs,
-                    UnOp::Sqrt => x::Un::Sqrt,
-                    UnOp::Floor => x::Un::Floor,
-                    UnOp::Ceil => x::Un::Ceil,
-                    UnOp::Nearest => x::Un::Nearest,
-                    UnOp::Trunc => x::Un::Trunc,
-                    UnOp::Not => return None,
-                };
+                let op = wide_un(*op)?;
                 let v = self.wexpr_rounded(t, a)?;
                 if t.is_mask(v) {
                     return None;
@@ -1478,14 +1483,7 @@ impl Gen<'_, '_> {
                 t.b.bin(op, va, vb)
             }
             Expr::Cmp(op, a, b) if self.ty(a).ok()? == Ty::F32 => {
-                let op = match op {
-                    CmpOp::Eq => x::Cmp::Eq,
-                    CmpOp::Ne => x::Cmp::Ne,
-                    CmpOp::Lt => x::Cmp::Lt,
-                    CmpOp::Le => x::Cmp::Le,
-                    CmpOp::Gt => x::Cmp::Gt,
-                    CmpOp::Ge => x::Cmp::Ge,
-                };
+                let op = wide_cmp(*op);
                 let va = self.wexpr(t, a)?;
                 let vb = self.wexpr(t, b)?;
                 if t.is_mask(va) || t.is_mask(vb) {
@@ -1496,14 +1494,7 @@ impl Gen<'_, '_> {
             Expr::Bin(op @ (BinOp::And | BinOp::Or), a, b) if ty == Ty::U8 => {
                 let va = self.wexpr(t, a)?;
                 let vb = self.wexpr(t, b)?;
-                if !t.is_mask(va) || !t.is_mask(vb) {
-                    return None;
-                }
-                t.b.push(if *op == BinOp::And {
-                    Inst::MAnd(va, vb)
-                } else {
-                    Inst::MOr(va, vb)
-                })
+                t.mask_logic(*op == BinOp::And, va, vb)?
             }
             Expr::Select(c, a, b) if ty == Ty::F32 && !varies(c, t.var, &t.locals) => {
                 // A loop-invariant condition (a Max or Min node's NaN test of a scalar

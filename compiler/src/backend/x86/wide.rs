@@ -1653,57 +1653,8 @@ impl Gen<'_> {
                 let xr = self.reg(l(0), t0)?;
                 self.a.vrcp14ps(d, xr).map_err(e)?;
             }
-            Inst::Cmp(op, _, _) => {
-                let (mut x, mut y) = (l(0), l(1));
-                let mut op = op;
-                if is_mem(x) {
-                    std::mem::swap(&mut x, &mut y);
-                    op = match op {
-                        Cmp::Lt => Cmp::Gt,
-                        Cmp::Gt => Cmp::Lt,
-                        Cmp::Le => Cmp::Ge,
-                        Cmp::Ge => Cmp::Le,
-                        o => o,
-                    };
-                }
-                let pred = cmp_pred(op);
-                let k = Self::kreg(out)?;
-                let xr = self.reg(x, t0)?;
-                match y {
-                    Loc::Z(yr) => self.a.vcmpps(k, xr, ZMM[yr], pred),
-                    m => {
-                        let b = self.bcst(m);
-                        self.a.vcmpps(k, xr, b, pred)
-                    }
-                }
-                .map_err(e)?;
-            }
-            Inst::MAnd(..) | Inst::MOr(..) => {
-                let (x, y) = (Self::kreg(l(0))?, Self::kreg(l(1))?);
-                let k = Self::kreg(out)?;
-                if matches!(inst, Inst::MAnd(..)) {
-                    self.a.kandw(k, x, y).map_err(e)?;
-                } else {
-                    self.a.korw(k, x, y).map_err(e)?;
-                }
-            }
-            Inst::Select(..) => {
-                // vblendmps d{m}, b, a: d = m ? a : b.
-                let m = match l(0) {
-                    Loc::K(k) => k,
-                    _ => return Err("x86 loop: a vector used as a mask".into()),
-                };
-                let (a, b) = (l(1), l(2));
-                let br = self.reg(b, t0)?;
-                let dm = masked_by(d, m);
-                match a {
-                    Loc::Z(ar) => self.a.vblendmps(dm, br, ZMM[ar]),
-                    m => {
-                        let b = self.bcst(m);
-                        self.a.vblendmps(dm, br, b)
-                    }
-                }
-                .map_err(e)?;
+            Inst::Cmp(..) | Inst::MAnd(..) | Inst::MOr(..) | Inst::Select(..) => {
+                self.emit_mask(inst, ops, loc, out, t0)?
             }
             Inst::IAdd(..) | Inst::ISub(..) => {
                 let add = matches!(inst, Inst::IAdd(..));
@@ -2023,55 +1974,8 @@ impl Gen<'_> {
                 }
                 .map_err(e)?;
             }
-            Inst::Cmp(op, _, _) => {
-                let (mut x, mut y) = (l(0), l(1));
-                let mut op = op;
-                if is_mem(x) {
-                    std::mem::swap(&mut x, &mut y);
-                    op = match op {
-                        Cmp::Lt => Cmp::Gt,
-                        Cmp::Gt => Cmp::Lt,
-                        Cmp::Le => Cmp::Ge,
-                        Cmp::Ge => Cmp::Le,
-                        o => o,
-                    };
-                }
-                let pred = cmp_pred(op);
-                let k = Self::kreg(out)?;
-                let xr = self.reg(x, t0)?;
-                match y {
-                    Loc::Z(yr) => self.a.vcmppd(k, xr, ZMM[yr], pred),
-                    m => {
-                        let b = self.bcst(m);
-                        self.a.vcmppd(k, xr, b, pred)
-                    }
-                }
-                .map_err(e)?;
-            }
-            Inst::MAnd(..) | Inst::MOr(..) => {
-                let (x, y) = (Self::kreg(l(0))?, Self::kreg(l(1))?);
-                let k = Self::kreg(out)?;
-                if matches!(inst, Inst::MAnd(..)) {
-                    self.a.kandw(k, x, y).map_err(e)?;
-                } else {
-                    self.a.korw(k, x, y).map_err(e)?;
-                }
-            }
-            Inst::Select(..) => {
-                // vblendmpd d{m}, b, a: d = m ? a : b.
-                let Loc::K(m) = l(0) else {
-                    return Err("x86 loop: a vector used as a mask".into());
-                };
-                let br = self.reg(l(2), t0)?;
-                let dm = masked_by(d, m);
-                match l(1) {
-                    Loc::Z(ar) => self.a.vblendmpd(dm, br, ZMM[ar]),
-                    m => {
-                        let b = self.bcst(m);
-                        self.a.vblendmpd(dm, br, b)
-                    }
-                }
-                .map_err(e)?;
+            Inst::Cmp(..) | Inst::MAnd(..) | Inst::MOr(..) | Inst::Select(..) => {
+                self.emit_mask(inst, ops, loc, out, t0)?
             }
             Inst::Store { s, disp, .. } if self.lp.elem(s) == Elem::F64 => {
                 let x = self.reg(l(0), t0)?;
@@ -2103,6 +2007,91 @@ impl Gen<'_> {
                 }
             }
             _ => return Err(format!("x86 loop: {inst:?} in an f64 loop")),
+        }
+        Ok(())
+    }
+}
+
+impl Gen<'_> {
+    /// Comparisons, mask logic and selects, for f32 (`vcmpps`, `vblendmps`) or f64 loops
+    /// (`vcmppd`, `vblendmpd`): a memory operand goes second (a comparison's sense
+    /// reversed).
+    fn emit_mask(
+        &mut self,
+        inst: &Inst,
+        ops: &[V],
+        loc: &[Loc],
+        out: Loc,
+        t0: Option<usize>,
+    ) -> R<()> {
+        let l = |k: usize| loc[ops[k] as usize];
+        let f64 = self.lp.f64;
+        let d = match out {
+            Loc::Z(r) => ZMM[r],
+            _ => zmm0,
+        };
+        match *inst {
+            Inst::Cmp(op, _, _) => {
+                let (mut x, mut y) = (l(0), l(1));
+                let mut op = op;
+                if matches!(x, Loc::Uni(_) | Loc::Pool(_)) {
+                    std::mem::swap(&mut x, &mut y);
+                    op = match op {
+                        Cmp::Lt => Cmp::Gt,
+                        Cmp::Gt => Cmp::Lt,
+                        Cmp::Le => Cmp::Ge,
+                        Cmp::Ge => Cmp::Le,
+                        o => o,
+                    };
+                }
+                let pred = cmp_pred(op);
+                let k = Self::kreg(out)?;
+                let xr = self.reg(x, t0)?;
+                match (y, f64) {
+                    (Loc::Z(yr), false) => self.a.vcmpps(k, xr, ZMM[yr], pred),
+                    (Loc::Z(yr), true) => self.a.vcmppd(k, xr, ZMM[yr], pred),
+                    (m, false) => {
+                        let b = self.bcst(m);
+                        self.a.vcmpps(k, xr, b, pred)
+                    }
+                    (m, true) => {
+                        let b = self.bcst(m);
+                        self.a.vcmppd(k, xr, b, pred)
+                    }
+                }
+                .map_err(e)?;
+            }
+            Inst::MAnd(..) | Inst::MOr(..) => {
+                let (x, y) = (Self::kreg(l(0))?, Self::kreg(l(1))?);
+                let k = Self::kreg(out)?;
+                if matches!(inst, Inst::MAnd(..)) {
+                    self.a.kandw(k, x, y).map_err(e)?;
+                } else {
+                    self.a.korw(k, x, y).map_err(e)?;
+                }
+            }
+            Inst::Select(..) => {
+                // vblendmps d{m}, b, a: d = m ? a : b.
+                let Loc::K(m) = l(0) else {
+                    return Err("x86 loop: a vector used as a mask".into());
+                };
+                let br = self.reg(l(2), t0)?;
+                let dm = masked_by(d, m);
+                match (l(1), f64) {
+                    (Loc::Z(ar), false) => self.a.vblendmps(dm, br, ZMM[ar]),
+                    (Loc::Z(ar), true) => self.a.vblendmpd(dm, br, ZMM[ar]),
+                    (m, false) => {
+                        let b = self.bcst(m);
+                        self.a.vblendmps(dm, br, b)
+                    }
+                    (m, true) => {
+                        let b = self.bcst(m);
+                        self.a.vblendmpd(dm, br, b)
+                    }
+                }
+                .map_err(e)?;
+            }
+            _ => return Err(format!("x86 loop: {inst:?} is no mask operation")),
         }
         Ok(())
     }
