@@ -504,7 +504,10 @@ impl GemmCtx {
         let isa = spec.isa;
         let gw = spec.b_group * isa.nr();
         let col_units = spec.n.div_ceil(gw);
-        let row_units = spec.m.div_ceil(isa.mr());
+        // Rows in register tiles, or on the AMX tiles in the kernel's 32-row blocks (in
+        // 12-row units a part's 16-row tiles ended in partial ones).
+        let row_unit = if spec.amx { 32 } else { isa.mr() };
+        let row_units = spec.m.div_ceil(row_unit);
         // (Packed panels: when the columns share out evenly among 2 or 4 threads, or
         // there are enough of them not to matter.)
         let even_cols = col_units.is_multiple_of(4) || col_units >= 12;
@@ -531,7 +534,7 @@ impl GemmCtx {
         let (whole, unit) = if by_cols {
             (spec.n, gw)
         } else {
-            (spec.m, isa.mr())
+            (spec.m, row_unit)
         };
         let caches = (self.l1_kib, self.l2_kib);
         let part = |size: usize| {
@@ -559,7 +562,7 @@ impl GemmCtx {
         let steps = if by_cols {
             steps(spec, gw, 0)
         } else {
-            steps(spec, 0, isa.mr())
+            steps(spec, 0, row_unit)
         };
         let name = self.task_name();
         let task = task_function(
@@ -861,13 +864,19 @@ fn cols_part(spec: &Spec, n: usize, (l1, l2): (u32, u32)) -> Spec {
 
 /// Byte steps of a split part's operands a, b, c, init (and add's offset from C, when
 /// `spec` has one: none) for a part `cols` columns (whole column units) and `rows` rows
-/// (whole register tiles) on.
+/// (whole register tiles of a packed A; any count of A's rows unpacked) on.
 fn steps(spec: &Spec, cols: usize, rows: usize) -> Vec<i64> {
     let gw = spec.b_group * spec.isa.nr();
     let (ia, ib) = spec.init.unwrap_or((0, 0));
     let (c, r) = (cols as i64, rows as i64);
+    let mr = spec.isa.mr();
+    let a = if spec.a_tile == mr as i64 * spec.a_row {
+        r * spec.a_row
+    } else {
+        (rows / mr) as i64 * spec.a_tile
+    };
     let mut s = vec![
-        (rows / spec.isa.mr()) as i64 * spec.a_tile,
+        a,
         (cols / gw) as i64 * spec.b_panel,
         c * 4 + r * spec.c_rs,
         c * ib + r * ia,
