@@ -686,8 +686,9 @@ mod lower {
         };
         let mut k = lw.kernel("");
         let (slot, gi) = (k.var(Ty::I64), k.var(Ty::I64));
-        let pv = k.var(Ty::I64);
-        let sb = k.var(Ty::I64);
+        // The plane, and its part's scratch slot.
+        let pv = add(mul(v(slot), int(per as i64)), v(gi));
+        let sb = mul(v(slot), int(plen));
         let xb = k.var(Ty::I64);
         let ob = k.var(Ty::I64);
         let ohv = k.var(Ty::I64);
@@ -696,10 +697,8 @@ mod lower {
         let j = k.var(Ty::I64);
         let (iv, qv) = (k.var(Ty::I64), k.var(Ty::I64));
         let mut body = vec![
-            set(pv, add(mul(v(slot), int(per as i64)), v(gi))),
-            set(sb, mul(v(slot), int(plen))),
-            set(xb, mul(v(pv), int(ih * iw))),
-            set(ob, mul(v(pv), int(oh_n * ow_n))),
+            set(xb, mul(pv.clone(), int(ih * iw))),
+            set(ob, mul(pv, int(oh_n * ow_n))),
         ];
         let (src, rstride) = match phases {
             Some(pbuf) => {
@@ -709,7 +708,7 @@ mod lower {
                         continue;
                     }
                     let dst = add(
-                        add(v(sb), int(r * ih * lp)),
+                        add(sb.clone(), int(r * ih * lp)),
                         add(mul(v(iv), int(lp)), v(qv)),
                     );
                     let srci = add(
@@ -727,7 +726,7 @@ mod lower {
         };
         let mut row = |oh: Expr, khs: &[i64], hcount: f32| -> Vec<Stmt> {
             let base = match phases {
-                Some(_) => v(sb),
+                Some(_) => sb.clone(),
                 None => v(xb),
             };
             let mut b = vec![

@@ -12,7 +12,7 @@
 //! (there the f32 conv is the faster form).
 
 use super::inline_util::add_node_to;
-use super::util::{add_const, dtype_of, is_op, order, producer, retyped, shape_of};
+use super::util::{add_const, dtype_of, is_op, order, producer, quant_operands, retyped, shape_of};
 use crate::error::Result;
 use crate::ir::{Attr, DType, Graph, NodeId, Source, Tensor, ValueId, ValueType};
 
@@ -48,21 +48,7 @@ struct Plan {
 /// `v = DequantizeLinear(q, scale, zero_point)` of the default domain, not blocked:
 /// (q, scale, zero point, axis).
 fn dequantized(g: &Graph, v: ValueId) -> Option<(ValueId, ValueId, Option<ValueId>, i64)> {
-    let n = producer(g, v)?;
-    if !is_op(g, n, "DequantizeLinear") {
-        return None;
-    }
-    let node = &g.nodes[n];
-    if node.attrs.int("block_size", 0).ok()? != 0 {
-        return None;
-    }
-    let input = |i: usize| node.inputs.get(i).copied().flatten();
-    Some((
-        input(0)?,
-        input(1)?,
-        input(2),
-        node.attrs.int("axis", 1).ok()?,
-    ))
+    quant_operands(g, producer(g, v)?, "DequantizeLinear")
 }
 
 /// The values of a constant f32 tensor.

@@ -10,7 +10,7 @@
 //! QuantizeLinear loops around it go (in QDQ SqueezeNet 1.1 three such pools, in QDQ
 //! ResNet-18 one).
 
-use super::util::{dtype_of, is_op, new_node, order, producer, sole_reader};
+use super::util::{dtype_of, is_op, new_node, order, producer, quant_operands, sole_reader};
 use crate::error::Result;
 use crate::ir::{DType, Graph, NodeId, ValueId};
 
@@ -30,15 +30,7 @@ pub fn run(g: &mut Graph) -> Result<()> {
 /// The node's inputs `(x, scale, zero point)` when it is a per-tensor, unblocked
 /// DequantizeLinear or QuantizeLinear (one scale; a zero point of one value, or none).
 fn per_tensor(g: &Graph, n: NodeId, op: &str) -> Option<(ValueId, ValueId, Option<ValueId>)> {
-    if !is_op(g, n, op) {
-        return None;
-    }
-    let node = &g.nodes[n];
-    if node.attrs.int("block_size", 0).ok()? != 0 {
-        return None;
-    }
-    let input = |i: usize| node.inputs.get(i).copied().flatten();
-    let (x, s, z) = (input(0)?, input(1)?, input(2));
+    let (x, s, z, _) = quant_operands(g, n, op)?;
     let one = |v: ValueId| g.const_of(v).is_some_and(|t| t.len() == 1);
     (one(s) && z.is_none_or(one)).then_some((x, s, z))
 }

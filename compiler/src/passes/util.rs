@@ -107,6 +107,29 @@ pub fn absorb(g: &mut Graph, anchor: NodeId, follower: NodeId) {
     g.value_mut(old).source = Source::Undefined;
 }
 
+/// For a DequantizeLinear or QuantizeLinear (`op`) node of the default domain, not
+/// blocked: (x, scale, zero point, axis).
+pub fn quant_operands(
+    g: &Graph,
+    n: NodeId,
+    op: &str,
+) -> Option<(ValueId, ValueId, Option<ValueId>, i64)> {
+    if !is_op(g, n, op) {
+        return None;
+    }
+    let node = &g.nodes[n];
+    if node.attrs.int("block_size", 0).ok()? != 0 {
+        return None;
+    }
+    let input = |i: usize| node.inputs.get(i).copied().flatten();
+    Some((
+        input(0)?,
+        input(1)?,
+        input(2),
+        node.attrs.int("axis", 1).ok()?,
+    ))
+}
+
 /// Builds the op of a node from its (possibly edited) attributes and input count.
 pub fn rebuild(node: &mut Node) -> Result<()> {
     let ctx = OpCtx {

@@ -506,7 +506,7 @@ impl GemmCtx {
         let col_units = spec.n.div_ceil(gw);
         // Rows in register tiles, or on the AMX tiles in the kernel's 32-row blocks (in
         // 12-row units a part's 16-row tiles ended in partial ones).
-        let row_unit = if spec.amx { 32 } else { isa.mr() };
+        let row_unit = if spec.amx { amx::BLOCK } else { isa.mr() };
         let row_units = spec.m.div_ceil(row_unit);
         // (Packed panels: when the columns share out evenly among 2 or 4 threads, or
         // there are enough of them not to matter.)

@@ -794,11 +794,9 @@ impl Gen<'_, '_> {
             tr.b.push(Inst::Reduce { r: r as u16, v });
         }
         // A body the generator cannot take (too many registers live, say) stays narrow.
-        let Some(code) = generate_logged(&self.fname, &tr.b.lp) else {
+        let Some(extra) = self.wide_emit(&tr, plan, guard)? else {
             return Ok(false);
         };
-        let func = self.wide.func(self.module, code, &self.fname)?;
-        let extra = self.wide_call(func, &tr.b.lp, &tr.streams, &tr.unis, plan, guard)?;
         if let Some(m) = extra {
             use crate::backend::cranelift::vmath::SINCOS_MAX;
             use cranelift_codegen::ir::condcodes::FloatCC;
@@ -898,12 +896,7 @@ impl Gen<'_, '_> {
         }
         tr.b.lp.rows = rows;
         tr.b.lp.row_step = steps;
-        let Some(code) = generate_logged(&self.fname, &tr.b.lp) else {
-            return Ok(false);
-        };
-        let func = self.wide.func(self.module, code, &self.fname)?;
-        self.wide_call(func, &tr.b.lp, &tr.streams, &tr.unis, &plan, false)?;
-        Ok(true)
+        Ok(self.wide_emit(&tr, &plan, false)?.is_some())
     }
 
     /// `for var in 0..extent` whose stores are of f64 values (into f64 buffers, or
@@ -925,12 +918,7 @@ impl Gen<'_, '_> {
         let Some(tr) = self.wide_translate64(var, extent, body, &plan) else {
             return Ok(false);
         };
-        let Some(code) = generate_logged(&self.fname, &tr.b.lp) else {
-            return Ok(false);
-        };
-        let func = self.wide.func(self.module, code, &self.fname)?;
-        self.wide_call(func, &tr.b.lp, &tr.streams, &tr.unis, &plan, false)?;
-        Ok(true)
+        Ok(self.wide_emit(&tr, &plan, false)?.is_some())
     }
 
     /// [`Gen::wide_translate`] for a loop of f64 lanes ([`Gen::qualifies_as`] F64).
@@ -1013,11 +1001,7 @@ impl Gen<'_, '_> {
         Some(match e {
             Expr::Var(v) => *t.vals.get(v)?,
             Expr::Load(buf, idx) if self.p.buffers[*buf].elem == Ty::F64 => {
-                if stride(idx, t.var, &t.locals)? != 1 {
-                    return None;
-                }
-                let (s, disp) = t.stream(*buf, idx, x::Elem::F64)?;
-                t.b.load(s, disp)
+                self.wload(t, *buf, idx, x::Elem::F64)?
             }
             Expr::Cast(Ty::F64, a) if self.ty(a).ok()? == Ty::F64 => self.wexpr64(t, a)?,
             // 32-bit and 8-bit integers read at unit stride, converted (exactly).
@@ -1031,11 +1015,7 @@ impl Gen<'_, '_> {
                     Ty::I8 => x::Elem::I8,
                     _ => return None,
                 };
-                if stride(idx, t.var, &t.locals)? != 1 {
-                    return None;
-                }
-                let (s, disp) = t.stream(*buf, idx, elem)?;
-                t.b.load(s, disp)
+                self.wload(t, *buf, idx, elem)?
             }
             Expr::Un(op, a) if ty == Ty::F64 => {
                 let op = wide_un(*op)?;
@@ -1080,6 +1060,24 @@ impl Gen<'_, '_> {
             }
             _ => return None,
         })
+    }
+
+    /// The loop `tr` translated as a function (named after this kernel; identical loops
+    /// share one) and a call to it, or `None` (nothing emitted) when the generator
+    /// cannot take the body; with `guard`, the call's extra reduction (see
+    /// [`Gen::wide_call`]).
+    fn wide_emit(
+        &mut self,
+        tr: &Tr,
+        plan: &Plan,
+        guard: bool,
+    ) -> Result<Option<Option<cranelift_codegen::ir::Value>>, String> {
+        let Some(code) = generate_logged(&self.fname, &tr.b.lp) else {
+            return Ok(None);
+        };
+        let func = self.wide.func(self.module, code, &self.fname)?;
+        let extra = self.wide_call(func, &tr.b.lp, &tr.streams, &tr.unis, plan, guard)?;
+        Ok(Some(extra))
     }
 
     /// Calls `func` (made for `lp`) with its args block: the streams' base addresses, the

@@ -47,7 +47,7 @@ const ZMM: [AsmRegisterZmm; 2] = [zmm0, zmm1];
 const TMM: [AsmRegisterTmm; 8] = [tmm0, tmm1, tmm2, tmm3, tmm4, tmm5, tmm6, tmm7];
 
 /// Rows and columns of a C block (two tiles each way).
-const BLOCK: usize = 32;
+pub const BLOCK: usize = 32;
 /// Rows and columns (int32) of a tile; quads of k per tile multiply.
 pub const TILE: usize = 16;
 /// Stack bytes: the four entry arguments, the C scratch (four 1 KiB tiles), then B's

@@ -705,19 +705,13 @@ impl Gen<'_> {
         }
         for k in 0..self.resident.len() {
             let (inst, r) = self.resident[k];
-            let m = match inst {
-                Inst::Uni(u) => dword_ptr(rdi + self.lay.uni(u as usize) as i32),
-                Inst::Const(bits) => {
-                    let off = self.pool_off(bits);
-                    dword_ptr(r11 + off)
-                }
+            let l = match inst {
+                Inst::Uni(u) => Loc::Uni(self.lay.uni(u as usize) as i32),
+                Inst::Const(bits) => Loc::Pool(self.pool_off(bits)),
                 _ => return Err("x86 loop: a resident value must be uniform".into()),
             };
-            if lp.f64 {
-                self.a.vbroadcastsd(ZMM[r], qword_ptr(m)).map_err(e)?;
-            } else {
-                self.a.vbroadcastss(ZMM[r], m).map_err(e)?;
-            }
+            let m = self.scalar(l);
+            self.broadcast(ZMM[r], m)?;
         }
         // Accumulators from the top register down.
         for r in 0..lp.reds.len() {
@@ -1135,15 +1129,30 @@ impl Gen<'_> {
             Loc::Uni(_) | Loc::Pool(_) => {
                 let t = tmp.ok_or("x86 loop: no scratch register")?;
                 let m = self.scalar(l);
-                if self.lp.f64 {
-                    self.a.vbroadcastsd(ZMM[t], m).map_err(e)?;
-                } else {
-                    self.a.vbroadcastss(ZMM[t], m).map_err(e)?;
-                }
+                self.broadcast(ZMM[t], m)?;
                 ZMM[t]
             }
             _ => return Err("x86 loop: a mask used as a vector".into()),
         })
+    }
+
+    /// `d` = the scalar at `m` (f32, or f64 in an f64 loop) in every lane.
+    fn broadcast(&mut self, d: AsmRegisterZmm, m: AsmMemoryOperand) -> R<()> {
+        if self.lp.f64 {
+            self.a.vbroadcastsd(d, m)
+        } else {
+            self.a.vbroadcastss(d, m)
+        }
+        .map_err(e)
+    }
+
+    /// The lanes an iteration computes: all, or the tail's (f32 lanes).
+    fn valid_lanes(&self, masked: bool) -> u64 {
+        if masked {
+            self.lp.n % LANES
+        } else {
+            LANES
+        }
     }
 
     fn kreg(l: Loc) -> R<AsmRegisterK> {
@@ -1410,7 +1419,7 @@ impl Gen<'_> {
                     Loc::Z(r) => r,
                     _ => 0,
                 };
-                let lanes = if masked { self.lp.n % LANES } else { LANES };
+                let lanes = self.valid_lanes(masked);
                 let mo = self.pool_off(((1u64 << (2 * lanes - 1)) - 1) as u32);
                 self.a.kmovd(k6, dword_ptr(r11 + mo)).map_err(e)?;
                 let at = disp + self.rdisp[s as usize];
@@ -1742,7 +1751,7 @@ impl Gen<'_> {
                     // Every fourth byte: lane l's low byte is byte 4 l of the vector, so
                     // a byte-masked store of the dwords writes those bytes alone (bits
                     // 4 l of the mask; with a tail, the first lanes' only).
-                    let lanes = if masked { self.lp.n % LANES } else { LANES };
+                    let lanes = self.valid_lanes(masked);
                     let bits = (0..lanes).fold(0u64, |m, l| m | 1 << (4 * l));
                     let mo = self.pool_slice(&[bits as u32, (bits >> 32) as u32]);
                     self.a.kmovq(k6, qword_ptr(r11 + mo)).map_err(e)?;
