@@ -300,3 +300,48 @@ fn bad_shape_flag() {
     assert_clean_error(&["inspect", p, "--shape", "x=2x3x4"], "rank 2");
     assert_clean_error(&["inspect", p, "--shape", "x=4x3"], "fixed by the model");
 }
+
+/// ONNX Runtime's quantized ops with inputs missing or miscounted, and one onnxc has no
+/// body for: one clear error naming the node.
+#[test]
+fn malformed_microsoft_ops() {
+    use onnxc::onnx::proto::OperatorSetIdProto;
+    let d = tmp();
+    let cases: [(&str, &[&str], &str); 3] = [
+        (
+            "QLinearConcat",
+            &["ys", "yz", "x", "xs"],
+            "(tensor, scale, zero point) triples, has 4 inputs",
+        ),
+        (
+            "QGemm",
+            &["x", "s", "z", "", "s"],
+            "input 3 (B) is required",
+        ),
+        (
+            "QAttention",
+            &["x"],
+            "operator `QAttention` in domain `com.microsoft` is not implemented",
+        ),
+    ];
+    for (op, inputs, needle) in cases {
+        let mut m = relu_model();
+        m.opset_import.push(OperatorSetIdProto {
+            domain: Some("com.microsoft".into()),
+            version: Some(1),
+        });
+        let mut n = node(op, inputs, &["y"]);
+        n.domain = Some("com.microsoft".into());
+        m.graph.as_mut().unwrap().node = vec![n];
+        let p = write_model(d.path(), &format!("{op}.onnx"), &m);
+        assert_clean_error(
+            &[
+                "run",
+                p.to_str().unwrap(),
+                "--output-dir",
+                d.path().to_str().unwrap(),
+            ],
+            needle,
+        );
+    }
+}

@@ -2889,3 +2889,424 @@ fn int8_products_run_on_amx_tiles() {
         }
     }
 }
+
+/// ONNX Runtime's quantized operators (`com.microsoft`), imported as bodies of standard
+/// ops, against ONNX Runtime itself (the `onnxruntime` package, run live) and, compiled,
+/// against the reference evaluator bit for bit on the host, x86_64-sse4 and aarch64
+/// under qemu: QLinearAdd (broadcast, and int8 without an output zero point: the output int8 too), QLinearMul,
+/// QLinearLeakyRelu, QLinearSigmoid, QLinearGlobalAveragePool (channels first and last),
+/// QLinearAveragePool (padding, ceil mode, channels last), QLinearConcat (three scales),
+/// QLinearSoftmax (opset 13 and the coerced 2-D form of opset 11),
+/// QLinearWhere and QGemm (transposed B with per-column scales and zero points, an int32
+/// bias, alpha; quantized and float outputs). ONNX Runtime computes some of them by
+/// other arithmetic (QLinearAdd by scale ratios, QLinearSigmoid by a table), so its
+/// quantized outputs may differ by one step where a quotient lies at a rounding boundary:
+/// at most one step, and on at most 5% of the elements (a wrong rounding would put half
+/// of them off); float outputs within 1e-5.
+#[test]
+fn microsoft_quantized_ops_match_onnxruntime() {
+    use common::{f32_tensor, int_attr, ints_attr, model, value_info};
+    use onnxc::ir::Tensor;
+    use onnxc::onnx::proto::tensor_proto::DataType;
+    use onnxc::onnx::proto::{AttributeProto, GraphProto, NodeProto, OperatorSetIdProto};
+    let scratch = tempfile::tempdir().unwrap();
+    let (u8t, i8t) = (DataType::Uint8, DataType::Int8);
+    let float_attr = |name: &str, v: f32| AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(1),
+        f: Some(v),
+        ..Default::default()
+    };
+    // A graph input of random bytes (or booleans).
+    struct In {
+        name: &'static str,
+        dt: DataType,
+        dims: Vec<i64>,
+    }
+    struct Case {
+        name: &'static str,
+        op: &'static str,
+        inputs: Vec<&'static str>,
+        attrs: Vec<AttributeProto>,
+        feeds: Vec<In>,
+        inits: Vec<onnxc::onnx::proto::TensorProto>,
+        out: (DataType, Vec<i64>),
+    }
+    let s = |name: &str, v: f32| f32_tensor(name, &[], &[v]);
+    let z = |name: &str, dt: DataType, v: i64| int_tensor(name, dt, &[], &[v]);
+    let x4 = |name: &'static str, dt| In {
+        name,
+        dt,
+        dims: vec![1, 24, 13, 17],
+    };
+    // (x scale, x zero point, y scale, y zero point)
+    let unary = |name, op, dt, q: (f32, i64, f32, i64), attrs, out_dims: Vec<i64>| Case {
+        name,
+        op,
+        inputs: vec!["x", "xs", "xz", "ys", "yz"],
+        attrs,
+        feeds: vec![x4("x", dt)],
+        inits: vec![
+            s("xs", q.0),
+            z("xz", dt, q.1),
+            s("ys", q.2),
+            z("yz", dt, q.3),
+        ],
+        out: (dt, out_dims),
+    };
+    let full = vec![1, 24, 13, 17];
+    let mut cases = vec![
+        Case {
+            name: "qadd_u8_broadcast",
+            op: "QLinearAdd",
+            inputs: vec!["a", "as", "az", "b", "bs", "bz", "cs", "cz"],
+            attrs: vec![],
+            feeds: vec![
+                x4("a", u8t),
+                In {
+                    name: "b",
+                    dt: u8t,
+                    dims: vec![1, 24, 1, 1],
+                },
+            ],
+            inits: vec![
+                s("as", 0.05),
+                z("az", u8t, 120),
+                s("bs", 0.03),
+                z("bz", u8t, 131),
+                s("cs", 0.07),
+                z("cz", u8t, 125),
+            ],
+            out: (u8t, full.clone()),
+        },
+        Case {
+            name: "qadd_i8_no_zero",
+            op: "QLinearAdd",
+            inputs: vec!["a", "as", "az", "b", "bs", "bz", "cs"],
+            attrs: vec![],
+            feeds: vec![x4("a", i8t), x4("b", i8t)],
+            inits: vec![
+                s("as", 0.0513),
+                z("az", i8t, -5),
+                s("bs", 0.0291),
+                z("bz", i8t, 3),
+                s("cs", 0.0617),
+            ],
+            out: (i8t, full.clone()),
+        },
+        Case {
+            name: "qmul_u8",
+            op: "QLinearMul",
+            inputs: vec!["a", "as", "az", "b", "bs", "bz", "cs", "cz"],
+            attrs: vec![],
+            feeds: vec![x4("a", u8t), x4("b", u8t)],
+            inits: vec![
+                s("as", 0.05),
+                z("az", u8t, 120),
+                s("bs", 0.03),
+                z("bz", u8t, 131),
+                s("cs", 0.2),
+                z("cz", u8t, 128),
+            ],
+            out: (u8t, full.clone()),
+        },
+        unary(
+            "qleaky_u8",
+            "QLinearLeakyRelu",
+            u8t,
+            (0.0371, 128, 0.0313, 85),
+            vec![float_attr("alpha", 0.1)],
+            full.clone(),
+        ),
+        unary(
+            "qsigmoid_i8",
+            "QLinearSigmoid",
+            i8t,
+            (0.0371, 0, 0.00391, -128),
+            vec![],
+            full.clone(),
+        ),
+        unary(
+            "qgap_u8",
+            "QLinearGlobalAveragePool",
+            u8t,
+            (0.0371, 128, 0.00457, 131),
+            vec![],
+            vec![1, 24, 1, 1],
+        ),
+        unary(
+            "qgap_i8_last",
+            "QLinearGlobalAveragePool",
+            i8t,
+            (0.0371, 0, 0.00457, 3),
+            vec![int_attr("channels_last", 1)],
+            vec![1, 1, 1, 17],
+        ),
+        unary(
+            "qavgpool_u8",
+            "QLinearAveragePool",
+            u8t,
+            (0.0371, 128, 0.0297, 125),
+            vec![
+                ints_attr("kernel_shape", &[3, 3]),
+                ints_attr("strides", &[2, 2]),
+                ints_attr("pads", &[1, 1, 1, 1]),
+                int_attr("ceil_mode", 1),
+            ],
+            vec![1, 24, 8, 9],
+        ),
+        unary(
+            "qavgpool_i8_last",
+            "QLinearAveragePool",
+            i8t,
+            (0.0371, 0, 0.0297, -2),
+            vec![
+                ints_attr("kernel_shape", &[2, 2]),
+                ints_attr("strides", &[2, 2]),
+                int_attr("channels_last", 1),
+                int_attr("count_include_pad", 1),
+            ],
+            vec![1, 12, 6, 17],
+        ),
+        unary(
+            "qsoftmax_u8",
+            "QLinearSoftmax",
+            u8t,
+            (0.0371, 128, 0.00391, 0),
+            vec![int_attr("opset", 13), int_attr("axis", -1)],
+            full.clone(),
+        ),
+        unary(
+            "qsoftmax_u8_v11",
+            "QLinearSoftmax",
+            u8t,
+            (0.0371, 128, 0.000197, 0),
+            vec![int_attr("opset", 11), int_attr("axis", 2)],
+            full.clone(),
+        ),
+        Case {
+            name: "qconcat_u8",
+            op: "QLinearConcat",
+            inputs: vec![
+                "ys", "yz", "a", "as", "az", "b", "bs", "bz", "c", "cs", "cz",
+            ],
+            attrs: vec![int_attr("axis", 1)],
+            feeds: vec![
+                x4("a", u8t),
+                In {
+                    name: "b",
+                    dt: u8t,
+                    dims: vec![1, 5, 13, 17],
+                },
+                x4("c", u8t),
+            ],
+            inits: vec![
+                s("ys", 0.04),
+                z("yz", u8t, 128),
+                s("as", 0.04),
+                z("az", u8t, 128),
+                s("bs", 0.02),
+                z("bz", u8t, 100),
+                s("cs", 0.09),
+                z("cz", u8t, 140),
+            ],
+            out: (u8t, vec![1, 53, 13, 17]),
+        },
+        Case {
+            name: "qwhere_u8",
+            op: "QLinearWhere",
+            inputs: vec!["c", "x", "xs", "xz", "w", "ws", "wz", "zs", "zz"],
+            attrs: vec![],
+            feeds: vec![
+                In {
+                    name: "c",
+                    dt: DataType::Bool,
+                    dims: vec![1, 24, 13, 17],
+                },
+                x4("x", u8t),
+                In {
+                    name: "w",
+                    dt: u8t,
+                    dims: vec![17],
+                },
+            ],
+            inits: vec![
+                s("xs", 0.04),
+                z("xz", u8t, 128),
+                s("ws", 0.02),
+                z("wz", u8t, 100),
+                s("zs", 0.05),
+                z("zz", u8t, 120),
+            ],
+            out: (u8t, full.clone()),
+        },
+    ];
+    // QGemm: A [37, 70] u8, B^T [45, 70] i8 with per-column scales and zero points, an
+    // int32 bias, alpha 0.5; quantized to u8, and in float.
+    for (name, quantized) in [("qgemm_u8", true), ("qgemm_float", false)] {
+        let mut next = lcg(7);
+        let cols = 45;
+        let mut inits = vec![
+            s("as", 0.02),
+            z("az", u8t, 118),
+            f32_tensor(
+                "bs",
+                &[cols],
+                &(0..cols)
+                    .map(|j| 0.01 + 0.001 * j as f32)
+                    .collect::<Vec<_>>(),
+            ),
+            int_tensor(
+                "bz",
+                i8t,
+                &[cols],
+                &(0..cols).map(|j| j % 5 - 2).collect::<Vec<_>>(),
+            ),
+            int_tensor(
+                "c",
+                DataType::Int32,
+                &[cols],
+                &(0..cols)
+                    .map(|_| next() % 20001 - 10000)
+                    .collect::<Vec<_>>(),
+            ),
+        ];
+        let mut inputs = vec!["a", "as", "az", "b", "bs", "bz", "c"];
+        if quantized {
+            inits.extend([s("ys", 0.9), z("yz", u8t, 60)]);
+            inputs.extend(["ys", "yz"]);
+        }
+        cases.push(Case {
+            name,
+            op: "QGemm",
+            inputs,
+            attrs: vec![int_attr("transB", 1), float_attr("alpha", 0.5)],
+            feeds: vec![
+                In {
+                    name: "a",
+                    dt: u8t,
+                    dims: vec![37, 70],
+                },
+                In {
+                    name: "b",
+                    dt: i8t,
+                    dims: vec![cols, 70],
+                },
+            ],
+            inits,
+            out: (
+                if quantized { u8t } else { DataType::Float },
+                vec![37, cols],
+            ),
+        });
+    }
+    let ort_script = common::repo_root().join("tests/fixtures/ort_run.py");
+    for (ci, case) in cases.iter().enumerate() {
+        let node = NodeProto {
+            op_type: Some(case.op.into()),
+            domain: Some("com.microsoft".into()),
+            name: Some(case.name.into()),
+            input: case.inputs.iter().map(|s| s.to_string()).collect(),
+            output: vec!["y".into()],
+            attribute: case.attrs.clone(),
+            ..Default::default()
+        };
+        let mut m = model(GraphProto {
+            name: Some(case.name.into()),
+            node: vec![node],
+            input: case
+                .feeds
+                .iter()
+                .map(|f| value_info(f.name, f.dt, &f.dims))
+                .collect(),
+            output: vec![value_info("y", case.out.0, &case.out.1)],
+            initializer: case.inits.clone(),
+            ..Default::default()
+        });
+        m.opset_import.push(OperatorSetIdProto {
+            domain: Some("com.microsoft".into()),
+            version: Some(1),
+        });
+        let mut next = lcg(100 + ci as u64);
+        let feeds: Vec<Value> = case
+            .feeds
+            .iter()
+            .map(|f| {
+                let dims: Vec<usize> = f.dims.iter().map(|&d| d as usize).collect();
+                let n: usize = dims.iter().product();
+                Value::Tensor(match f.dt {
+                    DataType::Uint8 => {
+                        Tensor::from_vec(&dims, (0..n).map(|_| next() as u8).collect())
+                    }
+                    DataType::Int8 => {
+                        Tensor::from_vec(&dims, (0..n).map(|_| next() as u8 as i8).collect())
+                    }
+                    _ => Tensor::from_vec(&dims, (0..n).map(|_| next() % 3 == 0).collect()),
+                })
+            })
+            .collect();
+        // ONNX Runtime.
+        let dir = scratch.path().join(case.name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = common::write_model(scratch.path(), &format!("{}_ort.onnx", case.name), &m);
+        let mut cmd = Command::new("python3");
+        cmd.arg(&ort_script).arg(&path).arg(dir.join("ort"));
+        for (k, v) in feeds.iter().enumerate() {
+            let p = dir.join(format!("input_{k}.npy"));
+            io::write_npy(&p, v).unwrap();
+            cmd.arg(p);
+        }
+        let r = cmd.output().expect("python3 runs");
+        assert!(
+            r.status.success(),
+            "{}: onnxruntime failed:\n{}",
+            case.name,
+            String::from_utf8_lossy(&r.stderr)
+        );
+        let ort = io::from_npy(
+            &std::fs::read(dir.join("ort/output_0.npy")).unwrap(),
+            "ort output",
+        )
+        .unwrap();
+        for target in ["host", "x86_64-sse4", "aarch64-neon"] {
+            let (_, got, want) = compiled_and_reference(scratch.path(), &m, target, &feeds);
+            assert_eq!(bits(&got[0]), bits(&want[0]), "{} on {target}", case.name);
+        }
+        let want = eval::run(&onnx::load(&path).unwrap().graph, feeds.clone()).unwrap();
+        let want = want[0].as_tensor().unwrap();
+        assert_eq!(want.dtype(), ort.dtype(), "{}", case.name);
+        assert_eq!(want.shape(), ort.shape(), "{}", case.name);
+        let (a, b) = (want.to_f64().unwrap(), ort.to_f64().unwrap());
+        if case.out.0 == DataType::Float {
+            let scale = b.iter().fold(0.0f64, |m, y| m.max(y.abs()));
+            let err = a
+                .iter()
+                .zip(b.iter())
+                .fold(0.0f64, |m, (x, y)| m.max((x - y).abs()))
+                / scale;
+            println!("{}: relative error {err:.2e} vs onnxruntime", case.name);
+            assert!(err <= 1e-5, "{}: relative error {err:.2e}", case.name);
+        } else {
+            let diffs: Vec<f64> = a.iter().zip(b.iter()).map(|(x, y)| (x - y).abs()).collect();
+            let (max, off) = (
+                diffs.iter().fold(0.0f64, |m, &d| m.max(d)),
+                diffs.iter().filter(|&&d| d != 0.0).count(),
+            );
+            let spread = b.iter().fold(f64::MAX, |m, &y| m.min(y))
+                ..=b.iter().fold(f64::MIN, |m, &y| m.max(y));
+            println!("{}: {off} of {} elements one step off onnxruntime (max {max}), outputs span {spread:?}", case.name, a.len());
+            assert!(
+                max <= 1.0 && off * 20 <= a.len(),
+                "{}: {off} of {} differ, by up to {max}",
+                case.name,
+                a.len()
+            );
+            // A test whose outputs saturate or sit at one value would check little.
+            assert!(
+                spread.end() - spread.start() >= 20.0,
+                "{}: outputs span only {spread:?}",
+                case.name
+            );
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! The ONNX front end: protobuf decoding (prost, types generated from the vendored
 //! `onnx.proto`), safe external data, and import into the graph IR.
 
+pub mod contrib;
 mod external;
 pub mod import;
 pub mod tensor;
@@ -35,7 +36,7 @@ pub struct Model {
 }
 
 /// Domains whose ops onnxc knows. Others are reported with the nodes that use them.
-pub const KNOWN_DOMAINS: [&str; 2] = ["", "ai.onnx.ml"];
+pub const KNOWN_DOMAINS: [&str; 3] = ["", "ai.onnx.ml", contrib::DOMAIN];
 
 /// Reads and imports a model file; external data is looked up next to it.
 pub fn load(path: &Path) -> Result<Model> {
