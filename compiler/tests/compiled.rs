@@ -1082,7 +1082,10 @@ fn byte_max_pools_match_the_reference() {
 /// f64 (exact); a chain of f64 arithmetic and rounding; Clip and Where (selects and
 /// comparisons); each at a length with a partial last vector. Then QLinearMatMul (u8
 /// out, a scale per column) and QLinearConv (i8 out, a bias and a scale per channel),
-/// whose requantization the reference computes in f64. Every target's bits must be the
+/// whose requantization the reference computes in f64, alone, dequantized and scaled
+/// (f32 arithmetic in the f64 loop, each operation rounded to f32), and into a depthwise
+/// QLinearConv (whose f32 input conversion joins the requantization's loop); f32
+/// arithmetic on f64 values cast to f32; bytes cast from f64 then to f32. Every target's bits must be the
 /// first's (x86_64-sse4: scalar f64 code), and the reference evaluator's wherever ONNX
 /// defines the result. On an AVX-512 host the f64 kernels must be AVX-512 loops.
 #[test]
@@ -1090,7 +1093,7 @@ fn f64_loops_compute_as_the_reference() {
     use common::{model, node, value_info};
     use onnxc::ir::Tensor;
     use onnxc::onnx::proto::tensor_proto::DataType;
-    use onnxc::onnx::proto::{AttributeProto, GraphProto, TensorProto};
+    use onnxc::onnx::proto::{AttributeProto, GraphProto, NodeProto, TensorProto};
     let scratch = tempfile::tempdir().unwrap();
     let f64_tensor = |name: &str, dims: &[i64], v: &[f64]| TensorProto {
         name: Some(name.into()),
@@ -1286,6 +1289,96 @@ fn f64_loops_compute_as_the_reference() {
             int_tensor("bias", DataType::Int32, &[co as i64], &bias),
         ],
     );
+    // The same conv's output dequantized and scaled (f32 arithmetic on the requantized
+    // bytes: the f64 loop rounds each f32 operation to f32), and fed to a depthwise
+    // QLinearConv (whose input conversion joins the requantization's loop).
+    let to = |i: &str, o: &str, dt: DataType| {
+        let mut nd = node("Cast", &[i], &[o]);
+        nd.attribute = vec![common::int_attr("to", dt as i64)];
+        nd
+    };
+    let conv_then =
+        |name: &str, mut tail: Vec<NodeProto>, out: DataType, inits: Vec<TensorProto>| {
+            let mut g = qc.clone();
+            let gp = g.graph.as_mut().unwrap();
+            gp.name = Some(name.into());
+            gp.node[0].output = vec!["q".into()];
+            gp.node.append(&mut tail);
+            gp.output[0] = value_info("y", out, &[1, co as i64, h as i64, w as i64]);
+            gp.initializer.extend(inits);
+            g
+        };
+    let qc_dq = conv_then(
+        "f64_qlinear_conv_dq",
+        vec![
+            node("DequantizeLinear", &["q", "ys", "yz"], &["d"]),
+            node("Mul", &["d", "k"], &["p"]),
+            node("Add", &["p", "k"], &["y"]),
+        ],
+        DataType::Float,
+        vec![f32_scalar("k", &[], &[0.7013])],
+    );
+    let mut dw = node(
+        "QLinearConv",
+        &["q", "ys", "yz", "w2", "ws2", "wz2", "ys2", "yz2"],
+        &["y"],
+    );
+    dw.attribute = vec![
+        common::ints_attr("pads", &[1, 1, 1, 1]),
+        common::int_attr("group", co as i64),
+    ];
+    let w2: Vec<i64> = (0..co * 9).map(|_| next() % 255 - 127).collect();
+    let qc_dw = conv_then(
+        "f64_qlinear_conv_depthwise",
+        vec![dw],
+        DataType::Int8,
+        vec![
+            int_tensor("w2", DataType::Int8, &[co as i64, 1, 3, 3], &w2),
+            f32_scalar("ws2", &[], &[0.013]),
+            int_tensor("wz2", DataType::Int8, &[], &[0]),
+            f32_scalar("ys2", &[], &[0.11]),
+            int_tensor("yz2", DataType::Int8, &[], &[-7]),
+        ],
+    );
+    // Cast(Cast(x, u8 / i8), f32) * 0.37: the bytes of f64 lanes, as f32.
+    let bytes_f32 = |name: &str, dt: DataType| {
+        graph(
+            name,
+            vec![
+                to("x", "b", dt),
+                to("b", "f", DataType::Float),
+                node("Mul", &["f", "c"], &["y"]),
+            ],
+            xv(),
+            (DataType::Float, vec![n]),
+            vec![f32_scalar("c", &[], &[0.37])],
+        )
+    };
+    // f32 arithmetic on f64 values cast to f32, each operation rounded to f32:
+    // ((f32(x) * 1.1 + 0.3) / 0.7 - 3) * 1.1 on values of full f64 mantissas.
+    let f32_chain = graph(
+        "f64_f32_chain",
+        vec![
+            to("x", "f", DataType::Float),
+            node("Mul", &["f", "a"], &["m"]),
+            node("Add", &["m", "b"], &["s"]),
+            node("Div", &["s", "c"], &["d"]),
+            node("Sub", &["d", "e"], &["t"]),
+            node("Mul", &["t", "a"], &["y"]),
+        ],
+        xv(),
+        (DataType::Float, vec![n]),
+        vec![
+            f32_scalar("a", &[], &[1.1]),
+            f32_scalar("b", &[], &[0.3]),
+            f32_scalar("c", &[], &[0.7]),
+            f32_scalar("e", &[], &[3.0]),
+        ],
+    );
+    let x_full: Vec<f64> = (0..n)
+        .map(|i| (i as f64 - 40.0) / 3.0 + 1e-9 * i as f64)
+        .collect();
+    let x_full = Value::Tensor(Tensor::from_vec(&[x_full.len()], x_full));
     let u_in = Value::Tensor(Tensor::from_vec(&[u.len()], u.clone()));
     let i8_in = Value::Tensor(Tensor::from_vec(&[u.len()], i8s));
     let i32_in = Value::Tensor(Tensor::from_vec(&[u.len()], i32s));
@@ -1333,6 +1426,21 @@ fn f64_loops_compute_as_the_reference() {
         ("f64_where", where_, &x_in, all),
         ("f64_qlinear_matmul", qmm, &a_in, all),
         ("f64_qlinear_conv", qc, &xq_in, all),
+        ("f64_f32_chain", f32_chain, &x_full, all),
+        ("f64_qlinear_conv_dq", qc_dq, &xq_in, all),
+        ("f64_qlinear_conv_depthwise", qc_dw, &xq_in, all),
+        (
+            "f64_u8_f32",
+            bytes_f32("f64_u8_f32", DataType::Uint8),
+            &x_in,
+            Some(|v| v > -1.0 && v < 256.0),
+        ),
+        (
+            "f64_i8_f32",
+            bytes_f32("f64_i8_f32", DataType::Int8),
+            &x_in,
+            Some(|v| v > -129.0 && v < 128.0),
+        ),
     ];
     let mut first: std::collections::HashMap<String, Vec<u64>> = Default::default();
     let mut ran = 0;

@@ -362,11 +362,16 @@ impl Gen<'_, '_> {
                     {
                         int_copy = true;
                     } else {
-                        let stored = match (b.elem, lanes) {
-                            (Ty::F32 | Ty::F16, Ty::F32) | (Ty::F64, Ty::F64) => Some(value),
-                            (e, _) => self.byte_store_value(e, value, lanes),
+                        // f32 stores of an f64 loop: f32 values (the loop computes them
+                        // in f64 lanes rounded to f32).
+                        let (stored, ty) = match (b.elem, lanes) {
+                            (Ty::F32 | Ty::F16, Ty::F32) | (Ty::F64, Ty::F64) => {
+                                (Some(value), lanes)
+                            }
+                            (Ty::F32, Ty::F64) => (Some(value), Ty::F32),
+                            (e, _) => (self.byte_store_value(e, value, lanes), lanes),
                         };
-                        if stored.and_then(|v| self.ty(v).ok()) != Some(lanes) {
+                        if stored.and_then(|v| self.ty(v).ok()) != Some(ty) {
                             return None;
                         }
                     }
@@ -427,6 +432,25 @@ impl Gen<'_, '_> {
             locals,
             reds,
             int_copy,
+        })
+    }
+
+    /// Whether `body` computes an f64 value (a Set's or a Store's value, or a part of
+    /// one).
+    fn computes_f64(&self, body: &[Stmt]) -> bool {
+        fn f64_in(g: &Gen, e: &Expr) -> bool {
+            g.ty(e).ok() == Some(Ty::F64)
+                || match e {
+                    Expr::Bin(_, a, b) => f64_in(g, a) || f64_in(g, b),
+                    Expr::Un(_, a) | Expr::Cast(_, a) => f64_in(g, a),
+                    Expr::Select(c, a, b) => f64_in(g, c) || f64_in(g, a) || f64_in(g, b),
+                    Expr::Cmp(_, a, b) => f64_in(g, a) || f64_in(g, b),
+                    _ => false,
+                }
+        }
+        body.iter().any(|s| match s {
+            Stmt::Set { value, .. } | Stmt::Store { value, .. } => f64_in(self, value),
+            _ => false,
         })
     }
 
@@ -569,6 +593,11 @@ impl Gen<'_, '_> {
             });
         };
         if self.wide_for(var, extent, body, &plan)? {
+            return Ok(extent);
+        }
+        // A body computing in f64 whose stores are f32 (a requantization fused with the
+        // next conv's input conversion): the f32 lanes cannot take it, f64 ones may.
+        if self.computes_f64(body) && self.wide64_for(var, extent, body)? {
             return Ok(extent);
         }
         if plan.int_copy {

@@ -851,24 +851,19 @@ impl Gen<'_, '_> {
             defs.retain(|(u, _)| u != t);
             defs.push((*t, value));
         }
-        // f32 lanes, or else f64 ones.
-        let (plan, f64) = match self.qualifies(*q, *n, inner) {
-            Some(p) => (p, false),
-            None if self.wide.dq => match self.qualifies_as(*q, *n, inner, Ty::F64) {
-                Some(p) => (p, true),
-                None => return Ok(false),
-            },
-            None => return Ok(false),
+        // f32 lanes, or else f64 ones (a body computing in f64 may store f32 values).
+        let usable = |p: &Plan| {
+            p.reds.is_empty() && !p.locals.iter().any(|l| defs.iter().any(|(d, _)| d == l))
         };
-        if !plan.reds.is_empty() || plan.locals.iter().any(|l| defs.iter().any(|(d, _)| d == l)) {
-            return Ok(false);
-        }
-        let tr = if f64 {
-            self.wide_translate64(*q, *n, inner, &plan)
-        } else {
-            self.wide_translate(*q, *n, inner, &plan)
+        let f32 = self
+            .qualifies(*q, *n, inner)
+            .filter(usable)
+            .and_then(|p| Some((self.wide_translate(*q, *n, inner, &p)?, p)));
+        let f64 = || {
+            let p = self.qualifies_as(*q, *n, inner, Ty::F64).filter(usable)?;
+            Some((self.wide_translate64(*q, *n, inner, &p)?, p))
         };
-        let Some(mut tr) = tr else {
+        let Some((mut tr, plan)) = f32.or_else(|| if self.wide.dq { f64() } else { None }) else {
             return Ok(false);
         };
         // Inline sin, cos and tan need their guard (one row at a time, `wide_for`).
@@ -943,7 +938,9 @@ impl Gen<'_, '_> {
         t.b.lp.f64 = true;
         for s in body {
             match s {
-                Stmt::Set { var: local, value } if self.ty(value).ok()? == Ty::F64 => {
+                Stmt::Set { var: local, value }
+                    if matches!(self.ty(value).ok()?, Ty::F64 | Ty::F32) =>
+                {
                     let value = inline(value, &t.defs);
                     let v = self.wexpr64(&mut t, &value)?;
                     t.vals.insert(*local, v);
@@ -958,6 +955,7 @@ impl Gen<'_, '_> {
                     let value = &inline(value, &t.defs);
                     let (elem, x) = match to {
                         Ty::F64 => (x::Elem::F64, value),
+                        Ty::F32 if self.ty(value).ok()? == Ty::F32 => (x::Elem::F32, value),
                         Ty::U8 => (x::Elem::U8, self.byte_store_value(to, value, Ty::F64)?),
                         Ty::I8 => (x::Elem::I8, self.byte_store_value(to, value, Ty::F64)?),
                         _ => return None,
@@ -984,15 +982,26 @@ impl Gen<'_, '_> {
     }
 
     /// `e` as a value of an f64 loop: f64 vectors (loop-invariant ones as uniforms,
-    /// computed by the caller) and masks; `None` for what the f64 loops do not do.
+    /// computed by the caller) and masks; `None` for what the f64 loops do not do. f32
+    /// values are f64 lanes holding f32 values: each f32 operation is done in f64 and
+    /// rounded to f32 ([`x::Un::ToF32`]), which gives the f32 operation's bits.
     fn wexpr64(&self, t: &mut Tr, e: &Expr) -> Option<V> {
         let ty = self.ty(e).ok()?;
         if !varies(e, t.var, &t.locals) {
-            if ty != Ty::F64 {
-                return None;
-            }
-            return t.uniform(e);
+            return match ty {
+                Ty::F64 => t.uniform(e),
+                Ty::F32 => t.uniform(&Expr::cast(Ty::F64, e.clone())),
+                _ => None,
+            };
         }
+        let float = matches!(ty, Ty::F64 | Ty::F32);
+        let to_f32 = |t: &mut Tr, v: V| {
+            if ty == Ty::F32 {
+                t.b.push(Inst::Un(x::Un::ToF32, v))
+            } else {
+                v
+            }
+        };
         // Operands that must be vectors, not masks.
         let vec = |t: &mut Tr, e: &Expr| -> Option<V> {
             let v = self.wexpr64(t, e)?;
@@ -1003,7 +1012,33 @@ impl Gen<'_, '_> {
             Expr::Load(buf, idx) if self.p.buffers[*buf].elem == Ty::F64 => {
                 self.wload(t, *buf, idx, x::Elem::F64)?
             }
-            Expr::Cast(Ty::F64, a) if self.ty(a).ok()? == Ty::F64 => self.wexpr64(t, a)?,
+            Expr::Load(buf, idx) if self.p.buffers[*buf].elem == Ty::F32 => {
+                self.wload(t, *buf, idx, x::Elem::F32)?
+            }
+            Expr::Cast(Ty::F64, a) if matches!(self.ty(a).ok()?, Ty::F64 | Ty::F32) => {
+                self.wexpr64(t, a)?
+            }
+            Expr::Cast(Ty::F32, a) if matches!(self.ty(a).ok()?, Ty::F64 | Ty::F32) => {
+                let v = vec(t, a)?;
+                to_f32(t, v)
+            }
+            // A byte made from an f64 (`u8(i64(x))`, as a byte store takes it), as a float.
+            Expr::Cast(Ty::F64 | Ty::F32, a)
+                if matches!(&**a, Expr::Cast(Ty::U8 | Ty::I8, _))
+                    && self
+                        .byte_store_value(self.ty(a).ok()?, a, Ty::F64)
+                        .is_some() =>
+            {
+                let to = self.ty(a).ok()?;
+                let x = self.byte_store_value(to, a, Ty::F64)?;
+                let v = vec(t, x)?;
+                let op = if to == Ty::U8 {
+                    x::Un::ByteU8
+                } else {
+                    x::Un::ByteI8
+                };
+                t.b.push(Inst::Un(op, v))
+            }
             // 32-bit and 8-bit integers read at unit stride, converted (exactly).
             Expr::Cast(Ty::F64, a) => {
                 let Expr::Load(buf, idx) = &**a else {
@@ -1017,12 +1052,17 @@ impl Gen<'_, '_> {
                 };
                 self.wload(t, *buf, idx, elem)?
             }
-            Expr::Un(op, a) if ty == Ty::F64 => {
+            Expr::Un(op, a) if float => {
                 let op = wide_un(*op)?;
                 let v = vec(t, a)?;
-                t.b.push(Inst::Un(op, v))
+                let v = t.b.push(Inst::Un(op, v));
+                if op == x::Un::Sqrt {
+                    to_f32(t, v)
+                } else {
+                    v
+                }
             }
-            Expr::Bin(op, a, b) if ty == Ty::F64 => {
+            Expr::Bin(op, a, b) if float => {
                 let op = match op {
                     BinOp::Add => x::Bin::Add,
                     BinOp::Sub => x::Bin::Sub,
@@ -1032,9 +1072,10 @@ impl Gen<'_, '_> {
                 };
                 let va = vec(t, a)?;
                 let vb = vec(t, b)?;
-                t.b.bin(op, va, vb)
+                let v = t.b.bin(op, va, vb);
+                to_f32(t, v)
             }
-            Expr::Select(c, a, b) if ty == Ty::F64 => {
+            Expr::Select(c, a, b) if float => {
                 let va = vec(t, a)?;
                 let vb = vec(t, b)?;
                 if let Some(max) = select_minmax(c, a, b) {
@@ -1047,7 +1088,7 @@ impl Gen<'_, '_> {
                 }
                 t.b.select(vc, va, vb)
             }
-            Expr::Cmp(op, a, b) if self.ty(a).ok()? == Ty::F64 => {
+            Expr::Cmp(op, a, b) if matches!(self.ty(a).ok()?, Ty::F64 | Ty::F32) => {
                 let op = wide_cmp(*op);
                 let va = vec(t, a)?;
                 let vb = vec(t, b)?;

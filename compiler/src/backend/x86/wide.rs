@@ -41,6 +41,14 @@ pub enum Un {
     /// Round half to even.
     Nearest,
     Trunc,
+    /// f64 loops only: rounded to the nearest f32 (the f64 lanes then hold the f32
+    /// value an f32 operation on f32 values gives: one f64 operation then this is
+    /// correctly rounded, 53 >= 2 * 24 + 2 bits).
+    ToF32,
+    /// f64 loops only: the value of the scalar code's `u8(i64(x))` / `i8(i64(x))`
+    /// (truncated toward zero, saturating, the low byte kept), as an f64.
+    ByteU8,
+    ByteI8,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -210,9 +218,10 @@ pub struct Loop {
     pub elem: Vec<Elem>,
     /// The values are f64, 8 lanes to a vector ([`Loop::lanes`]), and so are the
     /// uniforms (8 bytes each in the args block). Such a loop takes a subset of the
-    /// instructions (see [`check_f64`]): unit-stride loads of f64, i32 and byte streams
-    /// (converted exactly), stores to f64 and byte streams, the IEEE arithmetic,
-    /// rounding, comparisons and selects; no reductions, constants or gathers.
+    /// instructions (see [`check_f64`]): unit-stride loads of f64, f32, i32 and byte
+    /// streams (converted exactly), stores to f64, f32 (rounded) and byte streams, the
+    /// IEEE arithmetic, rounding (to integers, and to f32: [`Un::ToF32`]), comparisons
+    /// and selects; no reductions, constants or gathers.
     pub f64: bool,
 }
 
@@ -1086,7 +1095,7 @@ impl Gen<'_> {
                         | Inst::Fma(..)
                         | Inst::Store { step: 2 | 4, .. }
                 )
-                || matches!(inst, Inst::Store { s, .. } if lp.is_narrow(*s))
+                || matches!(inst, Inst::Store { s, .. } if lp.is_narrow(*s) || lp.f64)
             {
                 2
             } else {
@@ -1581,6 +1590,9 @@ impl Gen<'_> {
                     Un::Floor => self.a.vrndscaleps(d, x, 9).map_err(e)?,
                     Un::Ceil => self.a.vrndscaleps(d, x, 10).map_err(e)?,
                     Un::Trunc => self.a.vrndscaleps(d, x, 11).map_err(e)?,
+                    Un::ToF32 | Un::ByteU8 | Un::ByteI8 => {
+                        return Err(format!("x86 loop: {op:?} in an f32 loop"))
+                    }
                 }
             }
             Inst::Bin(op, _, _) => {
@@ -1849,10 +1861,13 @@ fn check_f64(lp: &Loop) -> R<()> {
     for i in &lp.insts {
         let ok = match *i {
             Inst::Load { s, .. } => {
-                matches!(lp.elem(s), Elem::F64 | Elem::I32 | Elem::U8 | Elem::I8)
+                matches!(
+                    lp.elem(s),
+                    Elem::F64 | Elem::F32 | Elem::I32 | Elem::U8 | Elem::I8
+                )
             }
             Inst::Store { s, step, .. } => {
-                step == 1 && matches!(lp.elem(s), Elem::F64 | Elem::U8 | Elem::I8)
+                step == 1 && matches!(lp.elem(s), Elem::F64 | Elem::F32 | Elem::U8 | Elem::I8)
             }
             Inst::Bin(op, ..) => matches!(
                 op,
@@ -1886,10 +1901,11 @@ impl Gen<'_> {
     ) -> R<()> {
         let l = |k: usize| loc[ops[k] as usize];
         let t0 = tmp.first().copied();
-        let d = match out {
-            Loc::Z(r) => ZMM[r],
-            _ => zmm0,
+        let dr = match out {
+            Loc::Z(r) => r,
+            _ => 0,
         };
+        let d = ZMM[dr];
         let is_mem = |l: Loc| matches!(l, Loc::Uni(_) | Loc::Pool(_));
         // Element `i + disp / bytes` of stream `s`, elements of `bytes`.
         let at = |s: u16, disp: i32, bytes: i32| {
@@ -1905,7 +1921,8 @@ impl Gen<'_> {
                 let dz = if masked { d.k7().z() } else { d };
                 match self.lp.elem(s) {
                     Elem::F64 => self.a.vmovupd(dz, zmmword_ptr(at(s, disp, 8))),
-                    // Exact: every i32 is an f64.
+                    // Exact: every f32 and every i32 is an f64.
+                    Elem::F32 => self.a.vcvtps2pd(dz, ymmword_ptr(at(s, disp, 4))),
                     Elem::I32 => self.a.vcvtdq2pd(dz, ymmword_ptr(at(s, disp, 4))),
                     elem => {
                         // The 8 bytes (masked: vmovdqu8 suppresses faults past the
@@ -1952,6 +1969,29 @@ impl Gen<'_> {
                     Un::Floor => self.a.vrndscalepd(d, x, 9).map_err(e)?,
                     Un::Ceil => self.a.vrndscalepd(d, x, 10).map_err(e)?,
                     Un::Trunc => self.a.vrndscalepd(d, x, 11).map_err(e)?,
+                    Un::ToF32 => {
+                        let h = YMM[dr];
+                        self.a.vcvtpd2ps(h, x).map_err(e)?;
+                        self.a.vcvtps2pd(d, h).map_err(e)?;
+                    }
+                    Un::ByteU8 | Un::ByteI8 => {
+                        // As the byte store (below) converts, then the byte widened back:
+                        // `d` may be `x`'s register, so `x` is compared first.
+                        let big = self.pool_slice(&[0, 0x43e0_0000]);
+                        self.a
+                            .vcmppd(k6, x, qword_bcst(r11 + big), cmp_pred(Cmp::Ge))
+                            .map_err(e)?;
+                        self.a.vcvttpd2qq(d, x).map_err(e)?;
+                        self.a.vpternlogq(d.k6(), d, d, 0xff).map_err(e)?;
+                        let h = XMM[dr];
+                        self.a.vpmovqb(h, d).map_err(e)?;
+                        if op == Un::ByteU8 {
+                            self.a.vpmovzxbq(d, h).map_err(e)?;
+                        } else {
+                            self.a.vpmovsxbq(d, h).map_err(e)?;
+                        }
+                        self.a.vcvtqq2pd(d, d).map_err(e)?;
+                    }
                 }
             }
             Inst::Bin(op, _, _) => {
@@ -1993,6 +2033,18 @@ impl Gen<'_> {
                     self.a.vmovupd(m.k7(), x).map_err(e)?;
                 } else {
                     self.a.vmovupd(m, x).map_err(e)?;
+                }
+            }
+            Inst::Store { s, disp, .. } if self.lp.elem(s) == Elem::F32 => {
+                // Rounded to nearest even, as the scalar code's f64 -> f32 conversion.
+                let x = self.reg(l(0), t0)?;
+                let t = YMM[tmp[1]];
+                self.a.vcvtpd2ps(t, x).map_err(e)?;
+                let m = ymmword_ptr(at(s, disp, 4));
+                if masked {
+                    self.a.vmovups(m.k7(), t).map_err(e)?;
+                } else {
+                    self.a.vmovups(m, t).map_err(e)?;
                 }
             }
             Inst::Store { s, disp, .. } => {
