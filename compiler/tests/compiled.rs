@@ -1085,7 +1085,9 @@ fn byte_max_pools_match_the_reference() {
 /// whose requantization the reference computes in f64, alone, dequantized and scaled
 /// (f32 arithmetic in the f64 loop, each operation rounded to f32), and into a depthwise
 /// QLinearConv (whose f32 input conversion joins the requantization's loop); f32
-/// arithmetic on f64 values cast to f32; bytes cast from f64 then to f32. Every target's bits must be the
+/// arithmetic on f64 values cast to f32; bytes cast from f64 then to f32;
+/// BatchNormalization in training mode (f64 statistics, f32 rows with partial last
+/// vectors, the store's mask). Every target's bits must be the
 /// first's (x86_64-sse4: scalar f64 code), and the reference evaluator's wherever ONNX
 /// defines the result. On an AVX-512 host the f64 kernels must be AVX-512 loops.
 #[test]
@@ -1366,8 +1368,8 @@ fn f64_loops_compute_as_the_reference() {
             node("Sub", &["d", "e"], &["t"]),
             node("Mul", &["t", "a"], &["y"]),
         ],
-        xv(),
-        (DataType::Float, vec![n]),
+        vec![value_info("x", DataType::Double, &[3, n / 3])],
+        (DataType::Float, vec![3, n / 3]),
         vec![
             f32_scalar("a", &[], &[1.1]),
             f32_scalar("b", &[], &[0.3]),
@@ -1378,7 +1380,36 @@ fn f64_loops_compute_as_the_reference() {
     let x_full: Vec<f64> = (0..n)
         .map(|i| (i as f64 - 40.0) / 3.0 + 1e-9 * i as f64)
         .collect();
-    let x_full = Value::Tensor(Tensor::from_vec(&[x_full.len()], x_full));
+    // Rows of 31: each row's last vector is partial (a store past it would overwrite the
+    // next row's first elements).
+    let x_full = Value::Tensor(Tensor::from_vec(&[3, x_full.len() / 3], x_full));
+    // BatchNormalization in training mode (statistics in f64): rows of 20 with partial
+    // last vectors, visited so that a store past a row's end would land on a row
+    // written before (row 0 of channel 2 is followed by row 1 of channel 0).
+    let mut bn = node(
+        "BatchNormalization",
+        &["x", "s", "b", "m", "v"],
+        &["y", "", ""],
+    );
+    bn.attribute = vec![common::int_attr("training_mode", 1)];
+    let bn = graph(
+        "f64_batchnorm_training",
+        vec![bn],
+        vec![value_info("x", DataType::Float, &[2, 3, 4, 5])],
+        (DataType::Float, vec![2, 3, 4, 5]),
+        vec![
+            f32_scalar("s", &[3], &[1.5, 0.7, -2.0]),
+            f32_scalar("b", &[3], &[0.1, -0.3, 0.2]),
+            f32_scalar("m", &[3], &[0.0, 0.5, -1.0]),
+            f32_scalar("v", &[3], &[1.0, 2.0, 0.5]),
+        ],
+    );
+    let bn_in = Value::Tensor(Tensor::from_vec(
+        &[2, 3, 4, 5],
+        (0..120)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect::<Vec<f32>>(),
+    ));
     let u_in = Value::Tensor(Tensor::from_vec(&[u.len()], u.clone()));
     let i8_in = Value::Tensor(Tensor::from_vec(&[u.len()], i8s));
     let i32_in = Value::Tensor(Tensor::from_vec(&[u.len()], i32s));
@@ -1427,6 +1458,7 @@ fn f64_loops_compute_as_the_reference() {
         ("f64_qlinear_matmul", qmm, &a_in, all),
         ("f64_qlinear_conv", qc, &xq_in, all),
         ("f64_f32_chain", f32_chain, &x_full, all),
+        ("f64_batchnorm_training", bn, &bn_in, all),
         ("f64_qlinear_conv_dq", qc_dq, &xq_in, all),
         ("f64_qlinear_conv_depthwise", qc_dw, &xq_in, all),
         (

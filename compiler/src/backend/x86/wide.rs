@@ -2042,7 +2042,9 @@ impl Gen<'_> {
                 self.a.vcvtpd2ps(t, x).map_err(e)?;
                 let m = ymmword_ptr(at(s, disp, 4));
                 if masked {
-                    self.a.vmovups(m.k7(), t).map_err(e)?;
+                    // vmovdqu32, EVEX only: the assembler writes a masked ymm vmovups
+                    // as the VEX form, without the mask.
+                    self.a.vmovdqu32(m.k7(), t).map_err(e)?;
                 } else {
                     self.a.vmovups(m, t).map_err(e)?;
                 }
