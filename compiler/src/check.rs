@@ -98,6 +98,24 @@ pub fn quantized_tolerance(want: &Tensor) -> Option<f64> {
     })
 }
 
+/// Why a model's outputs may be further than a quantization step from ONNX Runtime's
+/// although they are the reference evaluator's: QLinearConv and QLinearMatMul
+/// requantize in f64 in ONNX's reference implementation (and in onnxc), in f32 in ONNX
+/// Runtime, so a sum whose scaled value lies at a rounding boundary becomes neighbouring
+/// steps in the two, and the layers after carry the difference. `None` for a graph
+/// without them.
+pub fn requantization_note(g: &Graph) -> Option<&'static str> {
+    let requantizes = g.nodes.node_weights().any(|n| {
+        n.domain.is_empty() && matches!(n.op_type.as_str(), "QLinearConv" | "QLinearMatMul")
+    });
+    requantizes.then_some(
+        "the model requantizes in QLinearConv or QLinearMatMul, which onnxc computes in \
+         f64 as ONNX's reference implementation does and ONNX Runtime in f32: a value at a \
+         rounding boundary becomes neighbouring steps in the two, and later layers carry \
+         the difference (`onnxc check` compares with the reference evaluator)",
+    )
+}
+
 /// Why outputs may be further from another engine's than the float tolerance although
 /// every kernel is right: a DynamicQuantizeLinear rounds its input to 255 levels at run
 /// time, so a difference of an ulp before it can move a value a whole level, and the
@@ -257,5 +275,19 @@ mod tests {
         let g = b.finish(&[y]);
         let note = run_time_quantization_note(&g).expect("a note");
         assert!(note.contains("DynamicQuantizeLinear"), "{note}");
+        assert_eq!(requantization_note(&g), None);
+        let mut b = Builder::new();
+        let a = b.konst_t("a", Tensor::from_vec(&[1, 2], vec![1u8, 2]));
+        let w = b.konst_t("w", Tensor::from_vec(&[2, 1], vec![3u8, 4]));
+        let s = b.konst_t("s", Tensor::scalar(0.5f32));
+        let z = b.konst_t("z", Tensor::scalar(1u8));
+        let y = b.node_typed(
+            "QLinearMatMul",
+            &[a, s, z, w, s, z, s, z],
+            DType::U8,
+            &[1, 1],
+        );
+        let g = b.finish(&[y]);
+        assert!(requantization_note(&g).expect("a note").contains("f64"));
     }
 }

@@ -380,7 +380,10 @@ fn real_main(cli: Cli) -> Result<()> {
             {
                 let why = onnx::load(&model)
                     .ok()
-                    .and_then(|m| onnxc::check::run_time_quantization_note(&m.graph))
+                    .and_then(|m| {
+                        onnxc::check::run_time_quantization_note(&m.graph)
+                            .or_else(|| onnxc::check::requantization_note(&m.graph))
+                    })
                     .map(|n| format!("\n  note: {n}"))
                     .unwrap_or_default();
                 return Err(Error::Usage(format!(
