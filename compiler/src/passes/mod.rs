@@ -9,7 +9,8 @@
 //! `eliminate_common_subexpressions`, `eliminate_dead_code`. Level 2 (algebraic folding
 //! into weights, convs split into the forms the GEMM lowerings take, then fusion):
 //! `integer_qdq_conv` (before the cleanup: QDQ convs onto the 8-bit GEMM),
-//! `quantized_max_pool` (a QDQ max pool on the 8-bit values), `widen_f16` (f16 convs and products onto the f32 kernels), `widen_integer`
+//! `quantized_max_pool` (a QDQ max pool on the 8-bit values), `quantized_concat` (a
+//! quantized Concat of the 8-bit parts), `widen_f16` (f16 convs and products onto the f32 kernels), `widen_integer`
 //! (MatMulInteger and QLinearMatMul onto the f32 GEMM where f32 is exact),
 //! `fold_batchnorm`, `matmul_add_to_gemm`, `fold_scale_bias`, `fold_input_scale`,
 //! `split_grouped_conv`, `split_dilated_conv`, `fuse_patterns`, `fuse_epilogue`,
@@ -34,6 +35,7 @@ pub mod inline_if;
 mod inline_util;
 pub mod integer_qdq_conv;
 pub mod matmul_add_to_gemm;
+pub mod quantized_concat;
 pub mod quantized_max_pool;
 pub mod remove_noops;
 pub mod split_dilated_conv;
@@ -83,6 +85,11 @@ pub const PIPELINE: &[Pass] = &[
         name: "quantized_max_pool",
         level: 2,
         run: quantized_max_pool::run,
+    },
+    Pass {
+        name: "quantized_concat",
+        level: 2,
+        run: quantized_concat::run,
     },
     Pass {
         name: "fold_constants",
