@@ -437,7 +437,7 @@ impl Gen<'_, '_> {
 
     /// Whether `body` computes an f64 value (a Set's or a Store's value, or a part of
     /// one).
-    fn computes_f64(&self, body: &[Stmt]) -> bool {
+    pub(super) fn computes_f64(&self, body: &[Stmt]) -> bool {
         fn f64_in(g: &Gen, e: &Expr) -> bool {
             g.ty(e).ok() == Some(Ty::F64)
                 || match e {

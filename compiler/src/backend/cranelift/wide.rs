@@ -860,6 +860,11 @@ impl Gen<'_, '_> {
             .filter(usable)
             .and_then(|p| Some((self.wide_translate(*q, *n, inner, &p)?, p)));
         let f64 = || {
+            // (Only for bodies computing in f64: an f32 body the f32 lanes refuse keeps
+            // the f32x4 code, as in `vectorize_for`.)
+            if !self.computes_f64(inner) {
+                return None;
+            }
             let p = self.qualifies_as(*q, *n, inner, Ty::F64).filter(usable)?;
             Some((self.wide_translate64(*q, *n, inner, &p)?, p))
         };
