@@ -12,7 +12,8 @@
 //! SqueezeNet 1.1 each fire module's concat has one such part).
 
 use super::util::{
-    dtype_of, is_op, new_node, order, producer, quant_operands, retyped, sole_reader,
+    dtype_of, is_op, new_node, order, per_tensor_quant, producer, retyped, same_const,
+    same_zero_point, sole_reader,
 };
 use crate::error::Result;
 use crate::ir::{DType, Graph, NodeId, Source, ValueId};
@@ -43,28 +44,12 @@ struct Plan {
     parts: Vec<Part>,
 }
 
-/// The node's inputs `(x, scale, zero point)` when it is a per-tensor, unblocked
-/// DequantizeLinear or QuantizeLinear (one scale; a zero point of one value, or none).
-fn per_tensor(g: &Graph, n: NodeId, op: &str) -> Option<(ValueId, ValueId, Option<ValueId>)> {
-    let (x, s, z, _) = quant_operands(g, n, op)?;
-    let one = |v: ValueId| g.const_of(v).is_some_and(|t| t.len() == 1);
-    (one(s) && z.is_none_or(one)).then_some((x, s, z))
-}
-
-/// Whether two constants hold the same value of the same type.
-fn same_const(g: &Graph, a: ValueId, b: ValueId) -> bool {
-    match (g.const_of(a), g.const_of(b)) {
-        (Some(x), Some(y)) => x.dtype() == y.dtype() && x.to_f64() == y.to_f64(),
-        _ => false,
-    }
-}
-
 fn plan(g: &Graph, n: NodeId) -> Option<Plan> {
     if !is_op(g, n, "Concat") || g.nodes[n].outputs.len() != 1 {
         return None;
     }
     let q = sole_reader(g, g.nodes[n].outputs[0])?;
-    let (_, sy, zy) = per_tensor(g, q, "QuantizeLinear")?;
+    let (_, sy, zy) = per_tensor_quant(g, q, "QuantizeLinear")?;
     let dt = dtype_of(g, *g.nodes[q].outputs.first()?)?;
     if !matches!(dt, DType::U8 | DType::I8) || g.const_of(sy)?.dtype() != DType::F32 {
         return None;
@@ -76,12 +61,8 @@ fn plan(g: &Graph, n: NodeId) -> Option<Plan> {
     let mut parts = Vec::new();
     for v in g.nodes[n].inputs.iter() {
         let v = (*v)?;
-        let (xq, sx, zx) = per_tensor(g, producer(g, v)?, "DequantizeLinear")?;
-        let zeros = match (zx, zy) {
-            (None, None) => true,
-            (Some(a), Some(b)) => same_const(g, a, b),
-            _ => false,
-        };
+        let (xq, sx, zx) = per_tensor_quant(g, producer(g, v)?, "DequantizeLinear")?;
+        let zeros = same_zero_point(g, zx, zy);
         parts.push(
             if dtype_of(g, xq) == Some(dt) && same_const(g, sx, sy) && zeros {
                 Part::Same(xq)

@@ -10,7 +10,10 @@
 //! QuantizeLinear loops around it go (in QDQ SqueezeNet 1.1 three such pools, in QDQ
 //! ResNet-18 one).
 
-use super::util::{dtype_of, is_op, new_node, order, producer, quant_operands, sole_reader};
+use super::util::{
+    dtype_of, is_op, new_node, order, per_tensor_quant, producer, same_const, same_zero_point,
+    sole_reader,
+};
 use crate::error::Result;
 use crate::ir::{DType, Graph, NodeId, ValueId};
 
@@ -27,22 +30,6 @@ pub fn run(g: &mut Graph) -> Result<()> {
     Ok(())
 }
 
-/// The node's inputs `(x, scale, zero point)` when it is a per-tensor, unblocked
-/// DequantizeLinear or QuantizeLinear (one scale; a zero point of one value, or none).
-fn per_tensor(g: &Graph, n: NodeId, op: &str) -> Option<(ValueId, ValueId, Option<ValueId>)> {
-    let (x, s, z, _) = quant_operands(g, n, op)?;
-    let one = |v: ValueId| g.const_of(v).is_some_and(|t| t.len() == 1);
-    (one(s) && z.is_none_or(one)).then_some((x, s, z))
-}
-
-/// Whether two constants hold the same value of the same type.
-fn same_const(g: &Graph, a: ValueId, b: ValueId) -> bool {
-    match (g.const_of(a), g.const_of(b)) {
-        (Some(x), Some(y)) => x.dtype() == y.dtype() && x.to_f64() == y.to_f64(),
-        _ => false,
-    }
-}
-
 /// For a MaxPool between such a DequantizeLinear and QuantizeLinear: the quantized input
 /// and the QuantizeLinear node.
 fn plan(g: &Graph, n: NodeId) -> Option<(ValueId, NodeId)> {
@@ -54,22 +41,18 @@ fn plan(g: &Graph, n: NodeId) -> Option<(ValueId, NodeId)> {
     if node.outputs.len() != 1 {
         return None;
     }
-    let (xq, sx, zx) = per_tensor(
+    let (xq, sx, zx) = per_tensor_quant(
         g,
         producer(g, node.inputs.first().copied().flatten()?)?,
         "DequantizeLinear",
     )?;
     let q = sole_reader(g, node.outputs[0])?;
-    let (_, sy, zy) = per_tensor(g, q, "QuantizeLinear")?;
+    let (_, sy, zy) = per_tensor_quant(g, q, "QuantizeLinear")?;
     let qo = *g.nodes[q].outputs.first()?;
     let dt = dtype_of(g, xq)?;
     let scale = g.const_of(sx)?.to_f64()?;
     let positive = scale.iter().all(|&s| s > 0.0 && s.is_finite());
-    let zeros = match (zx, zy) {
-        (None, None) => true,
-        (Some(a), Some(b)) => same_const(g, a, b),
-        _ => false,
-    };
+    let zeros = same_zero_point(g, zx, zy);
     (matches!(dt, DType::U8 | DType::I8)
         && dtype_of(g, qo) == Some(dt)
         && positive

@@ -130,6 +130,36 @@ pub fn quant_operands(
     ))
 }
 
+/// The node's inputs `(x, scale, zero point)` when it is a per-tensor, unblocked
+/// DequantizeLinear or QuantizeLinear (`op`) with a constant scale of one value and a
+/// constant zero point of one value, or none.
+pub fn per_tensor_quant(
+    g: &Graph,
+    n: NodeId,
+    op: &str,
+) -> Option<(ValueId, ValueId, Option<ValueId>)> {
+    let (x, s, z, _) = quant_operands(g, n, op)?;
+    let one = |v: ValueId| g.const_of(v).is_some_and(|t| t.len() == 1);
+    (one(s) && z.is_none_or(one)).then_some((x, s, z))
+}
+
+/// Whether two constants hold the same values of the same type.
+pub fn same_const(g: &Graph, a: ValueId, b: ValueId) -> bool {
+    match (g.const_of(a), g.const_of(b)) {
+        (Some(x), Some(y)) => x.dtype() == y.dtype() && x.to_f64() == y.to_f64(),
+        _ => false,
+    }
+}
+
+/// Whether two optional zero points are the same: both absent, or equal constants.
+pub fn same_zero_point(g: &Graph, a: Option<ValueId>, b: Option<ValueId>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => same_const(g, a, b),
+        _ => false,
+    }
+}
+
 /// Builds the op of a node from its (possibly edited) attributes and input count.
 pub fn rebuild(node: &mut Node) -> Result<()> {
     let ctx = OpCtx {
