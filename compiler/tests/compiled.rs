@@ -3450,3 +3450,114 @@ fn microsoft_quantized_ops_match_onnxruntime() {
         }
     }
 }
+
+/// A whole model in ONNX Runtime's operator format, as its quantizer writes it
+/// (`tests/bench/make_qdq.py --qoperator` on the resnet_tiny fixture: QLinearConv,
+/// com.microsoft QLinearAdd, QLinearGlobalAveragePool and QGemm, per-channel int8
+/// weights): the reference evaluator within two quantization steps of the output of
+/// ONNX Runtime (run live; a step upstream may carry), and the compiled model (host and
+/// aarch64 under qemu) bit for bit the reference's.
+#[test]
+fn qoperator_model_matches_onnxruntime() {
+    let scratch = tempfile::tempdir().unwrap();
+    let root = common::repo_root();
+    let path = scratch.path().join("resnet_tiny_qop.onnx");
+    let r = Command::new("python3")
+        .arg(root.join("tests/bench/make_qdq.py"))
+        .arg("--qoperator")
+        .arg(root.join("tests/fixtures/resnet_tiny/model.onnx"))
+        .arg(&path)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        r.status.success(),
+        "quantizing failed:\n{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    use prost::Message;
+    let proto = onnxc::onnx::proto::ModelProto::decode(&*std::fs::read(&path).unwrap()).unwrap();
+    let ops: BTreeSet<String> = proto
+        .graph
+        .as_ref()
+        .unwrap()
+        .node
+        .iter()
+        .map(|n| format!("{}.{}", n.domain(), n.op_type()))
+        .collect();
+    for op in [
+        ".QLinearConv",
+        "com.microsoft.QLinearAdd",
+        "com.microsoft.QLinearGlobalAveragePool",
+        "com.microsoft.QGemm",
+    ] {
+        assert!(ops.contains(op), "{op} not in {ops:?}");
+    }
+    // The output's quantization step: the scale of the last DequantizeLinear.
+    let g = proto.graph.as_ref().unwrap();
+    let last = g.node.last().unwrap();
+    assert_eq!(last.op_type(), "DequantizeLinear");
+    let step = g
+        .initializer
+        .iter()
+        .find(|t| t.name() == last.input[1])
+        .map(|t| {
+            t.float_data
+                .first()
+                .copied()
+                .unwrap_or_else(|| f32::from_le_bytes(t.raw_data()[..4].try_into().unwrap()))
+        })
+        .expect("a constant scale") as f64;
+    let x: Vec<f32> = {
+        let mut next = lcg(5);
+        (0..3 * 64 * 64)
+            .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+            .collect()
+    };
+    let x = Value::Tensor(onnxc::ir::Tensor::from_vec(&[1, 3, 64, 64], x));
+    let xin = scratch.path().join("x.npy");
+    io::write_npy(&xin, &x).unwrap();
+    let r = Command::new("python3")
+        .arg(root.join("tests/fixtures/ort_run.py"))
+        .arg(&path)
+        .arg(scratch.path().join("ort"))
+        .arg(&xin)
+        .output()
+        .expect("python3 runs");
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let ort = io::from_npy(
+        &std::fs::read(scratch.path().join("ort/output_0.npy")).unwrap(),
+        "ort output",
+    )
+    .unwrap();
+    let shapes = vec![("image".to_string(), vec![1, 3, 64, 64])];
+    let mut m = onnx::load(&path).unwrap();
+    onnxc::passes::bind_input_shapes(&mut m.graph, &shapes).unwrap();
+    let want = eval::run(&m.graph, vec![x.clone()]).unwrap();
+    let w = want[0].as_tensor().unwrap().to_f64().unwrap();
+    let o = ort.to_f64().unwrap();
+    assert_eq!(w.shape(), o.shape());
+    let off = w
+        .iter()
+        .zip(o.iter())
+        .map(|(a, b)| (a - b).abs() / step)
+        .fold(0.0f64, f64::max);
+    println!(
+        "resnet_tiny QOperator: reference vs onnxruntime, at most {off:.2} steps of {step:.3e}"
+    );
+    assert!(off <= 2.01, "{off} quantization steps from onnxruntime");
+    let spread =
+        o.iter().fold(f64::MIN, |m, &v| m.max(v)) - o.iter().fold(f64::MAX, |m, &v| m.min(v));
+    assert!(spread >= 10.0 * step, "the logits span only {spread}");
+    for target in ["host", "aarch64-neon"] {
+        let opts = Options {
+            target: target.into(),
+            shapes: shapes.clone(),
+            ..Options::default()
+        };
+        let c = onnxc::driver::compile_graph(m.graph.clone(), "model", &opts).unwrap();
+        let dir = scratch.path().join(target);
+        std::fs::create_dir_all(&dir).unwrap();
+        let got = runner::run_compiled(&c, std::slice::from_ref(&x), &dir).unwrap();
+        assert_eq!(bits(&got[0]), bits(&want[0]), "on {target}");
+    }
+}

@@ -12,8 +12,8 @@ models are written:
 
     python3 tests/bench/make_qdq.py --qoperator target/zoo/resnet18.onnx target/qop/resnet18_qop.onnx
 
-(onnxc does not compile such models yet: ONNX Runtime writes QLinearAdd,
-QLinearGlobalAveragePool and QGemm of its com.microsoft domain into them.)
+(ONNX Runtime writes QLinearAdd, QLinearGlobalAveragePool and QGemm of its com.microsoft
+domain into them; onnxc imports those as bodies of standard ops, compiler/src/onnx/contrib.rs.)
 """
 import os
 import sys
