@@ -241,7 +241,13 @@ fn write(b: &mut Body) -> Result<(), String> {
                     let one = b.i64_scalar(1);
                     let last = b.op("Sub", &[&rank, &one], vec![]);
                     let axes = b.op("Range", &[&one, &last, &one], vec![]);
-                    b.op("ReduceMean", &[&x, &axes], vec![int_attr("keepdims", 1)])
+                    // (Without spatial axes the range is empty: no reduction, not a
+                    // reduction over every axis.)
+                    b.op(
+                        "ReduceMean",
+                        &[&x, &axes],
+                        vec![int_attr("keepdims", 1), int_attr("noop_with_empty_axes", 1)],
+                    )
                 }
             };
             b.quantize(&y, 3, 4, 0)
