@@ -189,19 +189,16 @@ fn ints_attr(name: &str, v: &[i64]) -> AttributeProto {
     }
 }
 
-/// The body of `n` (a `com.microsoft` node) as standard nodes of opset [`OPSET`], with
-/// intermediate values named under `prefix`: None when onnxc has no body for the op,
-/// Some(Err) when the node is malformed (missing inputs, a bad attribute).
-pub fn body(n: &NodeProto, prefix: &str) -> Option<Result<Vec<NodeProto>, String>> {
-    if !OPS.contains(&n.op_type()) {
-        return None;
-    }
+/// The body of `n` (a `com.microsoft` node of one of the [`OPS`]) as standard nodes of
+/// opset [`body_opset`], with intermediate values named under `prefix`; an error when
+/// the node is malformed (missing inputs, a bad attribute).
+pub fn body(n: &NodeProto, prefix: &str) -> Result<Vec<NodeProto>, String> {
     let mut b = Body {
         n,
         prefix: prefix.to_string(),
         nodes: Vec::new(),
     };
-    Some(write(&mut b).map(|()| b.nodes))
+    write(&mut b).map(|()| b.nodes)
 }
 
 fn write(b: &mut Body) -> Result<(), String> {

@@ -289,25 +289,22 @@ impl<'a> Importer<'a> {
     ) -> Result<()> {
         let key = (domain_key(n.domain()).to_string(), n.op_type().to_string());
         let Some(f) = self.functions.get(&key).copied() else {
-            if key.0 == super::contrib::DOMAIN && opsets.contains_key(&key.0) {
+            if key.0 == super::contrib::DOMAIN
+                && opsets.contains_key(&key.0)
+                && super::contrib::OPS.contains(&n.op_type())
+            {
                 self.counter += 1;
                 let prefix = format!("{}__{}_{}/", n.name(), n.op_type(), self.counter);
-                match super::contrib::body(&n, &prefix) {
-                    Some(Ok(body)) => {
-                        let mut ops = (*opsets).clone();
-                        ops.insert(String::new(), super::contrib::body_opset(n.op_type()));
-                        let ops = Arc::new(ops);
-                        out.extend(body.into_iter().map(|proto| FlatNode {
-                            proto,
-                            opsets: ops.clone(),
-                        }));
-                        return Ok(());
-                    }
-                    Some(Err(e)) => {
-                        return Err(Error::model(format!("node {}: {e}", node_label(&n))))
-                    }
-                    None => {}
-                }
+                let body = super::contrib::body(&n, &prefix)
+                    .map_err(|e| Error::model(format!("node {}: {e}", node_label(&n))))?;
+                let mut ops = (*opsets).clone();
+                ops.insert(String::new(), super::contrib::body_opset(n.op_type()));
+                let ops = Arc::new(ops);
+                out.extend(body.into_iter().map(|proto| FlatNode {
+                    proto,
+                    opsets: ops.clone(),
+                }));
+                return Ok(());
             }
             out.push(FlatNode { proto: n, opsets });
             return Ok(());

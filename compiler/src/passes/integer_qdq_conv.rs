@@ -12,7 +12,9 @@
 //! (there the f32 conv is the faster form).
 
 use super::inline_util::add_node_to;
-use super::util::{add_const, dtype_of, is_op, order, producer, quant_operands, retyped, shape_of};
+use super::util::{
+    add_const, dtype_of, is_op, producer, quant_operands, retyped, rewrite_planned, shape_of,
+};
 use crate::error::Result;
 use crate::ir::{Attr, DType, Graph, NodeId, Source, Tensor, ValueId, ValueType};
 
@@ -20,16 +22,7 @@ pub fn run(g: &mut Graph) -> Result<()> {
     if !g.int8_dot {
         return Ok(());
     }
-    for n in order(g)? {
-        if !g.nodes.contains_node(n) {
-            continue;
-        }
-        if let Some(plan) = plan(g, n) {
-            rewrite(g, n, plan)?;
-        }
-    }
-    g.rewire();
-    Ok(())
+    rewrite_planned(g, plan, rewrite)
 }
 
 /// A qualifying conv's quantized operands and its scale per output channel.
@@ -174,6 +167,7 @@ fn rewrite(g: &mut Graph, n: NodeId, p: Plan) -> Result<()> {
 mod tests {
     use super::*;
     use crate::passes::testutil::*;
+    use crate::passes::util::order;
 
     fn ops(g: &Graph) -> Vec<String> {
         let o = order(g).unwrap();

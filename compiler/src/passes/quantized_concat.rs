@@ -12,23 +12,14 @@
 //! SqueezeNet 1.1 each fire module's concat has one such part).
 
 use super::util::{
-    dtype_of, is_op, new_node, order, per_tensor_quant, producer, retyped, same_const,
+    dtype_of, is_op, new_node, per_tensor_quant, producer, retyped, rewrite_planned, same_const,
     same_zero_point, sole_reader,
 };
 use crate::error::Result;
 use crate::ir::{DType, Graph, NodeId, Source, ValueId};
 
 pub fn run(g: &mut Graph) -> Result<()> {
-    for n in order(g)? {
-        if !g.nodes.contains_node(n) {
-            continue;
-        }
-        if let Some(plan) = plan(g, n) {
-            rewrite(g, n, plan)?;
-        }
-    }
-    g.rewire();
-    Ok(())
+    rewrite_planned(g, plan, rewrite)
 }
 
 /// One input of the Concat: the 8-bit value itself, or the dequantized value to quantize

@@ -11,23 +11,14 @@
 //! ResNet-18 one).
 
 use super::util::{
-    dtype_of, is_op, new_node, order, per_tensor_quant, producer, same_const, same_zero_point,
-    sole_reader,
+    dtype_of, is_op, new_node, per_tensor_quant, producer, rewrite_planned, same_const,
+    same_zero_point, sole_reader,
 };
 use crate::error::Result;
 use crate::ir::{DType, Graph, NodeId, ValueId};
 
 pub fn run(g: &mut Graph) -> Result<()> {
-    for n in order(g)? {
-        if !g.nodes.contains_node(n) {
-            continue;
-        }
-        if let Some((xq, q)) = plan(g, n) {
-            rewrite(g, n, xq, q)?;
-        }
-    }
-    g.rewire();
-    Ok(())
+    rewrite_planned(g, plan, |g, n, (xq, q)| rewrite(g, n, xq, q))
 }
 
 /// For a MaxPool between such a DequantizeLinear and QuantizeLinear: the quantized input
@@ -82,6 +73,7 @@ mod tests {
     use super::*;
     use crate::ir::{Attr, Tensor};
     use crate::passes::testutil::*;
+    use crate::passes::util::order;
 
     /// x (f32) -> QuantizeLinear -> DequantizeLinear -> MaxPool 3x3 / 2 ->
     /// QuantizeLinear (scale `sy`, zero point `zy`) -> DequantizeLinear.

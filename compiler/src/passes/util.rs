@@ -6,6 +6,26 @@ use crate::ir::{Attrs, DType, Graph, Node, NodeId, Source, Tensor, ValueId, Valu
 use crate::ops::{OpCtx, Registry};
 use ndarray::{ArrayD, IxDyn, Zip};
 
+/// Rewrites, in schedule order, every node that `plan` accepts (skipping nodes an earlier
+/// rewrite removed), then rewires the graph: the driver of the passes that match a
+/// pattern anchored at one node and replace it.
+pub fn rewrite_planned<P>(
+    g: &mut Graph,
+    plan: impl Fn(&Graph, NodeId) -> Option<P>,
+    mut rewrite: impl FnMut(&mut Graph, NodeId, P) -> Result<()>,
+) -> Result<()> {
+    for n in order(g)? {
+        if !g.nodes.contains_node(n) {
+            continue;
+        }
+        if let Some(p) = plan(g, n) {
+            rewrite(g, n, p)?;
+        }
+    }
+    g.rewire();
+    Ok(())
+}
+
 /// Runs `fold` on every node in schedule order (skipping nodes an earlier rewrite
 /// removed), rewires the graph, and prunes dead nodes when any rewrite happened: the
 /// driver of the passes that fold one node at a time into its neighbours.

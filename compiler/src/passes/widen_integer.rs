@@ -29,7 +29,7 @@
 //! each or one per column of B (output channel of the conv).
 
 use super::inline_util::add_node_to;
-use super::util::{add_const, dtype_of, order, retyped, shape_of};
+use super::util::{add_const, dtype_of, retyped, rewrite_planned, shape_of};
 use crate::error::Result;
 use crate::ir::{Attr, DType, Graph, NodeId, Source, Tensor, ValueId, ValueType, EXACT_SUMS};
 use crate::ops::util::round_to;
@@ -39,16 +39,7 @@ use ndarray::{ArrayD, IxDyn};
 const EXACT: f64 = (1u64 << 24) as f64;
 
 pub fn run(g: &mut Graph) -> Result<()> {
-    for n in order(g)? {
-        if !g.nodes.contains_node(n) {
-            continue;
-        }
-        if let Some(plan) = plan(g, n) {
-            widen(g, n, plan)?;
-        }
-    }
-    g.rewire();
-    Ok(())
+    rewrite_planned(g, plan, widen)
 }
 
 /// How a qualifying node is rewritten.
@@ -497,6 +488,7 @@ fn requantize(g: &mut Graph, name: &str, p: ValueId, y: ValueId, rq: &Requant) -
 mod tests {
     use super::*;
     use crate::passes::testutil::*;
+    use crate::passes::util::order;
 
     fn product(b: Vec<i8>, zb: i8) -> Graph {
         let mut t = Builder::new();

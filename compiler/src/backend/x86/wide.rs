@@ -2029,25 +2029,19 @@ impl Gen<'_> {
             Inst::Store { s, disp, .. } if self.lp.elem(s) == Elem::F64 => {
                 let x = self.reg(l(0), t0)?;
                 let m = zmmword_ptr(at(s, disp, 8));
-                if masked {
-                    self.a.vmovupd(m.k7(), x).map_err(e)?;
-                } else {
-                    self.a.vmovupd(m, x).map_err(e)?;
-                }
+                let m = if masked { m.k7() } else { m };
+                self.a.vmovupd(m, x).map_err(e)?;
             }
             Inst::Store { s, disp, .. } if self.lp.elem(s) == Elem::F32 => {
                 // Rounded to nearest even, as the scalar code's f64 -> f32 conversion.
                 let x = self.reg(l(0), t0)?;
                 let t = YMM[tmp[1]];
                 self.a.vcvtpd2ps(t, x).map_err(e)?;
+                // vmovdqu32, EVEX only: the assembler writes a masked ymm vmovups in
+                // its VEX form, without the mask.
                 let m = ymmword_ptr(at(s, disp, 4));
-                if masked {
-                    // vmovdqu32, EVEX only: the assembler writes a masked ymm vmovups
-                    // as the VEX form, without the mask.
-                    self.a.vmovdqu32(m.k7(), t).map_err(e)?;
-                } else {
-                    self.a.vmovups(m, t).map_err(e)?;
-                }
+                let m = if masked { m.k7() } else { m };
+                self.a.vmovdqu32(m, t).map_err(e)?;
             }
             Inst::Store { s, disp, .. } => {
                 // Bytes: truncated toward zero to i64 (saturating: NaN 0, -2^63 and below
