@@ -700,7 +700,11 @@ impl Gen<'_> {
             }
         }
         let msk = |v: usize| masked && v + 1 == nv;
-        // Accumulators: C, the init view, or zero.
+        let sets = self.sets(rows, kc);
+        // Accumulators: C, the init view, or zero (the other sets' zero).
+        for r in 2 * rows..2 * rows * sets {
+            self.zero(r)?;
+        }
         let load_c = !first || s.init_is_c;
         let load_init = first && !s.init_is_c && s.init.is_some();
         for i in 0..rows {
@@ -742,7 +746,7 @@ impl Gen<'_> {
             self.a.add(rdx, rbx).map_err(e)?;
             self.add_imm(rdx, f.base)?;
         }
-        let u = far.map_or(UNROLL, |f| f.every);
+        let u = far.map_or(UNROLL.max(sets), |f| f.every);
         let (iters, rest) = (kc / u, kc % u);
         if iters > 0 {
             self.a.mov(ecx, iters as u32).map_err(e)?;
@@ -755,7 +759,8 @@ impl Gen<'_> {
                     }
                     self.add_imm(rdx, 64 * f.lines as i64)?;
                 }
-                self.kstep(rows, nv, masked, q * s.a_k, q * s.b_k)?;
+                let set = q as usize % sets;
+                self.kstep(rows, nv, masked, set, q * s.a_k, q * s.b_k)?;
             }
             self.add_imm(rax, u as i64 * s.a_k)?;
             self.add_imm(r11, u as i64 * s.b_k)?;
@@ -763,8 +768,10 @@ impl Gen<'_> {
             self.a.jne(top).map_err(e)?;
         }
         for q in 0..rest as i64 {
-            self.kstep(rows, nv, masked, q * s.a_k, q * s.b_k)?;
+            let set = q as usize % sets;
+            self.kstep(rows, nv, masked, set, q * s.a_k, q * s.b_k)?;
         }
+        self.sum_sets(rows, nv, sets)?;
         if last && s.add {
             // rax = add - C (bytes): the k-loop is done with it.
             self.a.mov(rax, qword_ptr(rsp + 32)).map_err(e)?;
@@ -787,9 +794,58 @@ impl Gen<'_> {
         Ok(())
     }
 
-    /// One k step of the tile: B vectors at r11 + `db`, A broadcasts at rax + `da`.
-    fn kstep(&mut self, rows: usize, nv: usize, masked: bool, da: i64, db: i64) -> R<()> {
+    /// How many sets of accumulators a tile of `rows` sums its k steps into, in turn
+    /// (step p into set p % sets), added together after the k-loop. A tile of few rows
+    /// has few accumulators, each a chain of dependent multiply-adds: with one set, a
+    /// 1 x 32 tile (two chains) waits on the FMA's latency (4 cycles) at every step,
+    /// where more independent chains let the loads of B set the pace. Only for GEMMs of
+    /// at most [`FEW_ROWS`] rows (a batch-1 layer's GEMV), whose tiles leave registers
+    /// free: `sets * rows <= MR`, at most 4.
+    fn sets(&self, rows: usize, kc: usize) -> usize {
+        if self.s.m > FEW_ROWS || kc < 8 {
+            return 1;
+        }
+        (self.s.isa.mr() / rows).clamp(1, 4)
+    }
+
+    /// Adds accumulator sets `1..sets` into set 0 (pairwise).
+    fn sum_sets(&mut self, rows: usize, nv: usize, sets: usize) -> R<()> {
+        let mut live = sets;
+        while live > 1 {
+            let half = live.div_ceil(2);
+            for q in half..live {
+                for i in 0..rows {
+                    for v in 0..nv {
+                        let (d, x) = (2 * i + v + 2 * rows * (q - half), 2 * i + v + 2 * rows * q);
+                        match self.s.isa {
+                            Isa::Avx512 if self.s.int8.is_some() => {
+                                self.a.vpaddd(ZMM[d], ZMM[d], ZMM[x])
+                            }
+                            Isa::Avx512 => self.a.vaddps(ZMM[d], ZMM[d], ZMM[x]),
+                            Isa::Avx2 => self.a.vaddps(YMM[d], YMM[d], YMM[x]),
+                        }
+                        .map_err(e)?;
+                    }
+                }
+            }
+            live = half;
+        }
+        Ok(())
+    }
+
+    /// One k step of the tile into accumulator set `set` (see [`Gen::sets`]): B vectors
+    /// at r11 + `db`, A broadcasts at rax + `da`.
+    fn kstep(
+        &mut self,
+        rows: usize,
+        nv: usize,
+        masked: bool,
+        set: usize,
+        da: i64,
+        db: i64,
+    ) -> R<()> {
         let s = self.s;
+        let base = 2 * rows * set;
         let bmask = |v: usize| masked && v + 1 == nv && !s.b_padded;
         // A packed as [m/MR][k][MR] is one sequential stream (from memory when the
         // weights outgrow the caches): fetch it ahead, once per k step.
@@ -829,7 +885,7 @@ impl Gen<'_> {
                         let at = dword_bcst(rax + d32(da + i as i64 * s.a_row)?);
                         for v in 0..nv {
                             self.a
-                                .vfmadd231ps(ZMM[2 * i + v], ZMM[2 * s.isa.mr() + v], at)
+                                .vfmadd231ps(ZMM[base + 2 * i + v], ZMM[2 * s.isa.mr() + v], at)
                                 .map_err(e)?;
                         }
                     }
@@ -849,7 +905,7 @@ impl Gen<'_> {
                             self.a.vbroadcastss(t, at).map_err(e)?;
                         }
                         for v in 0..nv {
-                            let (acc, bv) = (ZMM[2 * i + v], ZMM[2 * s.isa.mr() + v]);
+                            let (acc, bv) = (ZMM[base + 2 * i + v], ZMM[2 * s.isa.mr() + v]);
                             match s.int8 {
                                 Some(Int8::UnsignedA) => self.a.vpdpbusd(acc, t, bv),
                                 Some(Int8::SignedA) => self.a.vpdpbusd(acc, bv, t),
@@ -874,7 +930,7 @@ impl Gen<'_> {
                     self.a.vbroadcastss(ymm14, at).map_err(e)?;
                     for v in 0..nv {
                         self.a
-                            .vfmadd231ps(YMM[2 * i + v], YMM[12 + v], ymm14)
+                            .vfmadd231ps(YMM[base + 2 * i + v], YMM[12 + v], ymm14)
                             .map_err(e)?;
                     }
                 }
