@@ -118,6 +118,13 @@ fn one_node(
         if *p == "LeakyRelu" {
             nd.attribute = vec![float_attr("alpha", 0.1)];
         }
+        // A 2x2 max pool of stride 2 (the last step: `out` is then the pooled shape).
+        if *p == "MaxPool" {
+            nd.attribute = vec![
+                ints_attr("kernel_shape", &[2, 2]),
+                ints_attr("strides", &[2, 2]),
+            ];
+        }
         nodes.push(nd);
         last = o;
     }
@@ -548,6 +555,7 @@ fn cases() -> Vec<Case> {
         &[],
     ));
     v.push(wino5_case());
+    v.extend(pooled_cases().into_iter().map(|(c, _)| c));
     // Winograd F(2x2, 5x5) with "same" pads on an odd plane (the last tile row and
     // column one wide), two images, no bias; and uneven pads (output 18 x 17).
     v.push(one_node(
@@ -867,6 +875,20 @@ fn split_cases() -> Vec<Case> {
         &[1, 96, 32, 32],
         vec![ints_attr("pads", &[1, 1, 1, 1])],
         &["Relu"],
+    ));
+    // Winograd F(2x2) pooling 2x2 blocks (see [`pooled_cases`]) on 7 tile rows with 4
+    // times as many output channels as input: on threads the parts split the channels.
+    v.push(one_node(
+        "split_wino_pool_channels",
+        "Conv",
+        &[
+            ("x", &[1, 16, 14, 14], false),
+            ("w", &[64, 16, 3, 3], true),
+            ("bias", &[64], true),
+        ],
+        &[1, 64, 7, 7],
+        vec![ints_attr("pads", &[1, 1, 1, 1])],
+        &["Relu", "MaxPool"],
     ));
     // Winograd: blocks in two parts, each a parallel task.
     v.push(one_node(
@@ -1452,6 +1474,100 @@ fn wino5_case() -> Case {
         vec![ints_attr("pads", &[2, 2, 2, 2])],
         &["residual", "Relu"],
     )
+}
+
+/// Convs followed by a 2x2 max pool of stride 2, and whether the conv's kernel pools (its
+/// Winograd output transform stores each 2x2 block's largest value), or the pool runs as
+/// a kernel of its own: F(2x2) on 14x14 (the zoo's small CNN: bias and Relu), F(4x4) on
+/// 32x32 without bias or steps, F(4x4) whose last tile row is 2 output rows high (30x32,
+/// two images, LeakyRelu: the pool's windows mix signs), F(2x2, 5x5) with bias; and the
+/// convs that cannot pool: F(4x4) with a last tile 2 columns wide (30x30), a 1-channel
+/// conv (not Winograd).
+fn pooled_cases() -> Vec<(Case, bool)> {
+    // "Same" pads: the conv's output is the input's size.
+    let case = |name: &str, x: [usize; 4], w: [usize; 2], bias: bool, post: &[&str]| {
+        let ([n, c, h, wd], [m, k]) = (x, w);
+        let (ws, bs) = ([m, c, k, k], [m]);
+        let mut ins: Vec<(&str, &[usize], bool)> = vec![("x", &x, false), ("w", &ws, true)];
+        if bias {
+            ins.push(("bias", &bs, true));
+        }
+        let p = (k / 2) as i64;
+        let pads = vec![ints_attr("pads", &[p, p, p, p])];
+        one_node(name, "Conv", &ins, &[n, m, h / 2, wd / 2], pads, post)
+    };
+    let relu = ["Relu", "MaxPool"];
+    vec![
+        (
+            case("pool_wino2_relu", [1, 16, 14, 14], [32, 3], true, &relu),
+            true,
+        ),
+        (
+            case(
+                "pool_wino4_bare",
+                [1, 8, 32, 32],
+                [16, 3],
+                false,
+                &["MaxPool"],
+            ),
+            true,
+        ),
+        (
+            case(
+                "pool_wino4_short_rows",
+                [2, 8, 30, 32],
+                [12, 3],
+                true,
+                &["LeakyRelu", "MaxPool"],
+            ),
+            true,
+        ),
+        (
+            case("pool_wino5", [1, 8, 16, 16], [16, 5], true, &relu),
+            true,
+        ),
+        (
+            case("pool_wino4_narrow", [1, 8, 30, 30], [16, 3], true, &relu),
+            false,
+        ),
+        (
+            case("pool_one_channel", [1, 1, 28, 28], [16, 3], true, &relu),
+            false,
+        ),
+    ]
+}
+
+/// A 2x2 max pool after a conv joins the conv's fused node; the Winograd convs of
+/// [`pooled_cases`] pool in their output transform (one kernel, no pool loop, the conv's
+/// output never stored), the others run the conv with its steps and then the pool (the
+/// cases' values are checked on every target by `check_target`).
+#[test]
+fn max_pools_join_winograd_convs() {
+    for (case, pooled) in pooled_cases() {
+        let c = compile_case(&case, 0);
+        let fused = c
+            .graph
+            .nodes
+            .node_weights()
+            .filter(|n| n.op_type == "Fused")
+            .count();
+        assert_eq!(fused, 1, "{}: one fused node", case.name);
+        let kernels = &c.lowered.program.kernels;
+        let wino = c
+            .lowered
+            .program
+            .buffers
+            .iter()
+            .any(|b| b.name.contains("wino_u"));
+        assert_eq!(wino, case.name.contains("wino"), "{}: Winograd", case.name);
+        assert_eq!(
+            kernels.len(),
+            if pooled { 1 } else { 2 },
+            "{}: {:?}",
+            case.name,
+            kernels.iter().map(|k| &k.name).collect::<Vec<_>>()
+        );
+    }
 }
 
 /// The 5x5 conv of [`wino5_case`] runs through Winograd F(2x2, 5x5): 36 transformed

@@ -784,7 +784,14 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
     let il: usize = g.in_sp.iter().product();
     let ol: usize = g.out_sp.iter().product();
     let kd = c * kl;
-    if nimg == 0 || m == 0 || ol == 0 || kd == 0 || out.len() != nimg * m * ol {
+    // A pooled output ([`LowerCtx::max_pool_2x2`]) has a quarter of the conv's elements.
+    let pool = lw.max_pool_2x2;
+    let out_len = if pool {
+        nimg * m * ol / 4
+    } else {
+        nimg * m * ol
+    };
+    if nimg == 0 || m == 0 || ol == 0 || kd == 0 || out.len() != out_len {
         return Ok(false);
     }
     let direct = kl == 1 && g.s.iter().all(|&s| s == 1) && g.pb.iter().all(|&p| p == 0);
@@ -805,14 +812,19 @@ pub fn conv(lw: &mut LowerCtx, g: &ConvGeom) -> OpResult<bool> {
                 &x,
                 &w,
                 bias.as_ref(),
-                &out,
+                (&out, pool),
                 ep.as_ref(),
                 dims,
             ) {
+                lw.max_pool_2x2 = false;
                 return Ok(true);
             }
             lw.epilogue = ep;
         }
+    }
+    if pool {
+        // Only the Winograd lowering pools.
+        return Ok(false);
     }
     if channels_in_lanes(m, ol, kd, direct) {
         if let (Some(p2), Some(wt)) = (Plane::of(g), transposed_weights(lw, &w, m, kd)) {

@@ -229,6 +229,7 @@ pub fn lower(g: &Graph, known: &HashMap<ValueId, Value>) -> Result<Lowered> {
             outputs,
             program: &mut p,
             epilogue: None,
+            max_pool_2x2: false,
         };
         let r = match lowering {
             Lowering::Custom(f) => f(&mut lw),

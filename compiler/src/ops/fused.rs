@@ -208,8 +208,30 @@ fn lower(lw: &mut LowerCtx) -> OpResult<()> {
         );
     }
     let before = lw.program.kernels.len();
-    if let Some(ep) = anchor_epilogue(lw, &body, &order, &refs)? {
-        match lower_anchor(lw, &body, order[0], &refs, ep) {
+    if let Some(pool) = trailing_max_pool(&body, &order) {
+        // Conv -> steps -> MaxPool(2x2, stride 2): the pool in the anchor's kernel where
+        // its lowering can, else the anchor with its steps, then the pool on its own.
+        let chain = &order[..order.len() - 1];
+        let mid = body.nodes[pool].inputs[0].expect("a pool reads its input");
+        if let Some(ep) = anchor_epilogue(lw, &body, chain, &refs, mid)? {
+            let out = lw.outputs[0].clone();
+            match lower_anchor(lw, &body, chain[0], &refs, ep.clone(), out, true) {
+                Ok(true) => return Ok(()),
+                Ok(false) | Err(_) => lw.program.kernels.truncate(before),
+            }
+            let t = arena_value(lw, &body, mid)?;
+            refs.insert(mid, t.clone());
+            match lower_anchor(lw, &body, chain[0], &refs, ep, t, false) {
+                Ok(true) => return lower_nodes(lw, &body, &[pool], &mut refs),
+                Ok(false) | Err(_) => lw.program.kernels.truncate(before),
+            }
+            refs.remove(&mid);
+        }
+    }
+    let end = body.outputs[0];
+    if let Some(ep) = anchor_epilogue(lw, &body, &order, &refs, end)? {
+        let out = lw.outputs[0].clone();
+        match lower_anchor(lw, &body, order[0], &refs, ep, out, false) {
             Ok(true) => return Ok(()),
             Ok(false) | Err(_) => lw.program.kernels.truncate(before),
         }
@@ -231,22 +253,60 @@ fn scalar_f64(t: &Tensor) -> Option<f64> {
     (v.len() == 1).then(|| v[0])
 }
 
-/// The epilogue of an anchor body: the first node is a Conv, Gemm or MatMul and every
-/// other node is one step applied to the previous node's output. None when the body does
-/// not have that form.
+/// The last node of a body of the fusion pass's pooled form, Conv -> steps -> MaxPool
+/// (see `passes::fuse_epilogue`): a MaxPool that reads one value and writes the body's
+/// one output. None for other bodies.
+fn trailing_max_pool(body: &Graph, order: &[crate::ir::NodeId]) -> Option<crate::ir::NodeId> {
+    let (&last, rest) = order.split_last()?;
+    let node = &body.nodes[last];
+    let first = &body.nodes[*rest.first()?];
+    (node.domain.is_empty()
+        && node.op_type == "MaxPool"
+        && first.domain.is_empty()
+        && first.op_type == "Conv"
+        && matches!(node.inputs[..], [Some(_)])
+        && node.outputs[..] == body.outputs[..])
+        .then_some(last)
+}
+
+/// An arena buffer for body value `v`.
+fn arena_value(lw: &mut LowerCtx, body: &Graph, v: ValueId) -> OpResult<TensorRef> {
+    let (dt, shape) = static_of(body, v)?;
+    let ty =
+        kir_ty(dt).ok_or_else(|| OpError::unsupported(format!("{dt} values in compiled code")))?;
+    let buf = lw.program.add_buffer(
+        format!("{}/{}", lw.name, body.value(v).name),
+        BufKind::Arena { offset: 0 },
+        ty,
+        shape.iter().product::<usize>() as u64,
+    );
+    Ok(TensorRef {
+        buf,
+        dtype: dt,
+        shape,
+        value: None,
+    })
+}
+
+/// The epilogue of an anchor chain: the first node of `order` is a Conv, Gemm or MatMul
+/// and every other node is one step applied to the previous node's output, the last
+/// writing `end` (the body's output, or the pooled form's pool input, where the chain may
+/// be the anchor alone). None when the nodes do not have that form.
 fn anchor_epilogue(
     lw: &mut LowerCtx,
     body: &Graph,
     order: &[crate::ir::NodeId],
     refs: &HashMap<ValueId, TensorRef>,
+    end: ValueId,
 ) -> OpResult<Option<Epilogue>> {
     let Some(&first) = order.first() else {
         return Ok(None);
     };
     let anchor = &body.nodes[first];
+    let pooled = end != body.outputs[0];
     if !anchor.domain.is_empty()
         || !matches!(anchor.op_type.as_str(), "Conv" | "Gemm" | "MatMul")
-        || order.len() < 2
+        || (order.len() < 2 && !pooled)
         || body.outputs.len() != 1
         || anchor.outputs.len() != 1
     {
@@ -366,20 +426,23 @@ fn anchor_epilogue(
         steps.push(step);
         cur = node.outputs[0];
     }
-    if cur != body.outputs[0] {
+    if cur != end {
         return Ok(None);
     }
     Ok(Some(Epilogue { steps }))
 }
 
-/// Lowers the anchor with the epilogue. Ok(false) when its lowering did not take the
-/// epilogue (a lowering that applies it takes it out of [`LowerCtx::epilogue`]).
+/// Lowers the anchor with the epilogue into `out`, pooled by a 2x2 MaxPool where `pool`
+/// ([`LowerCtx::max_pool_2x2`]). Ok(false) when its lowering did not take the epilogue
+/// (a lowering that applies it takes it out of [`LowerCtx::epilogue`]) or the pool.
 fn lower_anchor(
     lw: &mut LowerCtx,
     body: &Graph,
     anchor: crate::ir::NodeId,
     refs: &HashMap<ValueId, TensorRef>,
     ep: Epilogue,
+    out: TensorRef,
+    pool: bool,
 ) -> OpResult<bool> {
     let node = &body.nodes[anchor];
     let Some(Lowering::Custom(f)) = Registry::standard().lowering(&node.domain, &node.op_type)
@@ -392,10 +455,6 @@ fn lower_anchor(
         .iter()
         .map(|i| i.and_then(|v| refs.get(&v).cloned()))
         .collect();
-    let out = refs
-        .get(&body.outputs[0])
-        .cloned()
-        .ok_or_else(|| OpError::new("Fused: no output buffer"))?;
     let mut sub = LowerCtx {
         op: &ctx,
         node_op: node.op.as_ref(),
@@ -404,9 +463,10 @@ fn lower_anchor(
         outputs: vec![out],
         program: &mut *lw.program,
         epilogue: Some(ep),
+        max_pool_2x2: pool,
     };
     f(&mut sub)?;
-    Ok(sub.epilogue.is_none())
+    Ok(sub.epilogue.is_none() && !sub.max_pool_2x2)
 }
 
 /// One loop nest for a body of elementwise ops whose outputs all have one shape.
@@ -591,21 +651,7 @@ fn lower_nodes(
                 outputs.push(t.clone());
                 continue;
             }
-            let (dt, shape) = static_of(body, o)?;
-            let ty = kir_ty(dt)
-                .ok_or_else(|| OpError::unsupported(format!("{dt} values in compiled code")))?;
-            let buf = lw.program.add_buffer(
-                format!("{}/{}", lw.name, body.value(o).name),
-                BufKind::Arena { offset: 0 },
-                ty,
-                shape.iter().product::<usize>() as u64,
-            );
-            let t = TensorRef {
-                buf,
-                dtype: dt,
-                shape,
-                value: None,
-            };
+            let t = arena_value(lw, body, o)?;
             refs.insert(o, t.clone());
             outputs.push(t);
         }
@@ -623,6 +669,7 @@ fn lower_nodes(
             outputs,
             program: &mut *lw.program,
             epilogue: None,
+            max_pool_2x2: false,
         };
         match lowering {
             Lowering::Custom(f) => f(&mut sub)?,

@@ -114,6 +114,11 @@ pub struct LowerCtx<'a> {
     /// `onnxc.Fused` nodes). Only lowerings listed as epilogue anchors see one, and they
     /// must apply it to every element of output 0 before it is stored.
     pub epilogue: Option<Epilogue>,
+    /// Set for a fused Conv whose epilogue's output goes through a 2x2 MaxPool of stride
+    /// 2 (no padding, even output sides) inside the same `onnxc.Fused` node: output 0 is
+    /// then the pooled tensor. A lowering that pools clears it; the Conv's lowering adds
+    /// no kernel when it cannot, and the fused node lowers the pool on its own.
+    pub max_pool_2x2: bool,
 }
 
 /// An activation an epilogue applies.

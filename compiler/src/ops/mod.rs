@@ -21,7 +21,7 @@ mod misc;
 mod ml;
 mod nn;
 mod normalization;
-mod pool;
+pub(crate) mod pool;
 mod quant;
 mod reduce;
 mod rng;

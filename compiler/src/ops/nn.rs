@@ -963,14 +963,6 @@ mod lower {
         let group = group_attr(lw.op)?;
         let (n, m, cg, k) = conv_shapes(lw.op, &x.shape, &w.shape, group)?;
         let win = window(lw.op, &x.shape[2..], &k, false)?;
-        if mode == Mode::Float
-            && group == 1
-            && std::env::var_os("ONNXC_NO_FEW_CHANNELS").is_none()
-            && conv_few_channels(lw, &x, &w, &win)?
-        {
-            return Ok(());
-        }
-        // The GEMM lowerings: f32 convs, and integer ones on the 8-bit GEMM.
         let (kk, s, d, pb, in_sp, out_sp) = (&k, &win.s, &win.d, &win.pb, &win.in_sp, &win.out);
         let g = crate::lower::gemm::ConvGeom {
             group,
@@ -981,6 +973,22 @@ mod lower {
             in_sp,
             out_sp,
         };
+        if lw.max_pool_2x2 {
+            // Pooled output: only the Winograd lowering pools (it clears the flag); no
+            // kernel otherwise (the fused node then lowers the pool apart).
+            if mode == Mode::Float {
+                crate::lower::gemm::conv(lw, &g)?;
+            }
+            return Ok(());
+        }
+        if mode == Mode::Float
+            && group == 1
+            && std::env::var_os("ONNXC_NO_FEW_CHANNELS").is_none()
+            && conv_few_channels(lw, &x, &w, &win)?
+        {
+            return Ok(());
+        }
+        // The GEMM lowerings: f32 convs, and integer ones on the 8-bit GEMM.
         let gemm = match mode {
             Mode::Float => crate::lower::gemm::conv(lw, &g)?,
             Mode::Integer => crate::lower::gemm::conv_int8(lw, &g)?,

@@ -410,6 +410,8 @@ fn max_roi_pool(ctx: &OpCtx, ins: &[Option<&Value>]) -> OpResult<Vec<Value>> {
 // Lowering to kernel IR: one loop nest per pool (output position x window), padding
 // checked with `If` statements; sums in f64.
 
+pub(crate) use lower::max_of;
+
 mod lower {
     use super::super::nn::{window, Window};
     use super::p_attr;
@@ -460,7 +462,7 @@ mod lower {
     /// taps), on fresh locals private to the loop `st` goes in, combined pairwise as a
     /// tree: a chain of compare-and-selects waits on every step's latency (SqueezeNet's
     /// 3x3 pools: 8 steps per vector), a tree on four.
-    fn max_of(k: &mut Kernel, st: &mut Vec<Stmt>, taps: Vec<Expr>) -> Expr {
+    pub(crate) fn max_of(k: &mut Kernel, st: &mut Vec<Stmt>, taps: Vec<Expr>) -> Expr {
         if taps.is_empty() {
             return lit(f64::NAN, Ty::F32);
         }

@@ -3,7 +3,8 @@
 //! Relu, Clip with constant bounds, Sigmoid, HardSigmoid, HardSwish, Swish/SiLU, Gelu,
 //! LeakyRelu, Tanh) becomes one `onnxc.Fused` node, lowered as one kernel that applies
 //! the steps before it stores each output element. A step joins only when the value it
-//! reads has no other consumer and is not a graph output.
+//! reads has no other consumer and is not a graph output. A Conv's group also takes a
+//! 2x2 MaxPool of stride 2 on the last step's output ([`is_max_pool_2x2`]).
 
 use super::fuse_util::{const_scalar, fusible_output, known_values, users};
 use crate::error::{Error, Result};
@@ -53,12 +54,48 @@ pub fn run(g: &mut Graph) -> Result<()> {
             group.push(c);
             cur = g.nodes[c].outputs[0];
         }
+        if g.nodes[n].op_type == "Conv" {
+            if let Some(p) = fusible_output(g, cur).filter(|&p| is_max_pool_2x2(g, p, dt)) {
+                group.push(p);
+            }
+        }
         if group.len() > 1 {
             let name = fused_name(g, n);
             fuse_nodes(g, &group, &name).map_err(|e| Error::model(e.0))?;
         }
     }
     Ok(())
+}
+
+/// True when node `p` is a MaxPool whose windows are the 2x2 blocks of its input (kernel
+/// 2x2, strides 2, no padding, dilation 1, floor rounding; an NCHW input of `dt` with even
+/// sides), its one output the pooled values: a Winograd F(2x2) or F(4x4) conv can pool
+/// its output tiles before it stores them (`lower::gemm::winograd`); where the conv's
+/// lowering does not, the fused node runs the pool as its own kernel.
+fn is_max_pool_2x2(g: &Graph, p: NodeId, dt: DType) -> bool {
+    let node = &g.nodes[p];
+    let a = &node.attrs;
+    let ints = |name: &str, d: &[i64]| a.ints(name, d).ok();
+    let even_nchw = node.inputs.first().copied().flatten().is_some_and(|x| {
+        let t = &g.value(x).ty;
+        t.dtype() == Some(dt)
+            && t.static_shape()
+                .is_some_and(|s| s.len() == 4 && s[2] % 2 == 0 && s[3] % 2 == 0 && s[2] > 0)
+    });
+    node.domain.is_empty()
+        && node.op_type == "MaxPool"
+        && node.outputs.len() == 1
+        && node.inputs.len() == 1
+        && even_nchw
+        && ints("kernel_shape", &[]).as_deref() == Some(&[2, 2])
+        && ints("strides", &[1, 1]).as_deref() == Some(&[2, 2])
+        && ints("dilations", &[1, 1]).as_deref() == Some(&[1, 1])
+        && ints("pads", &[0, 0, 0, 0]).as_deref() == Some(&[0, 0, 0, 0])
+        && matches!(
+            a.string("auto_pad", "NOTSET".into()).as_deref(),
+            Ok("NOTSET" | "VALID")
+        )
+        && a.int("ceil_mode", 0).ok() == Some(0)
 }
 
 /// SiLU as exported before opset 24: `v` read only by `s = Sigmoid(v)` and `Mul(v, s)`

@@ -61,7 +61,9 @@
 
 use super::{Plane, PANEL};
 use crate::kir::build::{add, int, lin, loops, mul, sub};
-use crate::kir::{BufKind, CmpOp, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId};
+use crate::kir::{
+    BinOp, BufKind, CmpOp, Expr, GemmAct, GemmCall, Kernel, MatView, Stmt, Ty, VarId,
+};
 use crate::ops::lowering::{Epilogue, LowerCtx, TensorRef};
 
 /// Most bytes of one block's transformed input and GEMM output (`a^2` matrices each, one
@@ -216,6 +218,29 @@ impl Wino {
             add(add(d12, mul(d34, k(8.0))), m(5)),
         ]
     }
+}
+
+/// `e / 2` for an even `e` (an output row: a sum of terms whose constants are multiples
+/// of the tile size), as the same sum of halved terms (an index expression the
+/// vectorisers and the parallel-loop analysis read as affine), or as a division where a
+/// term is not of that form.
+fn halve(e: &Expr) -> Expr {
+    fn go(e: &Expr) -> Option<Expr> {
+        match e {
+            Expr::Int(x) if x % 2 == 0 => Some(Expr::Int(x / 2)),
+            Expr::Bin(BinOp::Add, a, b) => Some(add(go(a)?, go(b)?)),
+            Expr::Bin(BinOp::Mul, a, b) => match (&**a, &**b) {
+                (x, Expr::Int(c)) | (Expr::Int(c), x) if c % 2 == 0 => Some(if *c == 2 {
+                    x.clone()
+                } else {
+                    mul(x.clone(), Expr::Int(c / 2))
+                }),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+    go(e).unwrap_or_else(|| Expr::bin(BinOp::Div, e.clone(), int(2)))
 }
 
 /// Whether a conv runs through [`conv`], and by which algorithm: 3x3 or 5x5, stride 1,
@@ -500,6 +525,9 @@ struct Geo<'a> {
     mb: usize,
     us: &'a [usize],
     out: &'a TensorRef,
+    /// The output is the 2x2 max pool of stride 2 of the conv's (after the epilogue):
+    /// each 2x2 block of a tile stores its largest value ([`Geo::output_transform`]).
+    pool: bool,
     bias: Option<&'a TensorRef>,
     ep: Option<&'a Epilogue>,
     nv: VarId,
@@ -556,15 +584,20 @@ pub(super) fn conv(
     x: &TensorRef,
     w: &TensorRef,
     bias: Option<&TensorRef>,
-    out: &TensorRef,
+    (out, pool): (&TensorRef, bool),
     ep: Option<&Epilogue>,
     (nimg, c, m): (usize, usize, usize),
 ) -> bool {
+    let (r, mats) = (wino.r, wino.a() * wino.a());
+    let (oh, ow) = (p2.oh, p2.ow);
+    // Pooling takes whole 2x2 blocks of whole tiles: even sides, no narrow last tile (a
+    // short last tile row is even then: `oh % r` of 0 or 2).
+    if pool && (oh % 2 != 0 || ow % r != 0 || out.shape[..] != [nimg, m, oh / 2, ow / 2]) {
+        return false;
+    }
     let Some(us) = weights(lw, w, wino, m, c) else {
         return false;
     };
-    let (r, mats) = (wino.r, wino.a() * wino.a());
-    let (oh, ow) = (p2.oh, p2.ow);
     let (th_n, tw_n) = (oh.div_ceil(r), ow.div_ceil(r));
     // The tile rows in two parts; where they split unevenly and a run has threads, the
     // channels instead (chosen at run time: on one thread the rows' split is faster, the
@@ -622,6 +655,7 @@ pub(super) fn conv(
         mb,
         us: &us,
         out,
+        pool,
         bias,
         ep,
         nv,
@@ -951,31 +985,46 @@ impl Geo<'_> {
                 (int(1), (y * (r - cols) + x - cols) * tw),
             ])
         };
-        let ol = self.oh * self.ow;
-        let store_out = |y: usize, x: usize, v: Expr| {
-            let oy = lin(vec![(row0.clone(), 1), (Expr::Var(rr), r), (int(1), y)]);
-            let ox = lin(vec![(Expr::Var(q), r), (int(1), x)]);
-            let v = match self.ep {
-                Some(ep) => ep.apply_at(
-                    v,
-                    Ty::F32,
-                    &[Expr::Var(self.nv), oc.clone(), oy.clone(), ox.clone()],
-                    &self.out.shape,
-                ),
+        // Output row y, column x of the tile: the conv's (before the pool) coordinates.
+        let oyx = |y: usize, x: usize| {
+            (
+                lin(vec![(row0.clone(), 1), (Expr::Var(rr), r), (int(1), y)]),
+                lin(vec![(Expr::Var(q), r), (int(1), x)]),
+            )
+        };
+        let full_shape = [self.out.shape[0], m, self.oh, self.ow];
+        let epilogue = |y: usize, x: usize, v: Expr| {
+            let (oy, ox) = oyx(y, x);
+            match self.ep {
+                Some(ep) => {
+                    let at = [Expr::Var(self.nv), oc.clone(), oy, ox];
+                    ep.apply_at(v, Ty::F32, &at, &full_shape)
+                }
                 None => v,
-            };
-            Stmt::Store {
-                buf: self.out.buf,
-                index: lin(vec![
-                    (Expr::Var(self.nv), m * ol),
-                    (Expr::Var(co), ol),
-                    (cbase.clone(), ol),
-                    (oy, self.ow),
-                    (ox, 1),
-                ]),
-                value: v,
             }
         };
+        // The stored tensor's row length and plane, its first row, and a tile's rows and
+        // columns in it.
+        let (sw, sl, srow0, sr) = match self.pool {
+            true => (self.ow / 2, self.oh * self.ow / 4, halve(&row0), r / 2),
+            false => (self.ow, self.oh * self.ow, row0.clone(), r),
+        };
+        // Stores row y, column x of the tile (pooled: of the tile's 2x2 blocks).
+        let store = |y: usize, x: usize, v: Expr| Stmt::Store {
+            buf: self.out.buf,
+            index: lin(vec![
+                (Expr::Var(self.nv), m * sl),
+                (Expr::Var(co), sl),
+                (cbase.clone(), sl),
+                (srow0.clone(), sw),
+                (Expr::Var(rr), sr * sw),
+                (int(1), y * sw),
+                (Expr::Var(q), sr),
+                (int(1), x),
+            ]),
+            value: v,
+        };
+        let store_out = |y: usize, x: usize, v: Expr| store(y, x, epilogue(y, x, v));
         let mut body = Vec::new();
         // Columns first: s[y][j] = (A^T M)[y][j], each a local, then the output row by
         // row; F(4x4)'s in two halves of output rows (as the input transform's).
@@ -983,6 +1032,20 @@ impl Geo<'_> {
         for h in 0..halves {
             let ys = (h * r / halves).min(out_rows)..((h + 1) * r / halves).min(out_rows);
             let sv = columns(k, &mut body, a, ys.clone(), mv, |col| self.wino.at(col));
+            if self.pool {
+                // Each 2x2 block's largest value after the epilogue (as MaxPool takes
+                // it), stored once: the conv's output is never written.
+                let vals: Vec<Vec<Expr>> = ys.clone().map(|y| self.wino.at(&sv[y])).collect();
+                for y in ys.clone().step_by(2) {
+                    for x in (0..r).step_by(2) {
+                        let taps = [(y, x), (y, x + 1), (y + 1, x), (y + 1, x + 1)]
+                            .map(|(ty, tx)| epilogue(ty, tx, vals[ty - ys.start][tx].clone()));
+                        let v = crate::ops::pool::max_of(k, &mut body, taps.to_vec());
+                        body.push(store(y / 2, x / 2, v));
+                    }
+                }
+                continue;
+            }
             for y in ys {
                 for (x, v) in self.wino.at(&sv[y]).into_iter().enumerate() {
                     body.push(match self.narrow {
