@@ -1332,7 +1332,8 @@ fn pointwise_lanes_panels_threads_x86_64_avx512() {
 /// A convolution whose blocks of output rows run in slots, one parallel task each, with
 /// a GEMM inside every task (Cranelift's f32x4 tiles on aarch64), one through padded
 /// planes in runs of panels, on 1-3 threads under qemu, Winograd F(2x2), F(4x4) and
-/// F(2x2, 5x5) convs (strided stores, GEMMs and transforms in tasks), and depthwise convs in bands
+/// F(2x2, 5x5) convs (strided stores, GEMMs and transforms in tasks; one pooling 2x2
+/// blocks as it stores, its parts splitting the channels), and depthwise convs in bands
 /// of output rows (f32x4 loops): every run against the reference, threaded runs bit for
 /// bit against the serial.
 #[test]
@@ -1345,7 +1346,7 @@ fn gemm_conv_blocks_threads_aarch64_neon_qemu() {
                 || c.name.starts_with("split_dw_bands")
         })
         .collect();
-    assert_eq!(conv.len(), 11);
+    assert_eq!(conv.len(), 12);
     check_tasks("aarch64-neon", conv, &[1, 2, 3], b"_task0");
 }
 
