@@ -58,6 +58,9 @@
 //! every `r`-th column (on AVX-512: permutes of whole vectors) and writes `a^2`
 //! unit-stride rows; the output transform reads `a^2` unit-stride rows and writes every
 //! `r`-th column of `r` output rows, applying the bias and the fused epilogue on the way.
+//! A conv fused with a 2x2 max pool of stride 2 (`LowerCtx::max_pool_2x2`, even output
+//! sides, no narrow last tile) stores instead each 2x2 block's largest value, once, at
+//! unit stride: a tile is whole pool windows, so the conv's output is never written.
 
 use super::{Plane, PANEL};
 use crate::kir::build::{add, int, lin, loops, mul, sub};
