@@ -2781,6 +2781,97 @@ fn qdq_convs_run_on_dot_product_kernels() {
     }
 }
 
+/// QDQ products (`integer_qdq_gemm`): a classifier's Gemm (transB, weights per output
+/// column, a bias) at batch 1 and 5, and a MatMul of a 3-D x by per-tensor weights, run
+/// as MatMulInteger on the 8-bit GEMM where the host has VNNI (the batch-1 one on the
+/// few-row tiles' accumulator sets), as f32 on aarch64; against the reference.
+#[test]
+fn qdq_products_run_on_dot_product_kernels() {
+    use common::{f32_tensor, model, node, value_info};
+    use onnxc::ir::Tensor;
+    use onnxc::onnx::proto::tensor_proto::DataType;
+    use onnxc::onnx::proto::{AttributeProto, GraphProto};
+    let scratch = tempfile::tempdir().unwrap();
+    let mut next = lcg(91);
+    let vnni = vnni_host("qdq_products_run_on_dot_product_kernels", "the f32 GEMM");
+    let int_attr = |name: &str, v: i64| AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(onnxc::onnx::proto::attribute_proto::AttributeType::Int as i32),
+        i: Some(v),
+        ..Default::default()
+    };
+    let (k, n) = (200i64, 40i64);
+    // (name, x shape, Gemm)
+    let cases: [(&str, Vec<i64>, bool); 3] = [
+        ("qdq_gemm_batch1", vec![1, k], true),
+        ("qdq_gemm_batch5", vec![5, k], true),
+        ("qdq_matmul_3d", vec![2, 3, k], false),
+    ];
+    for (name, xs, gemm) in cases {
+        let w: Vec<i64> = (0..k * n).map(|_| next() % 255 - 127).collect();
+        let mut ys = xs.clone();
+        *ys.last_mut().unwrap() = n;
+        let mut inits = vec![
+            f32_tensor("sx", &[], &[0.02]),
+            int_tensor("zx", DataType::Uint8, &[], &[110]),
+        ];
+        let mut nodes = vec![
+            node("QuantizeLinear", &["x", "sx", "zx"], &["xq"]),
+            node("DequantizeLinear", &["xq", "sx", "zx"], &["xd"]),
+        ];
+        if gemm {
+            let sw: Vec<f32> = (0..n).map(|j| 0.002 + 0.0005 * j as f32).collect();
+            let b: Vec<f32> = (0..n).map(|j| (j as f32 - 20.0) * 0.1).collect();
+            inits.push(int_tensor("wq", DataType::Int8, &[n, k], &w));
+            inits.push(f32_tensor("sw", &[n], &sw));
+            inits.push(int_tensor("zw", DataType::Int8, &[n], &vec![0; n as usize]));
+            inits.push(f32_tensor("b", &[n], &b));
+            let mut wd = node("DequantizeLinear", &["wq", "sw", "zw"], &["wd"]);
+            wd.attribute = vec![int_attr("axis", 0)];
+            let mut gm = node("Gemm", &["xd", "wd", "b"], &["y"]);
+            gm.attribute = vec![int_attr("transB", 1)];
+            nodes.extend([wd, gm]);
+        } else {
+            inits.push(int_tensor("wq", DataType::Int8, &[k, n], &w));
+            inits.push(f32_tensor("sw", &[], &[0.003]));
+            nodes.push(node("DequantizeLinear", &["wq", "sw"], &["wd"]));
+            nodes.push(node("MatMul", &["xd", "wd"], &["y"]));
+        }
+        let g = GraphProto {
+            name: Some(name.into()),
+            node: nodes,
+            input: vec![value_info("x", DataType::Float, &xs)],
+            output: vec![value_info("y", DataType::Float, &ys)],
+            initializer: inits,
+            ..Default::default()
+        };
+        let len = xs.iter().product::<i64>() as usize;
+        let x: Vec<f32> = (0..len)
+            .map(|_| (next() % 600 - 250) as f32 * 0.01)
+            .collect();
+        let shape: Vec<usize> = xs.iter().map(|&d| d as usize).collect();
+        let inputs = vec![Value::Tensor(Tensor::from_vec(&shape, x))];
+        for target in ["host", "aarch64-neon"] {
+            let dot = vnni && target == "host";
+            let (cm, got, want) =
+                compiled_and_reference(scratch.path(), &model(g.clone()), target, &inputs);
+            let ops = op_types(&cm);
+            assert_eq!(
+                ops.contains(&"MatMulInteger".into()),
+                dot,
+                "{name} on {target}: {ops:?}"
+            );
+            if dot {
+                let int8 = int8_gemms(&cm.lowered.program.kernels);
+                assert!(int8 > 0, "{name}: no 8-bit GEMM");
+            }
+            let (g0, w0) = (got[0].as_tensor().unwrap(), want[0].as_tensor().unwrap());
+            let e = onnxc::check::rel_err(g0, w0).unwrap();
+            assert!(e < 1e-5, "{name} on {target}: relative error {e:.2e}");
+        }
+    }
+}
+
 /// QLinearMatMul by a constant int8 weight with per-column scales and zero points: the
 /// exact product on the f32 GEMM, then the reference's requantization in f64, on the
 /// host and on aarch64 under qemu, bit for bit against the reference (outputs that

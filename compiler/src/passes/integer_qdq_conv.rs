@@ -40,12 +40,15 @@ struct Plan {
 
 /// `v = DequantizeLinear(q, scale, zero_point)` of the default domain, not blocked:
 /// (q, scale, zero point, axis).
-fn dequantized(g: &Graph, v: ValueId) -> Option<(ValueId, ValueId, Option<ValueId>, i64)> {
+pub(super) fn dequantized(
+    g: &Graph,
+    v: ValueId,
+) -> Option<(ValueId, ValueId, Option<ValueId>, i64)> {
     quant_operands(g, producer(g, v)?, "DequantizeLinear")
 }
 
 /// The values of a constant f32 tensor.
-fn floats(g: &Graph, v: ValueId) -> Option<Vec<f32>> {
+pub(super) fn floats(g: &Graph, v: ValueId) -> Option<Vec<f32>> {
     let t = g.const_of(v)?;
     if t.dtype() != DType::F32 {
         return None;

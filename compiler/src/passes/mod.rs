@@ -8,7 +8,8 @@
 //! Level 1 (cleanup): `fold_shape_ops`, `fold_constants`, `remove_noops`,
 //! `eliminate_common_subexpressions`, `eliminate_dead_code`. Level 2 (algebraic folding
 //! into weights, convs split into the forms the GEMM lowerings take, then fusion):
-//! `integer_qdq_conv` (before the cleanup: QDQ convs onto the 8-bit GEMM),
+//! `integer_qdq_conv` and `integer_qdq_gemm` (before the cleanup: QDQ convs, Gemms and
+//! MatMuls onto the 8-bit GEMM),
 //! `quantized_max_pool` (a QDQ max pool on the 8-bit values), `quantized_concat` (a
 //! quantized Concat of the 8-bit parts), `widen_f16` (f16 convs and products onto the f32 kernels), `widen_integer`
 //! (MatMulInteger and QLinearMatMul onto the f32 GEMM where f32 is exact),
@@ -34,6 +35,7 @@ pub mod infer_shapes;
 pub mod inline_if;
 mod inline_util;
 pub mod integer_qdq_conv;
+pub mod integer_qdq_gemm;
 pub mod matmul_add_to_gemm;
 pub mod quantized_concat;
 pub mod quantized_max_pool;
@@ -80,6 +82,11 @@ pub const PIPELINE: &[Pass] = &[
         name: "integer_qdq_conv",
         level: 2,
         run: integer_qdq_conv::run,
+    },
+    Pass {
+        name: "integer_qdq_gemm",
+        level: 2,
+        run: integer_qdq_gemm::run,
     },
     Pass {
         name: "quantized_max_pool",
