@@ -126,14 +126,6 @@ fn rewrite(g: &mut Graph, n: NodeId, p: Plan) -> Result<()> {
     let node = g.remove_node(n).expect("a node of the order");
     let name = node.name.clone();
     let y = node.outputs[0];
-    let value = |g: &mut Graph, what: &str, ty: ValueType| {
-        let v = g.fresh_name(&format!("{name}/{what}"));
-        g.add_value(v, ty, Source::Undefined)
-    };
-    // (opset 13: every op used here has its current form there.)
-    let add = |g: &mut Graph, what: &str, op: &str, attrs: &[(&str, Attr)], ins, out| {
-        add_node_to(g, 13, format!("{name}/{what}"), op, attrs, ins, vec![out])
-    };
     // The conv keeps its attributes (kernel, pads, strides, dilations, group 1).
     let attrs: Vec<(&str, Attr)> = node
         .attrs
@@ -144,26 +136,70 @@ fn rewrite(g: &mut Graph, n: NodeId, p: Plan) -> Result<()> {
     while ins.last() == Some(&None) {
         ins.pop();
     }
-    let acc = value(g, "product", retyped(g, y, DType::I32));
-    add(g, "product", "ConvInteger", &attrs, ins, acc)?;
+    let acc = fresh(g, &name, "product", retyped(g, y, DType::I32));
+    add_node_to(
+        g,
+        13,
+        format!("{name}/product"),
+        "ConvInteger",
+        &attrs,
+        ins,
+        vec![acc],
+    )?;
+    // The bias [co] against the output's channels: [co, 1, ...].
+    let bias = match p.bias {
+        Some(b) => {
+            let dims: Vec<i64> = p.channels.iter().map(|&d| d as i64).collect();
+            let dims = Tensor::from_vec(&[dims.len()], dims);
+            let dims = add_const(g, &format!("{name}/bias_shape"), dims);
+            let br = fresh(g, &name, "bias", ValueType::tensor(DType::F32, &p.channels));
+            let ins = vec![Some(b), Some(dims)];
+            add_node_to(g, 13, format!("{name}/bias"), "Reshape", &[], ins, vec![br])?;
+            Some(br)
+        }
+        None => None,
+    };
+    scale_back(g, &name, acc, y, p.scale, bias)
+}
+
+/// A new value `name/what` of type `ty`.
+fn fresh(g: &mut Graph, name: &str, what: &str, ty: ValueType) -> ValueId {
+    let v = g.fresh_name(&format!("{name}/{what}"));
+    g.add_value(v, ty, Source::Undefined)
+}
+
+/// `y = f32(acc) * scale (+ bias)`: an exact integer product `acc` (i32, `y`'s shape)
+/// scaled back, and the bias (shaped to broadcast against `y`) added; nodes named after
+/// `name` (opset 13: every op used here has its current form there).
+pub(super) fn scale_back(
+    g: &mut Graph,
+    name: &str,
+    acc: ValueId,
+    y: ValueId,
+    scale: Tensor,
+    bias: Option<ValueId>,
+) -> Result<()> {
+    let add = |g: &mut Graph, what: &str, op: &str, attrs: &[(&str, Attr)], ins, out| {
+        add_node_to(g, 13, format!("{name}/{what}"), op, attrs, ins, vec![out])
+    };
     let f32c = Attr::Int(i64::from(DType::F32.onnx_code()));
-    let accf = value(g, "product_f32", g.value(y).ty.clone());
-    let cast = vec![Some(acc)];
-    add(g, "product_f32", "Cast", &[("to", f32c)], cast, accf)?;
-    let scale = add_const(g, &format!("{name}/scale"), p.scale);
+    let accf = fresh(g, name, "product_f32", retyped(g, y, DType::F32));
+    add(
+        g,
+        "product_f32",
+        "Cast",
+        &[("to", f32c)],
+        vec![Some(acc)],
+        accf,
+    )?;
+    let scale = add_const(g, &format!("{name}/scale"), scale);
     let product = vec![Some(accf), Some(scale)];
-    let Some(b) = p.bias else {
+    let Some(b) = bias else {
         return add(g, "scaled", "Mul", &[], product, y);
     };
-    let scaled = value(g, "scaled", g.value(y).ty.clone());
+    let scaled = fresh(g, name, "scaled", retyped(g, y, DType::F32));
     add(g, "scaled", "Mul", &[], product, scaled)?;
-    // The bias [co] against the output's channels: [co, 1, ...].
-    let dims: Vec<i64> = p.channels.iter().map(|&d| d as i64).collect();
-    let dims = Tensor::from_vec(&[dims.len()], dims);
-    let dims = add_const(g, &format!("{name}/bias_shape"), dims);
-    let br = value(g, "bias", ValueType::tensor(DType::F32, &p.channels));
-    add(g, "bias", "Reshape", &[], vec![Some(b), Some(dims)], br)?;
-    add(g, "biased", "Add", &[], vec![Some(scaled), Some(br)], y)
+    add(g, "biased", "Add", &[], vec![Some(scaled), Some(b)], y)
 }
 
 #[cfg(test)]

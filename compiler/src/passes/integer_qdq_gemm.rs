@@ -14,10 +14,10 @@
 //! transA, and a bias of `[n]` or `[1, n]` at beta 1.
 
 use super::inline_util::add_node_to;
-use super::integer_qdq_conv::{dequantized, floats};
+use super::integer_qdq_conv::{dequantized, floats, scale_back};
 use super::util::{add_const, dtype_of, is_op, retyped, rewrite_planned, shape_of};
 use crate::error::Result;
-use crate::ir::{Attr, DType, Graph, NodeId, Source, Tensor, ValueId};
+use crate::ir::{DType, Graph, NodeId, Source, Tensor, ValueId};
 
 pub fn run(g: &mut Graph) -> Result<()> {
     if !g.int8_dot {
@@ -120,45 +120,29 @@ fn rewrite(g: &mut Graph, n: NodeId, p: Plan) -> Result<()> {
     let node = g.remove_node(n).expect("a node of the order");
     let name = node.name.clone();
     let y = node.outputs[0];
-    let value = |g: &mut Graph, what: &str, dt: DType| {
-        let v = g.fresh_name(&format!("{name}/{what}"));
-        let ty = retyped(g, y, dt);
-        g.add_value(v, ty, Source::Undefined)
-    };
-    // (opset 13: every op used here has its current form there.)
-    let add = |g: &mut Graph, what: &str, op: &str, attrs: &[(&str, Attr)], ins, out| {
-        add_node_to(g, 13, format!("{name}/{what}"), op, attrs, ins, vec![out])
-    };
     let w = add_const(g, &format!("{name}/weight_i8"), p.w);
     let mut ins = vec![Some(p.xq), Some(w), p.zx];
     if ins.last() == Some(&None) {
         ins.pop();
     }
-    let acc = value(g, "product", DType::I32);
-    add(g, "product", "MatMulInteger", &[], ins, acc)?;
-    let f32c = Attr::Int(i64::from(DType::F32.onnx_code()));
-    let accf = value(g, "product_f32", DType::F32);
-    add(
+    let v = g.fresh_name(&format!("{name}/product"));
+    let acc = g.add_value(v, retyped(g, y, DType::I32), Source::Undefined);
+    add_node_to(
         g,
-        "product_f32",
-        "Cast",
-        &[("to", f32c)],
-        vec![Some(acc)],
-        accf,
+        13,
+        format!("{name}/product"),
+        "MatMulInteger",
+        &[],
+        ins,
+        vec![acc],
     )?;
-    let scale = add_const(g, &format!("{name}/scale"), p.scale);
-    let product = vec![Some(accf), Some(scale)];
-    let Some(b) = p.bias else {
-        return add(g, "scaled", "Mul", &[], product, y);
-    };
-    let scaled = value(g, "scaled", DType::F32);
-    add(g, "scaled", "Mul", &[], product, scaled)?;
-    add(g, "biased", "Add", &[], vec![Some(scaled), Some(b)], y)
+    scale_back(g, &name, acc, y, p.scale, p.bias)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ir::Attr;
     use crate::passes::testutil::*;
     use crate::passes::util::order;
 
