@@ -206,12 +206,6 @@ pub(super) fn scale_back(
 mod tests {
     use super::*;
     use crate::passes::testutil::*;
-    use crate::passes::util::order;
-
-    fn ops(g: &Graph) -> Vec<String> {
-        let o = order(g).unwrap();
-        o.into_iter().map(|n| g.nodes[n].op_type.clone()).collect()
-    }
 
     /// x (f32) -> QuantizeLinear -> DequantizeLinear, and a constant weight (i8, or u8
     /// with `u8_weight`) dequantized per output channel, into a padded 3x3 Conv with a
@@ -262,7 +256,7 @@ mod tests {
         let mut g = qdq_conv(false);
         g.int8_dot = true;
         check_pass(&mut g, run);
-        let ops = ops(&g);
+        let ops = op_order(&g);
         assert!(ops.contains(&"ConvInteger".to_string()), "{ops:?}");
         assert!(!ops.contains(&"Conv".to_string()), "{ops:?}");
         // The scale: sx * sw per output channel, against the output's channels.
@@ -284,11 +278,11 @@ mod tests {
     fn a_dequantized_conv_stays_without_dot_products_or_i8_weights() {
         let mut g = qdq_conv(false);
         check_pass(&mut g, run);
-        assert!(ops(&g).contains(&"Conv".to_string()));
+        assert!(op_order(&g).contains(&"Conv".to_string()));
         // u8 weights: the 8-bit GEMM multiplies u8 by i8.
         let mut g = qdq_conv(true);
         g.int8_dot = true;
         check_pass(&mut g, run);
-        assert!(!ops(&g).contains(&"ConvInteger".to_string()));
+        assert!(!op_order(&g).contains(&"ConvInteger".to_string()));
     }
 }

@@ -144,12 +144,6 @@ mod tests {
     use super::*;
     use crate::ir::Attr;
     use crate::passes::testutil::*;
-    use crate::passes::util::order;
-
-    fn ops(g: &Graph) -> Vec<String> {
-        let o = order(g).unwrap();
-        o.into_iter().map(|n| g.nodes[n].op_type.clone()).collect()
-    }
 
     /// x (f32, [2, 8]) -> QuantizeLinear -> DequantizeLinear into a Gemm with a bias by a
     /// constant i8 weight `[6, 8]` (transB) dequantized per output column, or into a
@@ -198,7 +192,7 @@ mod tests {
             let mut g = qdq_product(gemm);
             g.int8_dot = true;
             check_pass(&mut g, run);
-            let ops = ops(&g);
+            let ops = op_order(&g);
             assert!(ops.contains(&"MatMulInteger".to_string()), "{ops:?}");
             assert!(!ops.iter().any(|o| o == "Gemm" || o == "MatMul"), "{ops:?}");
         }
@@ -208,6 +202,6 @@ mod tests {
     fn a_dequantized_product_stays_without_dot_products() {
         let mut g = qdq_product(true);
         check_pass(&mut g, run);
-        assert!(ops(&g).contains(&"Gemm".to_string()));
+        assert!(op_order(&g).contains(&"Gemm".to_string()));
     }
 }

@@ -73,7 +73,6 @@ mod tests {
     use super::*;
     use crate::ir::{Attr, Tensor};
     use crate::passes::testutil::*;
-    use crate::passes::util::order;
 
     /// x (f32) -> QuantizeLinear -> DequantizeLinear -> MaxPool 3x3 / 2 ->
     /// QuantizeLinear (scale `sy`, zero point `zy`) -> DequantizeLinear.
@@ -97,19 +96,14 @@ mod tests {
         t.finish(&[y])
     }
 
-    fn ops(g: &Graph) -> Vec<String> {
-        let o = order(g).unwrap();
-        o.into_iter().map(|n| g.nodes[n].op_type.clone()).collect()
-    }
-
     #[test]
     fn a_max_pool_between_the_same_quantization_pools_the_bytes() {
         let mut g = qdq_pool(0.05, 120);
         check_pass(&mut g, run);
         // The pool's QuantizeLinear is gone (its DequantizeLinear, unread now, is left
         // to eliminate_dead_code).
-        let count = |op: &str| ops(&g).iter().filter(|o| *o == op).count();
-        assert_eq!(count("QuantizeLinear"), 1, "{:?}", ops(&g));
+        let count = |op: &str| op_order(&g).iter().filter(|o| *o == op).count();
+        assert_eq!(count("QuantizeLinear"), 1, "{:?}", op_order(&g));
         let pool = g.nodes.node_weights().find(|n| n.op_type == "MaxPool");
         let pool = pool.expect("a MaxPool");
         let x = pool.inputs[0].expect("an input");
@@ -122,9 +116,9 @@ mod tests {
             let mut g = qdq_pool(sy, zy);
             check_pass(&mut g, run);
             assert!(
-                ops(&g).contains(&"DequantizeLinear".to_string()) && ops(&g).len() == 5,
+                op_order(&g).contains(&"DequantizeLinear".to_string()) && op_order(&g).len() == 5,
                 "{sy} {zy}: {:?}",
-                ops(&g)
+                op_order(&g)
             );
         }
     }

@@ -249,6 +249,12 @@ pub fn rel_err(a: &Value, b: &Value) -> f64 {
 
 /// Runs `pass`, then checks the verifier accepts the graph, the interface is unchanged
 /// and the outputs on random inputs agree with the graph before the pass (1e-5).
+/// The op types of `g`'s nodes in topological order.
+pub fn op_order(g: &Graph) -> Vec<String> {
+    let o = crate::passes::util::order(g).expect("an acyclic graph");
+    o.into_iter().map(|n| g.nodes[n].op_type.clone()).collect()
+}
+
 pub fn check_pass(g: &mut Graph, pass: fn(&mut Graph) -> Result<()>) {
     let ins = random_inputs(g, 7);
     let before = crate::eval::run(g, ins.clone()).expect("eval before");

@@ -126,7 +126,8 @@ struct Tr {
     /// their place (inlined where each Set, reduction or Store is taken) (`f32(v)` of `v = i32 load` reads an int32 stream; of a
     /// loop-invariant `v = zero point`, a uniform).
     defs: Vec<(VarId, Expr)>,
-    /// The f32 locals' definitions (as inlined), for [`Gen::wexpr_rounded`]'s divisor.
+    /// The loop-invariant f32 locals' definitions (as inlined), for
+    /// [`Gen::wexpr_rounded`]'s divisor.
     f32_defs: HashMap<VarId, Expr>,
 }
 
@@ -1240,7 +1241,9 @@ impl Gen<'_, '_> {
                     let value = inline(value, &t.defs);
                     let v = self.wexpr(&mut t, &value)?;
                     t.vals.insert(*local, v);
-                    t.f32_defs.insert(*local, value);
+                    if !varies(&value, t.var, &t.locals) {
+                        t.f32_defs.insert(*local, value);
+                    }
                 }
                 Stmt::Store { buf, index, value } => {
                     let to = self.p.buffers[*buf].elem;
