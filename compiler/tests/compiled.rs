@@ -3469,6 +3469,13 @@ fn microsoft_quantized_ops_match_onnxruntime() {
                     DataType::Uint8 => {
                         Tensor::from_vec(&dims, (0..n).map(|_| next() as u8).collect())
                     }
+                    // QGemm's weights in 7 bits, as ONNX Runtime's quantizer makes them
+                    // (`reduce_range`) for x86 without VNNI: there its u8 x s8 kernels
+                    // (`vpmaddubsw`) sum pairs of products in saturating i16, so full-range
+                    // weights put its own outputs off by up to 22 steps (seen on a Zen 3).
+                    DataType::Int8 if case.op == "QGemm" => {
+                        Tensor::from_vec(&dims, (0..n).map(|_| (next() as u8 as i8) >> 1).collect())
+                    }
                     DataType::Int8 => {
                         Tensor::from_vec(&dims, (0..n).map(|_| next() as u8 as i8).collect())
                     }
