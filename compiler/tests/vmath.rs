@@ -1,6 +1,6 @@
 //! The inline f32 `exp`, `log`, `erf`, `tanh` (and `Sigmoid` and `Softplus`, built on them)
 //! of the native back end (backend/cranelift/vmath.rs, and the AVX-512 loops' versions in
-//! backend/cranelift/wide.rs), compiled for the host, x86_64-avx512, x86_64-sse4 and
+//! backend/cranelift/wide.rs), compiled for the host, x86_64-avx512, x86_64-avx2, x86_64-sse4 and
 //! aarch64-neon (under qemu), element by element against the reference evaluator (f64 math
 //! rounded to f32) over a sweep from -120 to 120 plus special values: within 4 ulp-ish
 //! relative error (8e-7) on normal results, exact on infinities, NaN where the reference is
@@ -170,6 +170,13 @@ fn vmath_host() {
 #[test]
 fn vmath_x86_64_avx512() {
     check_target("x86_64-avx512");
+}
+
+/// The AVX2 GEMM's own SiLU epilogue (machine code, 2^n from the exponent bits): on an
+/// AVX-512 host `host` runs the AVX-512 one instead.
+#[test]
+fn vmath_x86_64_avx2() {
+    check_target("x86_64-avx2");
 }
 
 #[test]

@@ -361,11 +361,14 @@ struct Far {
 }
 
 /// SiLU's constants: Cephes' `expf` (as in the Cranelift back end's vmath) with the
-/// argument clamped to [-87.34, 88] (2^n stays a normal float) and n rounded by the
-/// rounding instruction, FMA for the reduction and the polynomial.
+/// argument clamped to [-87.34, 89] and n rounded by the rounding instruction, FMA for
+/// the reduction and the polynomial. AVX2 scales by 2^(n - 1), a normal float for n up
+/// to 128, then doubles: e^89 overflows to infinity, so x below -88.72 (where f32's
+/// sigmoid is subnormal or 0) gives x / inf = -0, as the reference's f32 arithmetic does
+/// from about -103 on; a clamp at 88 had left x / e^88, up to 7e-37 too large.
 const SILU_CONSTS: [f32; 13] = [
     -1.0,                     // 0: negate
-    88.0,                     // 1: clamp high
+    89.0,                     // 1: clamp high
     -87.336_54,               // 2: clamp low
     std::f32::consts::LOG2_E, // 3
     0.693_359_4,              // 4: ln 2, high part
@@ -378,8 +381,8 @@ const SILU_CONSTS: [f32; 13] = [
     5e-1,
     1.0, // 12
 ];
-/// Slot of the integer 127 (AVX2's 2^n from the exponent bits).
-const SILU_I127: usize = 13;
+/// Slot of the integer 126 (AVX2's 2^(n - 1) from the exponent bits).
+const SILU_I126: usize = 13;
 /// Slots of AVX-512's clamp of x (e^-x stays a normal float), -log2 e and -ln 2's high
 /// part.
 const SILU_XHI: usize = 14;
@@ -510,7 +513,7 @@ impl Gen<'_> {
             for c in SILU_CONSTS {
                 self.a.dd(&vec![c.to_bits(); lanes]).map_err(e)?;
             }
-            self.a.dd(&vec![127u32; lanes]).map_err(e)?;
+            self.a.dd(&vec![126u32; lanes]).map_err(e)?;
             for c in [87.336_54f32, -std::f32::consts::LOG2_E, -0.693_359_4] {
                 self.a.dd(&vec![c.to_bits(); lanes]).map_err(e)?;
             }
@@ -1137,9 +1140,10 @@ impl Gen<'_> {
             a.vfmadd213ps(t3, t1, t1).map_err(e)?;
             a.vaddps(t3, t3, c(12)).map_err(e)?;
             a.vcvtps2dq(t2, t2).map_err(e)?;
-            a.vpaddd(t2, t2, c(SILU_I127)).map_err(e)?;
+            a.vpaddd(t2, t2, c(SILU_I126)).map_err(e)?;
             a.vpslld(t2, t2, 23).map_err(e)?;
             a.vmulps(t3, t3, t2).map_err(e)?;
+            a.vaddps(t3, t3, t3).map_err(e)?;
             a.vaddps(t3, t3, c(12)).map_err(e)?;
             a.vdivps(x, x, t3).map_err(e)?;
         }
