@@ -106,6 +106,15 @@ pub fn int8_dot(target: &Target) -> bool {
     target.triple.starts_with("x86_64") && target.has("avx512vnni")
 }
 
+/// Whether `target` runs innermost f32 loops as 128-bit code beside an AVX2 machine-code
+/// GEMM ([`Graph::narrow_loops`]).
+pub fn narrow_loops(target: &Target) -> bool {
+    target.triple.starts_with("x86_64")
+        && !target.has("avx512f")
+        && target.has("avx2")
+        && target.has("fma")
+}
+
 /// Runs the optimisation passes of `level` on a prepared graph; when any pass ran, shape
 /// inference runs again so `known` describes the optimised graph.
 pub fn optimize(
@@ -124,6 +133,7 @@ pub fn optimize(
 pub fn compile_graph(mut g: Graph, prefix: &str, opts: &Options) -> Result<Compiled> {
     let target = Target::load(&opts.target).map_err(Error::Usage)?;
     g.int8_dot = int8_dot(&target);
+    g.narrow_loops = narrow_loops(&target);
     let mut known = prepare(&mut g, opts)?;
     let passes = optimize(&mut g, opts.opt_level, &mut known)?;
     let lowered = lower(&g, &known)?;

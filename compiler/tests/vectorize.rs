@@ -617,6 +617,13 @@ fn vectorize_x86_64_avx512() {
     check_target("x86_64-avx512");
 }
 
+/// The AVX2 loops (`backend/x86/wide_avx2.rs`: 8 lanes, masked tails, a subset of the
+/// instructions; the rest stays 128-bit).
+#[test]
+fn vectorize_x86_64_avx2() {
+    check_target("x86_64-avx2");
+}
+
 #[test]
 fn vectorize_x86_64_sse4() {
     check_target("x86_64-sse4");
@@ -979,7 +986,7 @@ fn reference(case: &Case, inputs: &[Tensor], scratch: &std::path::Path) -> Tenso
         .unwrap()
 }
 
-/// `case` on x86_64-avx512, x86_64-sse4 and aarch64-neon (those this CPU runs), exact
+/// `case` on x86_64-avx512, x86_64-avx2, x86_64-sse4 and aarch64-neon (those this CPU runs), exact
 /// math and not, each output within `ulps` of the reference's ([`assert_elements`]; `x`
 /// names a failing element's input) and, with `zeros`, the output of each zero input
 /// that zero, sign included; how many runs there were.
@@ -1004,7 +1011,7 @@ fn within_ulps_on_targets(
     })
 }
 
-/// [`on_targets`] on x86_64-avx512, x86_64-sse4 and aarch64-neon, exact math and not:
+/// [`on_targets`] on x86_64-avx512, x86_64-avx2, x86_64-sse4 and aarch64-neon, exact math and not:
 /// `check(target, exact, output)`; how many runs there were.
 fn on_every_target(
     case: &Case,
@@ -1012,7 +1019,12 @@ fn on_every_target(
     scratch: &std::path::Path,
     mut check: impl FnMut(&str, bool, &Tensor),
 ) -> usize {
-    let targets = ["x86_64-avx512", "x86_64-sse4", "aarch64-neon"];
+    let targets = [
+        "x86_64-avx512",
+        "x86_64-avx2",
+        "x86_64-sse4",
+        "aarch64-neon",
+    ];
     let mut ran = 0;
     for exact in [true, false] {
         ran += on_targets(case, inputs, scratch, &targets, exact, |target, got| {
@@ -1053,11 +1065,11 @@ fn on_targets(
     ran
 }
 
-/// [`on_targets`] on the host, AVX-512 and SSE4 (not exact math), each output within
+/// [`on_targets`] on the host, AVX-512, AVX2 and SSE4 (not exact math), each output within
 /// 1e-5 of the reference (relative to its largest value); how many targets ran.
 fn within_1e5_on_x86(case: &Case, inputs: &[Tensor], scratch: &std::path::Path) -> usize {
     let want = reference(case, inputs, scratch);
-    let targets = ["host", "x86_64-avx512", "x86_64-sse4"];
+    let targets = ["host", "x86_64-avx512", "x86_64-avx2", "x86_64-sse4"];
     on_targets(case, inputs, scratch, &targets, false, |target, got| {
         let err = rel_err(got, &want);
         assert!(
@@ -1205,7 +1217,7 @@ fn log_softmax_rows_in_f32() {
     let x: Vec<f32> = rand(rows * len, 77).iter().map(|v| v * 50.0).collect();
     let inputs = vec![Tensor::from_vec(&[rows, len], x)];
     let want = reference(&case, &inputs, scratch.path()).to_f64().unwrap();
-    let targets = ["host", "x86_64-avx512", "x86_64-sse4"];
+    let targets = ["host", "x86_64-avx512", "x86_64-avx2", "x86_64-sse4"];
     on_targets(
         &case,
         &inputs,
@@ -1284,7 +1296,7 @@ fn nearest_resize_by_integer_factors() {
         let inputs = inputs_of(&case, 800 + ci);
         let want = reference(&case, &inputs, scratch.path()).to_f64().unwrap();
         let targets: &[&str] = if name == "default_2x" {
-            &["host", "x86_64-avx512", "x86_64-sse4"]
+            &["host", "x86_64-avx512", "x86_64-avx2", "x86_64-sse4"]
         } else {
             &["host", "x86_64-sse4"]
         };
@@ -1743,7 +1755,7 @@ fn bilinear_resize_by_integer_column_factors() {
         let inputs = inputs_of(&case, 900 + ci);
         let want = reference(&case, &inputs, scratch.path());
         let targets: &[&str] = if name == "default_2x" {
-            &["host", "x86_64-avx512", "x86_64-sse4"]
+            &["host", "x86_64-avx512", "x86_64-avx2", "x86_64-sse4"]
         } else {
             &["host", "x86_64-sse4"]
         };

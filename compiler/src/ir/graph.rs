@@ -65,6 +65,10 @@ pub struct Graph {
     /// driver from the target's features: `passes::widen_integer` then leaves the
     /// integer products that the 8-bit GEMM runs as integer products.
     pub int8_dot: bool,
+    /// The target's innermost f32 loops are 128-bit code (x86 without AVX-512: Cranelift's
+    /// f32x4, no FMA) while its GEMM is AVX2 machine code, set by the driver: lowerings
+    /// that beat the GEMM only as 16-lane loops leave their convs to it.
+    pub narrow_loops: bool,
     by_name: HashMap<String, ValueId>,
 }
 

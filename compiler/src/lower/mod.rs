@@ -230,6 +230,7 @@ pub fn lower(g: &Graph, known: &HashMap<ValueId, Value>) -> Result<Lowered> {
             program: &mut p,
             epilogue: None,
             max_pool_2x2: false,
+            narrow_loops: g.narrow_loops,
         };
         let r = match lowering {
             Lowering::Custom(f) => f(&mut lw),

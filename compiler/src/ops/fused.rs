@@ -464,6 +464,7 @@ fn lower_anchor(
         program: &mut *lw.program,
         epilogue: Some(ep),
         max_pool_2x2: pool,
+        narrow_loops: lw.narrow_loops,
     };
     f(&mut sub)?;
     Ok(sub.epilogue.is_none() && !sub.max_pool_2x2)
@@ -670,6 +671,7 @@ fn lower_nodes(
             program: &mut *lw.program,
             epilogue: None,
             max_pool_2x2: false,
+            narrow_loops: lw.narrow_loops,
         };
         match lowering {
             Lowering::Custom(f) => f(&mut sub)?,

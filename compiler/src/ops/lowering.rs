@@ -119,6 +119,8 @@ pub struct LowerCtx<'a> {
     /// then the pooled tensor. A lowering that pools clears it; the Conv's lowering adds
     /// no kernel when it cannot, and the fused node lowers the pool on its own.
     pub max_pool_2x2: bool,
+    /// The graph's [`Graph::narrow_loops`](crate::ir::Graph::narrow_loops).
+    pub narrow_loops: bool,
 }
 
 /// An activation an epilogue applies.

@@ -357,7 +357,7 @@ impl Gen<'_, '_> {
                     // AVX-512 loops store them whole, the f32x4 code lane by lane).
                     let b = &self.p.buffers[*buf];
                     if lanes == Ty::F32
-                        && self.wide.enabled()
+                        && self.wide.avx512()
                         && self.int_copy_value(b.elem, value).is_some()
                     {
                         int_copy = true;

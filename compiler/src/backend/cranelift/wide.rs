@@ -24,14 +24,18 @@ use std::collections::HashMap;
 /// registers live, say) and the loop stays 128-bit code. With `ONNXC_WIDE_LOG` set, says
 /// on stderr which function keeps such a loop and why: a diagnostic for kernel writers,
 /// since such a loop runs about 4x slower.
-fn generate_logged(func: &str, lp: &x::Loop) -> Option<Vec<u8>> {
-    x::generate(lp)
-        .map_err(|why| {
-            if std::env::var_os("ONNXC_WIDE_LOG").is_some() {
-                eprintln!("onnxc: {func}: a loop stays 128-bit: {why}");
-            }
-        })
-        .ok()
+fn generate_logged(func: &str, lp: &x::Loop, avx2: bool) -> Option<Vec<u8>> {
+    let code = if avx2 {
+        crate::backend::x86::wide_avx2::generate(lp)
+    } else {
+        x::generate(lp)
+    };
+    code.map_err(|why| {
+        if std::env::var_os("ONNXC_WIDE_LOG").is_some() {
+            eprintln!("onnxc: {func}: a loop stays 128-bit: {why}");
+        }
+    })
+    .ok()
 }
 
 /// Loops shorter than this keep the 128-bit code (the call costs about what two 128-bit
@@ -44,6 +48,9 @@ const MIN_ROW: u64 = 4;
 /// kernel IR's operations, and the functions made so far (identical loops share one).
 pub struct WideFuncs {
     enabled: bool,
+    /// The loops are AVX2 code (`backend/x86/wide_avx2.rs`: 8 lanes, a subset of the
+    /// instructions), the target having AVX2 and FMA but not AVX-512.
+    avx2: bool,
     exact: bool,
     /// AVX-512DQ (`vrangeps` for NaN-skipping max/min).
     dq: bool,
@@ -53,20 +60,22 @@ pub struct WideFuncs {
 
 impl WideFuncs {
     /// Whether this object's loops may be AVX-512 code.
-    pub(super) fn enabled(&self) -> bool {
-        self.enabled
+    pub(super) fn avx512(&self) -> bool {
+        self.enabled && !self.avx2
     }
 
-    /// Enabled for x86_64 targets with AVX-512F, unless `ONNXC_NO_WIDE` is set (for
-    /// comparisons).
+    /// Enabled for x86_64 targets with AVX-512F (AVX-512 loops) or with AVX2 and FMA
+    /// (AVX2 loops), unless `ONNXC_NO_WIDE` is set (for comparisons).
     pub fn new(prefix: &str, triple: &str, features: &[String], exact: bool) -> WideFuncs {
-        let enabled = triple.starts_with("x86_64")
-            && features.iter().any(|f| f == "avx512f")
-            && std::env::var_os("ONNXC_NO_WIDE").is_none();
+        let has = |f: &str| features.iter().any(|g| g == f);
+        let x86 = triple.starts_with("x86_64") && std::env::var_os("ONNXC_NO_WIDE").is_none();
+        let avx512 = x86 && has("avx512f");
+        let avx2 = x86 && !avx512 && has("avx2") && has("fma");
         WideFuncs {
-            enabled,
+            enabled: avx512 || avx2,
+            avx2,
             exact,
-            dq: features.iter().any(|f| f == "avx512dq"),
+            dq: avx512 && has("avx512dq"),
             prefix: prefix.to_string(),
             funcs: HashMap::new(),
         }
@@ -107,6 +116,8 @@ struct Tr {
     exact: bool,
     /// `vrangeps` available.
     dq: bool,
+    /// The loops are AVX2 code ([`WideFuncs`]).
+    avx2: bool,
     var: VarId,
     locals: Vec<VarId>,
     vals: HashMap<VarId, V>,
@@ -577,7 +588,13 @@ impl Tr {
     fn silu_fast(&mut self, x: V) -> V {
         use crate::backend::cranelift::vmath::{EXP_MIN, EXP_P, LN2_HI, LN2_LO};
         let hi = self.b.c(-EXP_MIN);
-        let t = self.b.bin(x::Bin::MinX, x, hi);
+        let mut t = self.b.bin(x::Bin::MinX, x, hi);
+        if self.avx2 {
+            // Below about -2.4e38, -t log2 e overflows: n = inf makes the reduction
+            // inf - inf = NaN, and AVX2 has no vscalefps to take it. (x / d stays x's.)
+            let lo = self.b.c(-1e30);
+            t = self.b.bin(x::Bin::MaxX, t, lo);
+        }
         let nlog2e = self.b.c(-std::f32::consts::LOG2_E);
         let n = self.b.mul(t, nlog2e);
         let n = self.b.push(Inst::Un(x::Un::Nearest, n));
@@ -933,6 +950,7 @@ impl Gen<'_, '_> {
             b: Builder::new(extent),
             exact: true,
             dq: self.wide.dq,
+            avx2: self.wide.avx2,
             var,
             locals: plan.locals.clone(),
             vals: HashMap::new(),
@@ -1118,7 +1136,7 @@ impl Gen<'_, '_> {
         plan: &Plan,
         guard: bool,
     ) -> Result<Option<Option<cranelift_codegen::ir::Value>>, String> {
-        let Some(code) = generate_logged(&self.fname, &tr.b.lp) else {
+        let Some(code) = generate_logged(&self.fname, &tr.b.lp, self.wide.avx2) else {
             return Ok(None);
         };
         let func = self.wide.func(self.module, code, &self.fname)?;
@@ -1192,6 +1210,7 @@ impl Gen<'_, '_> {
             b: Builder::new(extent),
             exact: self.wide.exact,
             dq: self.wide.dq,
+            avx2: self.wide.avx2,
             var,
             locals: plan.locals.clone(),
             vals: HashMap::new(),

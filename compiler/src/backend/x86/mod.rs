@@ -5,3 +5,4 @@
 pub mod amx;
 pub mod gemm;
 pub mod wide;
+pub mod wide_avx2;

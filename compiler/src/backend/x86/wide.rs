@@ -2155,7 +2155,7 @@ impl Gen<'_> {
 }
 
 /// `vcmpps`/`vcmppd`'s predicate for `op`: EQ_OQ, NEQ_UQ, LT_OQ, LE_OQ, GT_OQ, GE_OQ.
-fn cmp_pred(op: Cmp) -> i32 {
+pub(crate) fn cmp_pred(op: Cmp) -> i32 {
     match op {
         Cmp::Eq => 0x00,
         Cmp::Ne => 0x04,
