@@ -27,6 +27,10 @@ fn e(x: IcedError) -> String {
 /// Lanes per vector.
 pub const LANES: u64 = 8;
 
+const XMM: [AsmRegisterXmm; 16] = [
+    xmm0, xmm1, xmm2, xmm3, xmm4, xmm5, xmm6, xmm7, xmm8, xmm9, xmm10, xmm11, xmm12, xmm13, xmm14,
+    xmm15,
+];
 const YMM: [AsmRegisterYmm; 16] = [
     ymm0, ymm1, ymm2, ymm3, ymm4, ymm5, ymm6, ymm7, ymm8, ymm9, ymm10, ymm11, ymm12, ymm13, ymm14,
     ymm15,
@@ -78,8 +82,7 @@ fn check(lp: &Loop) -> R<()> {
     }
     for i in &lp.insts {
         let ok = match *i {
-            Inst::LoadS { .. } => false,
-            Inst::Store { step, .. } => step == 1,
+            Inst::Store { step, .. } => matches!(step, 1 | 2 | 4),
             Inst::Un(u, _) => !matches!(u, Un::ToF32 | Un::ByteU8 | Un::ByteI8),
             Inst::Bin(b, ..) => !matches!(b, Bin::MaxNum | Bin::MinNum),
             _ => true,
@@ -110,6 +113,14 @@ pub fn generate(lp: &Loop) -> R<Vec<u8>> {
         return Err("AVX2 loop: too many reductions".into());
     }
     check(lp)?;
+    for i in &lp.insts {
+        if let Inst::LoadS { stride, .. } = i {
+            let span = (lp.n + LANES) as i128 * i128::from(*stride);
+            if span.abs() >= 1 << 31 {
+                return Err("AVX2 loop: strided index out of range".into());
+            }
+        }
+    }
     let mut last = vec![usize::MAX; lp.insts.len()];
     for (j, i) in lp.insts.iter().enumerate() {
         for o in operands(i) {
@@ -207,6 +218,8 @@ impl Gen<'_> {
         for r in &saved {
             self.a.push(*r).map_err(e)?;
         }
+        // rdi (the args block) is free in the body for the strided stores' addresses.
+        self.a.push(rdi).map_err(e)?;
         // Each uniform broadcast once into a 32-byte stack slot (a whole-vector operand).
         let frame = 32 * i32::from(lp.unis);
         if frame > 0 {
@@ -284,6 +297,10 @@ impl Gen<'_> {
     /// loops do), writes the vector back, restores, returns; then the constant pool.
     fn epilogue(&mut self, saved: &[AsmRegister64], frame: i32) -> R<()> {
         let lp = self.lp;
+        if frame > 0 {
+            self.a.add(rsp, frame).map_err(e)?;
+        }
+        self.a.pop(rdi).map_err(e)?;
         for r in 0..lp.reds.len() {
             let acc = YMM[acc_reg(self.tail, r)];
             for step in 0..3 {
@@ -300,9 +317,6 @@ impl Gen<'_> {
             self.a.vmovups(ymmword_ptr(rdi + off), acc).map_err(e)?;
         }
         self.a.vzeroupper().map_err(e)?;
-        if frame > 0 {
-            self.a.add(rsp, frame).map_err(e)?;
-        }
         for r in saved.iter().rev() {
             self.a.pop(*r).map_err(e)?;
         }
@@ -417,14 +431,31 @@ impl Gen<'_> {
                 inst,
                 Inst::Bin(Bin::Min | Bin::Max, ..) | Inst::Scalef(..) | Inst::Rcp14(_)
             );
-            let ntmp = match inst {
-                Inst::Bin(Bin::Min | Bin::Max, ..) => 4,
-                Inst::Scalef(..) => 2,
-                Inst::Reduce { .. } => 3,
-                Inst::Fma(..) | Inst::Select(..) | Inst::Load2 { .. } => 2,
-                Inst::Rcp14(_) => 1,
-                _ => 1,
+            let mem = |k: usize| -> usize {
+                ops.get(k).map_or(0, |&o| {
+                    usize::from(matches!(loc[o as usize], Loc::Stack(_) | Loc::Pool(_)))
+                })
             };
+            let ntmp = match inst {
+                Inst::Bin(Bin::Min | Bin::Max, ..) => 2 + mem(0) + mem(1),
+                Inst::Scalef(..) | Inst::Load2 { .. } | Inst::LoadS { .. } => 2,
+                Inst::Store { step: 2 | 4, .. } => 3,
+                Inst::Reduce { r, .. } => match (masked, lp.reds[*r as usize]) {
+                    (false, Red::Add | Red::SelGt | Red::SelLt) => mem(0),
+                    _ => 3,
+                },
+                Inst::Fma(..) | Inst::Select(..) => 2,
+                Inst::Rcp14(_) => 1,
+                Inst::Load { .. } => 0,
+                _ => mem(0).max(mem(1)),
+            };
+            // Temporaries first: they never share a register with an operand (they
+            // are written before every operand is read). The result may take a dying
+            // operand's register where the emitted code reads all operands first.
+            let mut tmp = Vec::new();
+            for _ in 0..ntmp {
+                tmp.push(free.pop().ok_or("AVX2 loop: out of vector registers")?);
+            }
             if !fresh {
                 release(&dying, &mut free);
             }
@@ -433,10 +464,6 @@ impl Gen<'_> {
             } else {
                 Some(free.pop().ok_or("AVX2 loop: out of vector registers")?)
             };
-            let mut tmp = Vec::new();
-            for _ in 0..ntmp {
-                tmp.push(free.pop().ok_or("AVX2 loop: out of vector registers")?);
-            }
             self.emit(inst, &ops, &loc, out, &tmp, masked)?;
             free.extend(tmp);
             if fresh {
@@ -456,6 +483,9 @@ impl Gen<'_> {
     fn reg(&mut self, l: Loc, tmp: usize) -> R<AsmRegisterYmm> {
         match l {
             Loc::Y(r) => Ok(YMM[r]),
+            Loc::Stack(_) | Loc::Pool(_) if tmp >= 16 => {
+                Err("AVX2 loop: no temporary for a memory value".into())
+            }
             Loc::Stack(_) | Loc::Pool(_) => {
                 let m = self.loc_mem(l);
                 self.a.vmovups(YMM[tmp], m).map_err(e)?;
@@ -525,6 +555,13 @@ impl Gen<'_> {
     ) -> R<()> {
         let l = |k: usize| loc[ops[k] as usize];
         let d = YMM[out.unwrap_or(0)];
+        // An out-of-range temporary for instructions given none (never used as one).
+        let tmp: Vec<usize> = if tmp.is_empty() {
+            vec![usize::MAX]
+        } else {
+            tmp.to_vec()
+        };
+        let tmp = &tmp[..];
         let is_mem = |l: Loc| matches!(l, Loc::Stack(_) | Loc::Pool(_));
         let tail = self.tail.map(|t| YMM[t]);
         match *inst {
@@ -562,6 +599,83 @@ impl Gen<'_> {
                 }
                 self.a.vpermpd(d, d, 0xD8).map_err(e)?;
             }
+            Inst::LoadS {
+                s, disp, stride, ..
+            } => {
+                // Lane l's element index (i + l) stride, as i32; the gather's mask (all
+                // lanes, or the tail's) is consumed.
+                let (t, m) = (YMM[tmp[0]], YMM[tmp[1]]);
+                let lanes: Vec<u32> = (0..8).map(|l| (l * stride) as u32).collect();
+                let lo = self.pool_words(&lanes);
+                let st = self.pool_vec(stride as u32);
+                self.a.vmovd(XMM[tmp[0]], eax).map_err(e)?;
+                self.a.vpbroadcastd(t, XMM[tmp[0]]).map_err(e)?;
+                self.a.vpmulld(t, t, st).map_err(e)?;
+                self.a.vpaddd(t, t, ymmword_ptr(r11 + lo)).map_err(e)?;
+                match (masked, tail) {
+                    (true, Some(tl)) => {
+                        self.a.vmovaps(m, tl).map_err(e)?;
+                        self.a.vxorps(d, d, d).map_err(e)?;
+                    }
+                    _ => self.a.vpcmpeqd(m, m, m).map_err(e)?,
+                }
+                let at = ptr(STREAMS[s as usize] + t * 4 + disp);
+                self.a.vgatherdps_3(d, at, m).map_err(e)?;
+            }
+            Inst::Store {
+                s,
+                disp,
+                step: step @ (2 | 4),
+                ..
+            } => {
+                // Each group of 8 elements from lane 0's (`step` of them) takes its
+                // lanes spread to every `step`th position (vpermps) and is stored under
+                // the mask of those positions (vmaskmovps leaves the others as they
+                // are); the tail's groups only up to its last lane's element.
+                let v = self.reg(l(0), tmp[0])?;
+                let (idx, mk, p) = (YMM[tmp[0]], YMM[tmp[1]], YMM[tmp[2]]);
+                if v == idx {
+                    return Err("AVX2 loop: a strided store of a memory value".into());
+                }
+                let step = i32::from(step);
+                let per = 8 / step;
+                let valid = if masked {
+                    (self.lp.n % LANES) as i32
+                } else {
+                    8
+                };
+                // rdi = 2 i (step 4: the address is base + 16 i, past x86's scale 8).
+                if step == 4 {
+                    self.a.lea(rdi, ptr(rax + rax)).map_err(e)?;
+                }
+                for q in 0..step {
+                    let first = q * per;
+                    if first >= valid {
+                        break;
+                    }
+                    let ix: Vec<u32> = (0..8).map(|k| (first + k / step) as u32).collect();
+                    let bits: Vec<u32> = (0..8)
+                        .map(|k| {
+                            if k % step == 0 && first + k / step < valid {
+                                u32::MAX
+                            } else {
+                                0
+                            }
+                        })
+                        .collect();
+                    let io = self.pool_words(&ix);
+                    let mo = self.pool_words(&bits);
+                    self.a.vmovups(idx, ymmword_ptr(r11 + io)).map_err(e)?;
+                    self.a.vpermps(p, idx, v).map_err(e)?;
+                    self.a.vmovups(mk, ymmword_ptr(r11 + mo)).map_err(e)?;
+                    let at = if step == 2 {
+                        ymmword_ptr(STREAMS[s as usize] + rax * 8 + (disp + 32 * q))
+                    } else {
+                        ymmword_ptr(STREAMS[s as usize] + rdi * 8 + (disp + 32 * q))
+                    };
+                    self.a.vmaskmovps(at, mk, p).map_err(e)?;
+                }
+            }
             Inst::Store {
                 s, disp, step: 1, ..
             } => {
@@ -577,22 +691,21 @@ impl Gen<'_> {
                 let v = self.reg(l(0), tmp[0])?;
                 let acc = YMM[acc_reg(self.tail, r as usize)];
                 let kind = self.lp.reds[r as usize];
-                let (t1, t2) = (YMM[tmp[1]], YMM[tmp[2]]);
-                match (masked, tail) {
-                    (true, Some(t)) => {
-                        // The combination in a temporary, kept in the valid lanes only.
-                        self.combine(kind, tmp[1], acc, v, (YMM[tmp[2]], YMM[tmp[0]]))?;
-                        self.a.vblendvps(acc, acc, t1, t).map_err(e)?;
-                    }
-                    _ => match kind {
-                        Red::Add => self.a.vaddps(acc, acc, v).map_err(e)?,
-                        Red::SelGt => self.a.vmaxps(acc, v, acc).map_err(e)?,
-                        Red::SelLt => self.a.vminps(acc, v, acc).map_err(e)?,
-                        _ => {
-                            self.combine(kind, tmp[1], acc, v, (t2, YMM[tmp[0]]))?;
-                            self.a.vmovaps(acc, t1).map_err(e)?;
+                match (masked, tail, kind) {
+                    (false, _, Red::Add) => self.a.vaddps(acc, acc, v).map_err(e)?,
+                    (false, _, Red::SelGt) => self.a.vmaxps(acc, v, acc).map_err(e)?,
+                    (false, _, Red::SelLt) => self.a.vminps(acc, v, acc).map_err(e)?,
+                    (_, t, _) => {
+                        // The combination in a temporary, kept in the valid lanes only
+                        // in the tail.
+                        let (t1, t2) = (YMM[tmp[1]], YMM[tmp[2]]);
+                        self.combine(kind, tmp[1], acc, v, (t2, YMM[tmp[0]]))?;
+                        match (masked, t) {
+                            (true, Some(t)) => self.a.vblendvps(acc, acc, t1, t),
+                            _ => self.a.vmovaps(acc, t1),
                         }
-                    },
+                        .map_err(e)?;
+                    }
                 }
             }
             Inst::Un(op, _) => {
@@ -650,9 +763,14 @@ impl Gen<'_> {
                         Inst::Const(bits) => Some(bits),
                         _ => None,
                     };
-                    let xr = self.reg(x, tmp[0])?;
-                    let yr = self.reg(y, tmp[1])?;
-                    let t = (YMM[tmp[2]], YMM[tmp[3]]);
+                    // Temporaries in turn: x's, y's (each if in memory), minmax's two.
+                    let mut next = tmp.iter().copied();
+                    let mut take = || next.next().ok_or("AVX2 loop: min/max temporaries");
+                    let tx = if is_mem(x) { take()? } else { usize::MAX };
+                    let ty = if is_mem(y) { take()? } else { usize::MAX };
+                    let t = (YMM[take()?], YMM[take()?]);
+                    let xr = self.reg(x, tx)?;
+                    let yr = self.reg(y, ty)?;
                     return self.minmax(op == Bin::Max, d, xr, yr, t, c);
                 }
                 let xr = self.reg(x, tmp[0])?;
@@ -858,9 +976,11 @@ mod tests {
 
     #[test]
     fn refuses_what_it_cannot_emit() {
+        // An f16 stream (the AVX-512 loops convert them; these do not).
         let mut b = Builder::new(100);
         b.lp.streams = 2;
-        let x = b.load2(0, 0);
+        b.lp.elem = vec![super::super::wide::Elem::F16, super::super::wide::Elem::F32];
+        let x = b.load(0, 0);
         b.push(Inst::Store {
             s: 1,
             disp: 0,
