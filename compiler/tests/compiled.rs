@@ -1484,7 +1484,14 @@ fn f64_loops_compute_as_the_reference() {
             let (c, got, want) =
                 compiled_and_reference(scratch.path(), m, target, std::slice::from_ref(*input));
             let has_wide = c.artifacts.object.windows(12).any(|w| w == b"model__wide0");
-            assert_eq!(has_wide, wide, "{case} on {target}: AVX-512 loop");
+            // An AVX2 host (no AVX-512) runs the f32 parts' loops as AVX2 ones.
+            let avx2_loops = target == "host"
+                && !std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma");
+            if !avx2_loops {
+                assert_eq!(has_wide, wide, "{case} on {target}: AVX-512 loop");
+            }
             let (g, w) = (bits(&got[0]), bits(&want[0]));
             let firsts = first.entry(case.to_string()).or_insert_with(|| g.clone());
             assert!(

@@ -39,6 +39,9 @@ const YMM: [AsmRegisterYmm; 16] = [
 /// constant pool.
 const STREAMS: [AsmRegister64; 12] = [rsi, rdx, rcx, r8, r9, r10, rbx, rbp, r12, r13, r14, r15];
 const CALLEE_SAVED: [AsmRegister64; 6] = [rbx, rbp, r12, r13, r14, r15];
+/// Stack slots for values spilled when the registers run out (16 ymm registers against
+/// AVX-512's 32: a Winograd transform's tile holds more values than that).
+const SPILLS: usize = 24;
 /// Vector registers left free for the body when uniforms are made resident.
 const MIN_FREE: usize = 8;
 
@@ -221,7 +224,7 @@ impl Gen<'_> {
         // rdi (the args block) is free in the body for the strided stores' addresses.
         self.a.push(rdi).map_err(e)?;
         // Each uniform broadcast once into a 32-byte stack slot (a whole-vector operand).
-        let frame = 32 * i32::from(lp.unis);
+        let frame = 32 * (i32::from(lp.unis) + SPILLS as i32);
         if frame > 0 {
             self.a.sub(rsp, frame).map_err(e)?;
         }
@@ -399,6 +402,7 @@ impl Gen<'_> {
         let lp = self.lp;
         let mut loc: Vec<Loc> = vec![Loc::None; lp.insts.len()];
         let mut free: Vec<usize> = (0..self.top).rev().collect();
+        let mut spilled = 0usize;
         for (j, inst) in lp.insts.iter().enumerate() {
             let ops = operands(inst);
             if let Some(&(_, r)) = self.resident.iter().find(|(i, _)| i == inst) {
@@ -438,14 +442,15 @@ impl Gen<'_> {
             };
             let ntmp = match inst {
                 Inst::Bin(Bin::Min | Bin::Max, ..) => 2 + mem(0) + mem(1),
-                Inst::Scalef(..) | Inst::Load2 { .. } | Inst::LoadS { .. } => 2,
-                Inst::Store { step: 2 | 4, .. } => 3,
+                Inst::Scalef(..) => 2 + mem(0),
+                Inst::Load2 { .. } | Inst::LoadS { .. } => 2,
+                Inst::Store { step: 2 | 4, .. } => 3 + mem(0),
                 Inst::Reduce { r, .. } => match (masked, lp.reds[*r as usize]) {
                     (false, Red::Add | Red::SelGt | Red::SelLt) => mem(0),
                     _ => 3,
                 },
                 Inst::Fma(..) | Inst::Select(..) => 2,
-                Inst::Rcp14(_) => 1,
+                Inst::Rcp14(_) => 1 + mem(0),
                 Inst::Load { .. } => 0,
                 _ => mem(0).max(mem(1)),
             };
@@ -454,7 +459,7 @@ impl Gen<'_> {
             // operand's register where the emitted code reads all operands first.
             let mut tmp = Vec::new();
             for _ in 0..ntmp {
-                tmp.push(free.pop().ok_or("AVX2 loop: out of vector registers")?);
+                tmp.push(self.alloc(&mut free, &mut loc, &mut spilled, j, &ops)?);
             }
             if !fresh {
                 release(&dying, &mut free);
@@ -462,7 +467,7 @@ impl Gen<'_> {
             let out = if matches!(inst, Inst::Store { .. } | Inst::Reduce { .. }) {
                 None
             } else {
-                Some(free.pop().ok_or("AVX2 loop: out of vector registers")?)
+                Some(self.alloc(&mut free, &mut loc, &mut spilled, j, &ops)?)
             };
             self.emit(inst, &ops, &loc, out, &tmp, masked)?;
             free.extend(tmp);
@@ -477,6 +482,45 @@ impl Gen<'_> {
             }
         }
         Ok(())
+    }
+
+    /// A free register; when none is, the value in a register whose next use lies
+    /// furthest after instruction `j` (not one of `ops`, the instruction's operands) is
+    /// stored to a stack slot and read from there as a memory operand from then on.
+    fn alloc(
+        &mut self,
+        free: &mut Vec<usize>,
+        loc: &mut [Loc],
+        spilled: &mut usize,
+        j: usize,
+        ops: &[V],
+    ) -> R<usize> {
+        if let Some(r) = free.pop() {
+            return Ok(r);
+        }
+        if *spilled >= SPILLS {
+            return Err("AVX2 loop: out of vector registers".into());
+        }
+        let insts = &self.lp.insts;
+        let next_use = |v: usize| {
+            (j + 1..insts.len())
+                .find(|&k| operands(&insts[k]).contains(&(v as V)))
+                .unwrap_or(usize::MAX)
+        };
+        let victim = (0..j)
+            .filter(|&v| matches!(loc[v], Loc::Y(r) if r < self.top))
+            .filter(|&v| self.last[v] != usize::MAX && self.last[v] > j)
+            .filter(|&v| !ops.contains(&(v as V)))
+            .max_by_key(|&v| next_use(v))
+            .ok_or("AVX2 loop: out of vector registers")?;
+        let Loc::Y(r) = loc[victim] else {
+            unreachable!()
+        };
+        let slot = 32 * (i32::from(self.lp.unis) + *spilled as i32);
+        *spilled += 1;
+        self.a.vmovups(ymmword_ptr(rsp + slot), YMM[r]).map_err(e)?;
+        loc[victim] = Loc::Stack(slot);
+        Ok(r)
     }
 
     /// A register holding `l` (a memory value loaded into `tmp`).
@@ -632,11 +676,8 @@ impl Gen<'_> {
                 // lanes spread to every `step`th position (vpermps) and is stored under
                 // the mask of those positions (vmaskmovps leaves the others as they
                 // are); the tail's groups only up to its last lane's element.
-                let v = self.reg(l(0), tmp[0])?;
+                let v = self.reg(l(0), *tmp.get(3).unwrap_or(&usize::MAX))?;
                 let (idx, mk, p) = (YMM[tmp[0]], YMM[tmp[1]], YMM[tmp[2]]);
-                if v == idx {
-                    return Err("AVX2 loop: a strided store of a memory value".into());
-                }
                 let step = i32::from(step);
                 let per = 8 / step;
                 let valid = if masked {
@@ -863,7 +904,7 @@ impl Gen<'_> {
                 // or infinite all the same for the y of the exp kernels), a = n >> 1,
                 // b = n - a: both powers are normal floats, the first product is exact
                 // and the second rounds once, as vscalefps does.
-                let yr = self.reg(l(0), tmp[0])?;
+                let yr = self.reg(l(0), *tmp.get(2).unwrap_or(&usize::MAX))?;
                 let (t0, t1) = (YMM[tmp[0]], YMM[tmp[1]]);
                 let nr = self.reg(l(1), tmp[1])?;
                 let lo = self.pool_vec((-250.0f32).to_bits());
@@ -890,7 +931,7 @@ impl Gen<'_> {
             Inst::Rcp14(_) => {
                 // vrcpps (12 bits) and one Newton step: about 2^-22, finer than the
                 // 14-bit vrcp14ps the caller's own Newton step expects.
-                let xr = self.reg(l(0), tmp[0])?;
+                let xr = self.reg(l(0), *tmp.get(1).unwrap_or(&usize::MAX))?;
                 let one = self.pool_vec(1.0f32.to_bits());
                 self.a.vrcpps(d, xr).map_err(e)?;
                 let t = YMM[tmp[0]];
