@@ -608,6 +608,18 @@ impl Gen<'_> {
         let tmp = &tmp[..];
         let is_mem = |l: Loc| matches!(l, Loc::Stack(_) | Loc::Pool(_));
         let tail = self.tail.map(|t| YMM[t]);
+        // `d = x op y`, y a register or a whole-vector memory operand.
+        macro_rules! b2 {
+            ($m:ident, $xr:expr, $y:expr) => {
+                if is_mem($y) {
+                    let ym = self.loc_mem($y);
+                    self.a.$m(d, $xr, ym)
+                } else {
+                    let yr = self.reg($y, tmp[0])?;
+                    self.a.$m(d, $xr, yr)
+                }
+            };
+        }
         match *inst {
             Inst::Load { s, disp, .. } => {
                 let m = self.stream_at(s, disp);
@@ -815,24 +827,13 @@ impl Gen<'_> {
                     return self.minmax(op == Bin::Max, d, xr, yr, t, c);
                 }
                 let xr = self.reg(x, tmp[0])?;
-                macro_rules! b2 {
-                    ($m:ident) => {
-                        if is_mem(y) {
-                            let ym = self.loc_mem(y);
-                            self.a.$m(d, xr, ym)
-                        } else {
-                            let yr = self.reg(y, tmp[0])?;
-                            self.a.$m(d, xr, yr)
-                        }
-                    };
-                }
                 match op {
-                    Bin::Add => b2!(vaddps),
-                    Bin::Sub => b2!(vsubps),
-                    Bin::Mul => b2!(vmulps),
-                    Bin::Div => b2!(vdivps),
-                    Bin::MinX => b2!(vminps),
-                    Bin::MaxX => b2!(vmaxps),
+                    Bin::Add => b2!(vaddps, xr, y),
+                    Bin::Sub => b2!(vsubps, xr, y),
+                    Bin::Mul => b2!(vmulps, xr, y),
+                    Bin::Div => b2!(vdivps, xr, y),
+                    Bin::MinX => b2!(vminps, xr, y),
+                    Bin::MaxX => b2!(vmaxps, xr, y),
                     _ => return Err(format!("AVX2 loop: {op:?}")),
                 }
                 .map_err(e)?;
@@ -856,22 +857,11 @@ impl Gen<'_> {
                     std::mem::swap(&mut x, &mut y);
                 }
                 let xr = self.reg(x, tmp[0])?;
-                macro_rules! b2 {
-                    ($m:ident) => {
-                        if is_mem(y) {
-                            let ym = self.loc_mem(y);
-                            self.a.$m(d, xr, ym)
-                        } else {
-                            let yr = self.reg(y, tmp[0])?;
-                            self.a.$m(d, xr, yr)
-                        }
-                    };
-                }
                 match inst {
-                    Inst::MAnd(..) => b2!(vandps),
-                    Inst::MOr(..) => b2!(vorps),
-                    Inst::IAdd(..) => b2!(vpaddd),
-                    _ => b2!(vpsubd),
+                    Inst::MAnd(..) => b2!(vandps, xr, y),
+                    Inst::MOr(..) => b2!(vorps, xr, y),
+                    Inst::IAdd(..) => b2!(vpaddd, xr, y),
+                    _ => b2!(vpsubd, xr, y),
                 }
                 .map_err(e)?;
             }
