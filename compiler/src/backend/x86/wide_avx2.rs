@@ -41,7 +41,7 @@ const STREAMS: [AsmRegister64; 12] = [rsi, rdx, rcx, r8, r9, r10, rbx, rbp, r12,
 const CALLEE_SAVED: [AsmRegister64; 6] = [rbx, rbp, r12, r13, r14, r15];
 /// Stack slots for values spilled when the registers run out (16 ymm registers against
 /// AVX-512's 32: a Winograd transform's tile holds more values than that).
-const SPILLS: usize = 24;
+const SPILLS: usize = 48;
 /// Vector registers left free for the body when uniforms are made resident.
 const MIN_FREE: usize = 8;
 
@@ -53,7 +53,17 @@ enum Loc {
     /// rsp), or a constant's 8 lanes in the pool (offset from r11).
     Stack(i32),
     Pool(i32),
+    /// A loaded vector evicted from its register: read again from its stream (stream,
+    /// byte displacement), outside the masked tail and only from streams the body
+    /// never stores to.
+    Stream(u16, i32),
     None,
+}
+
+impl Loc {
+    fn is_mem(self) -> bool {
+        matches!(self, Loc::Stack(_) | Loc::Pool(_) | Loc::Stream(..))
+    }
 }
 
 struct Gen<'l> {
@@ -391,6 +401,7 @@ impl Gen<'_> {
     fn loc_mem(&self, l: Loc) -> AsmMemoryOperand {
         match l {
             Loc::Stack(o) => ymmword_ptr(rsp + o),
+            Loc::Stream(st, disp) => self.stream_at(st, disp),
             _ => {
                 let Loc::Pool(o) = l else { unreachable!() };
                 ymmword_ptr(r11 + o)
@@ -436,9 +447,8 @@ impl Gen<'_> {
                 Inst::Bin(Bin::Min | Bin::Max, ..) | Inst::Scalef(..) | Inst::Rcp14(_)
             );
             let mem = |k: usize| -> usize {
-                ops.get(k).map_or(0, |&o| {
-                    usize::from(matches!(loc[o as usize], Loc::Stack(_) | Loc::Pool(_)))
-                })
+                ops.get(k)
+                    .map_or(0, |&o| usize::from(loc[o as usize].is_mem()))
             };
             let ntmp = match inst {
                 Inst::Bin(Bin::Min | Bin::Max, ..) => 2 + mem(0) + mem(1),
@@ -459,7 +469,7 @@ impl Gen<'_> {
             // operand's register where the emitted code reads all operands first.
             let mut tmp = Vec::new();
             for _ in 0..ntmp {
-                tmp.push(self.alloc(&mut free, &mut loc, &mut spilled, j, &ops)?);
+                tmp.push(self.alloc(&mut free, &mut loc, &mut spilled, (j, masked), &ops)?);
             }
             if !fresh {
                 release(&dying, &mut free);
@@ -467,7 +477,7 @@ impl Gen<'_> {
             let out = if matches!(inst, Inst::Store { .. } | Inst::Reduce { .. }) {
                 None
             } else {
-                Some(self.alloc(&mut free, &mut loc, &mut spilled, j, &ops)?)
+                Some(self.alloc(&mut free, &mut loc, &mut spilled, (j, masked), &ops)?)
             };
             self.emit(inst, &ops, &loc, out, &tmp, masked)?;
             free.extend(tmp);
@@ -492,14 +502,11 @@ impl Gen<'_> {
         free: &mut Vec<usize>,
         loc: &mut [Loc],
         spilled: &mut usize,
-        j: usize,
+        (j, masked): (usize, bool),
         ops: &[V],
     ) -> R<usize> {
         if let Some(r) = free.pop() {
             return Ok(r);
-        }
-        if *spilled >= SPILLS {
-            return Err("AVX2 loop: out of vector registers".into());
         }
         let insts = &self.lp.insts;
         let next_use = |v: usize| {
@@ -507,15 +514,38 @@ impl Gen<'_> {
                 .find(|&k| operands(&insts[k]).contains(&(v as V)))
                 .unwrap_or(usize::MAX)
         };
-        let victim = (0..j)
+        // A load from a stream the body never stores to is read again instead (no
+        // store, no slot), outside the masked tail (a whole-vector read there could
+        // pass the buffer's end).
+        let remat = |v: usize| match insts[v] {
+            Inst::Load { s, disp, .. } if !masked => {
+                let stored = insts
+                    .iter()
+                    .any(|i| matches!(i, Inst::Store { s: t, .. } if *t == s));
+                (!stored).then_some((s, disp))
+            }
+            _ => None,
+        };
+        let candidates = (0..j)
             .filter(|&v| matches!(loc[v], Loc::Y(r) if r < self.top))
             .filter(|&v| self.last[v] != usize::MAX && self.last[v] > j)
-            .filter(|&v| !ops.contains(&(v as V)))
+            .filter(|&v| !ops.contains(&(v as V)));
+        let victim = candidates
+            .clone()
+            .filter(|&v| remat(v).is_some())
             .max_by_key(|&v| next_use(v))
+            .or_else(|| candidates.max_by_key(|&v| next_use(v)))
             .ok_or("AVX2 loop: out of vector registers")?;
         let Loc::Y(r) = loc[victim] else {
             unreachable!()
         };
+        if let Some((st, disp)) = remat(victim) {
+            loc[victim] = Loc::Stream(st, disp);
+            return Ok(r);
+        }
+        if *spilled >= SPILLS {
+            return Err("AVX2 loop: out of vector registers".into());
+        }
         let slot = 32 * (i32::from(self.lp.unis) + *spilled as i32);
         *spilled += 1;
         self.a.vmovups(ymmword_ptr(rsp + slot), YMM[r]).map_err(e)?;
@@ -527,10 +557,10 @@ impl Gen<'_> {
     fn reg(&mut self, l: Loc, tmp: usize) -> R<AsmRegisterYmm> {
         match l {
             Loc::Y(r) => Ok(YMM[r]),
-            Loc::Stack(_) | Loc::Pool(_) if tmp >= 16 => {
+            Loc::Stack(_) | Loc::Pool(_) | Loc::Stream(..) if tmp >= 16 => {
                 Err("AVX2 loop: no temporary for a memory value".into())
             }
-            Loc::Stack(_) | Loc::Pool(_) => {
+            Loc::Stack(_) | Loc::Pool(_) | Loc::Stream(..) => {
                 let m = self.loc_mem(l);
                 self.a.vmovups(YMM[tmp], m).map_err(e)?;
                 Ok(YMM[tmp])
@@ -606,7 +636,7 @@ impl Gen<'_> {
             tmp.to_vec()
         };
         let tmp = &tmp[..];
-        let is_mem = |l: Loc| matches!(l, Loc::Stack(_) | Loc::Pool(_));
+        let is_mem = |l: Loc| l.is_mem();
         let tail = self.tail.map(|t| YMM[t]);
         // `d = x op y`, y a register or a whole-vector memory operand.
         macro_rules! b2 {
@@ -946,7 +976,7 @@ impl Gen<'_> {
         (a, b, c): (Loc, Loc, Loc),
         tmp: &[usize],
     ) -> R<()> {
-        let is_mem = |l: Loc| matches!(l, Loc::Stack(_) | Loc::Pool(_));
+        let is_mem = |l: Loc| l.is_mem();
         let (mut a, mut b) = (a, b);
         if is_mem(a) && !is_mem(b) {
             std::mem::swap(&mut a, &mut b);
