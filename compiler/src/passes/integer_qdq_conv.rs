@@ -47,6 +47,23 @@ pub(super) fn dequantized(
     quant_operands(g, producer(g, v)?, "DequantizeLinear")
 }
 
+/// `x = DequantizeLinear(xq u8, one scale, one u8 zero point or none)`: (xq, the
+/// scale as a one-element list, the zero point).
+pub(super) fn u8_per_tensor(g: &Graph, x: ValueId) -> Option<(ValueId, Vec<f32>, Option<ValueId>)> {
+    let (xq, sx, zx, _) = dequantized(g, x)?;
+    let sx = floats(g, sx)?;
+    if dtype_of(g, xq)? != DType::U8 || sx.len() != 1 {
+        return None;
+    }
+    if let Some(z) = zx {
+        let t = g.const_of(z)?;
+        if t.dtype() != DType::U8 || t.len() != 1 {
+            return None;
+        }
+    }
+    Some((xq, sx, zx))
+}
+
 /// The values of a constant f32 tensor.
 pub(super) fn floats(g: &Graph, v: ValueId) -> Option<Vec<f32>> {
     let t = g.const_of(v)?;
@@ -75,18 +92,7 @@ fn plan(g: &Graph, n: NodeId) -> Option<Plan> {
     // an 8-bit conv on AMX, 0.91 on VNNI, against 1.5 in f32, since strided convs copy
     // their taps from phase planes.)
     let co = ws[0];
-    // x: u8 at one scale and zero point.
-    let (xq, sx, zx, _) = dequantized(g, x)?;
-    let sx = floats(g, sx)?;
-    if dtype_of(g, xq)? != DType::U8 || sx.len() != 1 {
-        return None;
-    }
-    if let Some(z) = zx {
-        let t = g.const_of(z)?;
-        if t.dtype() != DType::U8 || t.len() != 1 {
-            return None;
-        }
-    }
+    let (xq, sx, zx) = u8_per_tensor(g, x)?;
     // w: constant i8, one scale or one per output channel (axis 0), zero points to match.
     let (wq, sw, zw, axis) = dequantized(g, w)?;
     let wt = g.const_of(wq)?;

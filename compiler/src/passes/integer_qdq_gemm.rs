@@ -14,7 +14,7 @@
 //! transA, and a bias of `[n]` or `[1, n]` at beta 1.
 
 use super::inline_util::add_node_to;
-use super::integer_qdq_conv::{dequantized, floats, scale_back};
+use super::integer_qdq_conv::{dequantized, floats, scale_back, u8_per_tensor};
 use super::util::{add_const, dtype_of, is_op, retyped, rewrite_planned, shape_of};
 use crate::error::Result;
 use crate::ir::{DType, Graph, NodeId, Source, Tensor, ValueId};
@@ -63,18 +63,7 @@ fn plan(g: &Graph, n: NodeId) -> Option<Plan> {
     if xs.last() != Some(&k) || (gemm && xs.len() != 2) || xs.len() < 2 {
         return None;
     }
-    // x: u8 at one scale and zero point.
-    let (xq, sx, zx, _) = dequantized(g, x)?;
-    let sx = floats(g, sx)?;
-    if dtype_of(g, xq)? != DType::U8 || sx.len() != 1 {
-        return None;
-    }
-    if let Some(z) = zx {
-        let t = g.const_of(z)?;
-        if t.dtype() != DType::U8 || t.len() != 1 {
-            return None;
-        }
-    }
+    let (xq, sx, zx) = u8_per_tensor(g, x)?;
     // w: constant i8, one scale or one per column, zero points 0.
     let (wq, sw, zw, axis) = dequantized(g, w)?;
     let wt = g.const_of(wq)?;

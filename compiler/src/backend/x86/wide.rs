@@ -168,7 +168,8 @@ pub enum Inst {
 }
 
 impl Inst {
-    fn operands(&self) -> Vec<V> {
+    /// The values the instruction reads.
+    pub(crate) fn operands(&self) -> Vec<V> {
         match *self {
             Inst::Load { .. }
             | Inst::Load2 { .. }

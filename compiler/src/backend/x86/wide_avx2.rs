@@ -136,7 +136,7 @@ pub fn generate(lp: &Loop) -> R<Vec<u8>> {
     }
     let mut last = vec![usize::MAX; lp.insts.len()];
     for (j, i) in lp.insts.iter().enumerate() {
-        for o in operands(i) {
+        for o in i.operands() {
             let o = o as usize;
             if o >= j {
                 return Err("AVX2 loop: a value used before it is made".into());
@@ -182,27 +182,6 @@ pub fn generate(lp: &Loop) -> R<Vec<u8>> {
         }
     }
     Err(err)
-}
-
-fn operands(i: &Inst) -> Vec<V> {
-    match *i {
-        Inst::Load { .. }
-        | Inst::Load2 { .. }
-        | Inst::LoadS { .. }
-        | Inst::Uni(_)
-        | Inst::Const(_) => vec![],
-        Inst::Un(_, a) | Inst::Sra(a, _) | Inst::Shl(a, _) | Inst::Rcp14(a) => vec![a],
-        Inst::Fma(_, a, b, c) => vec![a, b, c],
-        Inst::Bin(_, a, b)
-        | Inst::Scalef(a, b)
-        | Inst::Cmp(_, a, b)
-        | Inst::MAnd(a, b)
-        | Inst::MOr(a, b)
-        | Inst::IAdd(a, b)
-        | Inst::ISub(a, b) => vec![a, b],
-        Inst::Select(m, a, b) => vec![m, a, b],
-        Inst::Store { v, .. } | Inst::Reduce { v, .. } => vec![v],
-    }
 }
 
 fn release(regs: &[usize], free: &mut Vec<usize>) {
@@ -415,7 +394,7 @@ impl Gen<'_> {
         let mut free: Vec<usize> = (0..self.top).rev().collect();
         let mut spilled = 0usize;
         for (j, inst) in lp.insts.iter().enumerate() {
-            let ops = operands(inst);
+            let ops = inst.operands();
             if let Some(&(_, r)) = self.resident.iter().find(|(i, _)| i == inst) {
                 loc[j] = Loc::Y(r);
                 continue;
@@ -511,7 +490,7 @@ impl Gen<'_> {
         let insts = &self.lp.insts;
         let next_use = |v: usize| {
             (j + 1..insts.len())
-                .find(|&k| operands(&insts[k]).contains(&(v as V)))
+                .find(|&k| insts[k].operands().contains(&(v as V)))
                 .unwrap_or(usize::MAX)
         };
         // A load from a stream the body never stores to is read again instead (no
